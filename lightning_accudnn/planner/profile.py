@@ -1,0 +1,84 @@
+"""What the performance model knows about one training step: layers in forward order.
+
+A profile is plain data. It is filled by the strategy from what the offload engine
+measured, by the ``accudnn plan`` command from a FakeTensor trace, or by hand in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer invocation, in forward order.
+
+    ``saved_bytes`` counts every activation the layer saves for backward (deduplicated by
+    storage); ``swappable_bytes`` is the part the engine may move to the host (the rest is
+    too small or opted out and always stays on the device).
+
+    Example:
+        >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
+        LayerProfile(name='layer1.0.conv1', saved_bytes=4000000, swappable_bytes=4000000, \
+forward_seconds=0.0, backward_seconds=0.0)
+    """
+
+    name: str
+    saved_bytes: int
+    swappable_bytes: int
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.swappable_bytes <= self.saved_bytes:
+            raise ValueError(
+                f"layer {self.name!r}: swappable_bytes ({self.swappable_bytes}) must lie in "
+                f"[0, saved_bytes={self.saved_bytes}]"
+            )
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes that stay on the device whatever the plan says."""
+        return self.saved_bytes - self.swappable_bytes
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """A whole training step: the layers, the static memory and the host link.
+
+    ``static_bytes`` is everything that is not a saved activation: parameters, gradients,
+    optimizer state and buffers. Bandwidths are bytes per second over pinned memory.
+
+    Example:
+        >>> profile = StepProfile(
+        ...     layers=(LayerProfile("a", 100, 100), LayerProfile("b", 50, 40)),
+        ...     static_bytes=1_000,
+        ... )
+        >>> profile.saved_bytes, profile.swappable_bytes
+        (150, 140)
+    """
+
+    layers: tuple[LayerProfile, ...]
+    static_bytes: int
+    d2h_bytes_per_second: float = float("inf")
+    h2d_bytes_per_second: float = float("inf")
+
+    def __post_init__(self) -> None:
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            raise ValueError("layer names in a StepProfile must be unique")
+        if self.static_bytes < 0:
+            raise ValueError(f"static_bytes must be >= 0, got {self.static_bytes}")
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(layer.saved_bytes for layer in self.layers)
+
+    @property
+    def swappable_bytes(self) -> int:
+        return sum(layer.swappable_bytes for layer in self.layers)
+
+    @property
+    def unconstrained_peak_bytes(self) -> int:
+        """Peak device bytes with nothing swapped: static memory plus every activation."""
+        return self.static_bytes + self.saved_bytes

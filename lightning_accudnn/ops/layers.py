@@ -1,0 +1,127 @@
+"""Which layer is running now: module hooks that name each layer invocation.
+
+A *layer* is one call of a module, named by its qualified name in the model. A module
+called several times in one forward (torchvision's ``Bottleneck.relu`` is called three
+times) gives ``"layer1.0.relu"``, ``"layer1.0.relu#2"``, ``"layer1.0.relu#3"``. Work done
+outside every submodule (the loss in ``training_step``) belongs to :data:`ROOT_LAYER`.
+The innermost running module owns the tensors saved while it runs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+ROOT_LAYER = "(root)"
+
+
+@dataclass
+class _Frame:
+    layer: str
+    excluded: bool
+
+
+@dataclass
+class LayerTracker:
+    """Names the layer invocation running now, through forward pre/post hooks.
+
+    ``exclude`` holds qualified-name patterns (``fnmatch``: ``"fc"``, ``"head.*"``); a layer
+    under an excluded module reports ``excluded=True``. ``on_enter`` and ``on_exit`` are
+    called with the layer name as each invocation starts and ends (for timing).
+
+    Example:
+        >>> import torch
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        >>> tracker = LayerTracker()
+        >>> with tracker.attached(model):
+        ...     _ = model(torch.ones(1, 2))
+        >>> tracker.order
+        ['(root)', '0', '1']
+    """
+
+    exclude: Iterable[str] = ()
+    on_enter: Callable[[str], None] | None = None
+    on_exit: Callable[[str], None] | None = None
+    order: list[str] = field(default_factory=list)
+    _stack: list[_Frame] = field(default_factory=list)
+    _calls: dict[str, int] = field(default_factory=dict)
+    _handles: list[RemovableHandle] = field(default_factory=list)
+
+    def attach(self, model: nn.Module) -> None:
+        """Hook every submodule of ``model`` and start a fresh forward."""
+        self.detach()
+        self.reset()
+        patterns = tuple(self.exclude)
+        for name, module in model.named_modules():
+            if not name:
+                continue
+            excluded = any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+            self._handles.append(module.register_forward_pre_hook(self._make_enter(name, excluded)))
+            self._handles.append(module.register_forward_hook(self._make_exit(name), always_call=True))
+
+    def detach(self) -> None:
+        """Remove every hook this tracker installed."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def attached(self, model: nn.Module) -> _Attached:
+        """Context manager form of :meth:`attach` / :meth:`detach`."""
+        return _Attached(self, model)
+
+    def reset(self) -> None:
+        """Forget the invocation counts and the order; the next layer seen is the first."""
+        self._stack = [_Frame(ROOT_LAYER, excluded=False)]
+        self._calls = {}
+        self.order = [ROOT_LAYER]
+
+    @property
+    def current(self) -> str:
+        return self._stack[-1].layer if self._stack else ROOT_LAYER
+
+    @property
+    def excluded(self) -> bool:
+        return bool(self._stack) and self._stack[-1].excluded
+
+    def _make_enter(self, name: str, excluded: bool) -> Callable[..., None]:
+        def enter(module: nn.Module, args: object) -> None:
+            count = self._calls.get(name, 0) + 1
+            self._calls[name] = count
+            layer = name if count == 1 else f"{name}#{count}"
+            parent_excluded = self._stack[-1].excluded if self._stack else False
+            self._stack.append(_Frame(layer, excluded or parent_excluded))
+            self.order.append(layer)
+            if self.on_enter is not None:
+                self.on_enter(layer)
+
+        return enter
+
+    def _make_exit(self, name: str) -> Callable[..., None]:
+        def exit_(module: nn.Module, args: object, output: object) -> None:
+            # Pop back to this module's frame; an exception inside a child may have left
+            # frames behind (always_call=True runs this hook on the way out).
+            while len(self._stack) > 1:
+                frame = self._stack.pop()
+                if frame.layer.split("#", 1)[0] == name:
+                    if self.on_exit is not None:
+                        self.on_exit(frame.layer)
+                    break
+
+        return exit_
+
+
+@dataclass
+class _Attached:
+    tracker: LayerTracker
+    model: nn.Module
+
+    def __enter__(self) -> LayerTracker:
+        self.tracker.attach(self.model)
+        return self.tracker
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracker.detach()

@@ -1,0 +1,403 @@
+"""The offload engine: saved-tensor hooks that swap activations out in forward and back in backward.
+
+Usage from a plain PyTorch loop (Lightning's strategy does the same)::
+
+    engine = OffloadEngine(device=torch.device("cuda"))
+    for x, y in loader:
+        with engine.offload(model, SwapSchedule.swap_everything()):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        stats = engine.end_step()
+        optimizer.step(); optimizer.zero_grad()
+    engine.close()
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from lightning_accudnn.ops.errors import StaleSavedTensorError
+from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.ops.ledger import DeviceLedger
+from lightning_accudnn.ops.pool import HostBufferPool
+from lightning_accudnn.ops.schedule import SwapSchedule
+from lightning_accudnn.ops.stash import SavedTensor, StorageRecord
+from lightning_accudnn.ops.transfer import TransferBackend, make_backend
+
+#: Saved tensors smaller than this stay on the device (copying them costs more than it frees).
+DEFAULT_MIN_SWAP_BYTES = 2**20
+
+_keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
+
+
+@contextmanager
+def keep_on_device() -> Iterator[None]:
+    """Activations saved inside this block are never swapped (e.g. a small output head).
+
+    Example:
+        >>> with keep_on_device():
+        ...     pass  # logits = self.head(features)
+    """
+    token = _keep_on_device_depth.set(_keep_on_device_depth.get() + 1)
+    try:
+        yield
+    finally:
+        _keep_on_device_depth.reset(token)
+
+
+@dataclass(frozen=True)
+class LayerUsage:
+    """Bytes one layer invocation saved in a step (deduplicated by storage)."""
+
+    name: str
+    saved_bytes: int
+    swappable_bytes: int
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the engine measured over one step (forward and backward).
+
+    ``peak_device_bytes`` is the ledger's peak (model state plus saved activations) unless
+    the caller replaces it with the allocator's figure on CUDA.
+    """
+
+    bytes_swapped_out: int
+    bytes_swapped_in: int
+    wait_seconds: float
+    peak_device_bytes: int
+    ledger_peak_bytes: int
+    swapped_layers: int
+    layers: tuple[LayerUsage, ...] = field(repr=False)
+
+    def as_metrics(self, prefix: str = "accudnn/") -> dict[str, float]:
+        return {
+            f"{prefix}bytes_swapped_out": float(self.bytes_swapped_out),
+            f"{prefix}bytes_swapped_in": float(self.bytes_swapped_in),
+            f"{prefix}wait_seconds": self.wait_seconds,
+            f"{prefix}peak_device_bytes": float(self.peak_device_bytes),
+        }
+
+
+class _StepState:
+    """Bookkeeping of the step in progress."""
+
+    def __init__(self) -> None:
+        self.by_storage: dict[int, tuple[StorageWeakRef, StorageRecord]] = {}
+        self.swapped: list[StorageRecord] = []  # forward order
+        self.copying_out: deque[StorageRecord] = deque()  # FIFO: copies finish in order
+        self.next_prefetch = -1
+        self.window_used = 0
+        self.bytes_out = 0
+        self.bytes_in = 0
+        self.layer_saved: dict[str, int] = {}
+        self.layer_swappable: dict[str, int] = {}
+
+
+class OffloadEngine:
+    """Swaps saved activations of chosen layers to host memory and prefetches them back.
+
+    Inside :meth:`offload`, every tensor autograd saves passes a filter (on the engine's
+    device, a plain strided tensor, not a parameter, buffer or view of one) and is
+    attributed to the layer running now. Storages of at least ``min_swap_bytes`` in layers
+    the :class:`SwapSchedule` names, outside excluded modules and :func:`keep_on_device`,
+    are copied to pooled host buffers; the device copy is dropped once the copy completes.
+    In backward the engine brings swapped storages back in reverse forward order, within
+    the schedule's prefetch window, and the compute waits only for data it needs now.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+        >>> engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+        >>> with engine.offload(model, SwapSchedule.swap_everything()):
+        ...     loss = model(torch.randn(32, 64)).sum()
+        >>> loss.backward()
+        >>> engine.end_step().bytes_swapped_out > 0
+        True
+        >>> engine.close()
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
+        exclude: Iterable[str] = (),
+        host_memory_limit: int = 2**62,
+        backend: TransferBackend | None = None,
+    ) -> None:
+        self.backend = backend if backend is not None else make_backend(device)
+        self.device = self.backend.device
+        self.min_swap_bytes = min_swap_bytes
+        self.pool = HostBufferPool(pin_memory=self.backend.pin_memory, capacity_bytes=host_memory_limit)
+        self.ledger = DeviceLedger()
+        self.tracker = LayerTracker(exclude=tuple(exclude))
+        self._schedule = SwapSchedule.keep_everything()
+        self._model_storages: set[int] = set()
+        self._step: _StepState | None = None
+        self._forward_active = False
+
+    # -- the step -------------------------------------------------------------------
+
+    @contextmanager
+    def offload(self, model: nn.Module, schedule: SwapSchedule, static_bytes: int = 0) -> Iterator[None]:
+        """Run a forward pass under the saved-tensor hooks; opens a step if none is open.
+
+        ``static_bytes`` (model state) starts the ledger of a new step. On an exception the
+        step is aborted: hooks removed, copies finished, host buffers back in the pool.
+        """
+        if self._forward_active:
+            raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
+        if self._step is None:
+            self._step = _StepState()
+            self.ledger.start_step(static_bytes)
+            self.backend.collect_wait_seconds()
+        self._schedule = schedule
+        self._model_storages = _storages_of(model)
+        self._forward_active = True
+        try:
+            with self.tracker.attached(model), torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        except BaseException:
+            self._forward_active = False
+            self.abort_step()
+            raise
+        self._forward_active = False
+        self._poll_copies_out()
+        self._prefetch()
+
+    def end_step(self) -> StepStats:
+        """Close the step after backward: finish copies and report what was measured."""
+        step = self._require_step()
+        for record in step.copying_out:
+            record.copy_out.synchronize()
+        self._poll_copies_out()
+        stats = StepStats(
+            bytes_swapped_out=step.bytes_out,
+            bytes_swapped_in=step.bytes_in,
+            wait_seconds=self.backend.collect_wait_seconds(),
+            peak_device_bytes=self.ledger.peak_bytes,
+            ledger_peak_bytes=self.ledger.peak_bytes,
+            swapped_layers=len({record.layer for record in step.swapped}),
+            layers=tuple(
+                LayerUsage(name, saved, step.layer_swappable.get(name, 0))
+                for name, saved in step.layer_saved.items()
+            ),
+        )
+        self._step = None
+        return stats
+
+    def abort_step(self) -> None:
+        """Drop the step in progress: every swapped record is released and marked stale."""
+        step, self._step = self._step, None
+        if step is None:
+            return
+        for record in step.copying_out:
+            record.copy_out.synchronize()
+        for _, record in step.by_storage.values():
+            self._release_record(record)
+        for record in step.swapped:
+            self._release_record(record)
+        self.backend.collect_wait_seconds()
+
+    def close(self) -> None:
+        """Abort any open step and free the idle host buffers."""
+        self.abort_step()
+        self.pool.trim()
+
+    @property
+    def step_open(self) -> bool:
+        return self._step is not None
+
+    # -- hooks ----------------------------------------------------------------------
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        if not self._is_activation(tensor):
+            return tensor
+        step = self._require_step()
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        known = step.by_storage.get(key)
+        if known is not None and not known[0].expired() and not known[1].released:
+            record = known[1]
+        else:
+            record = self._new_record(storage)
+            step.by_storage[key] = (StorageWeakRef(storage), record)
+            if record.swap:
+                self._start_copy_out(record, storage)
+            else:
+                record.hold()
+        self._poll_copies_out()
+        return SavedTensor(record, tensor)
+
+    def _unpack(self, packed: object) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        assert isinstance(packed, SavedTensor)
+        record = packed.record
+        if record.aborted:
+            raise StaleSavedTensorError(
+                "this saved activation belonged to a training step that was aborted (an exception "
+                "was raised in it); run the forward pass again before calling backward"
+            )
+        if not record.swap:
+            tensor = packed.tensor
+        else:
+            if record.fetched is None:
+                self._fetch(record)
+            assert record.fetched is not None
+            self.backend.use_on_compute(record.fetched, record.fetched_transfer)
+            tensor = packed.rebuild(record.fetched)
+            record.hold_view(tensor)
+        if not packed.unpacked:
+            packed.unpacked = True
+            record.pending_unpacks -= 1
+        if record.swap and record.pending_unpacks == 0:
+            self._consume(record)
+        return tensor
+
+    # -- filter and records -----------------------------------------------------------
+
+    def _is_activation(self, tensor: torch.Tensor) -> bool:
+        return (
+            type(tensor) is torch.Tensor
+            and tensor.device == self.device
+            and tensor.layout == torch.strided
+            and not tensor.is_conj()
+            and not tensor.is_neg()
+            and tensor.untyped_storage().data_ptr() not in self._model_storages
+        )
+
+    def _new_record(self, storage: torch.UntypedStorage) -> StorageRecord:
+        step = self._require_step()
+        layer = self.tracker.current
+        nbytes = storage.nbytes()
+        swappable = (
+            nbytes >= self.min_swap_bytes
+            and nbytes > 0
+            and not self.tracker.excluded
+            and _keep_on_device_depth.get() == 0
+        )
+        step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
+        if swappable:
+            step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
+        return StorageRecord(
+            layer=layer,
+            nbytes=nbytes,
+            swap=swappable and self._schedule.swaps(layer),
+            on_resident_change=self._on_resident_change,
+            on_last_handle=self._release_record,
+        )
+
+    def _on_resident_change(self, record: StorageRecord, delta: int) -> None:
+        if delta > 0:
+            self.ledger.acquire(delta)
+            return
+        self.ledger.release(-delta)
+        # A prefetched record leaves the window when its last device copy is freed (after
+        # the backward op that used it), not when it is handed over: the window bounds memory.
+        if record.in_prefetch_window:
+            record.in_prefetch_window = False
+            if self._step is not None:
+                self._step.window_used -= record.nbytes
+                self._prefetch()
+
+    def _release_record(self, record: StorageRecord) -> None:
+        """Give back everything a record holds (its last handle died, or the step aborted)."""
+        if record.released:
+            return
+        record.released = True
+        record.aborted = record.live_handles > 0
+        if record.swap:
+            if record.copy_out_source is not None:
+                record.copy_out_source = None
+                record.unhold()
+            if record.fetched is not None:
+                record.fetched = None
+                record.unhold()
+            if record.host_buffer is not None:
+                self.pool.release(record.host_buffer)
+                record.host_buffer = None
+        elif record.resident:
+            record.unhold()
+
+    # -- copies ---------------------------------------------------------------------------
+
+    def _start_copy_out(self, record: StorageRecord, storage: torch.UntypedStorage) -> None:
+        step = self._require_step()
+        record.host_buffer = self.pool.acquire(record.nbytes)
+        source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+        record.copy_out_source = source
+        record.hold()
+        record.copy_out = self.backend.copy_out(source, record.host_bytes())
+        step.swapped.append(record)
+        step.copying_out.append(record)
+        step.next_prefetch = len(step.swapped) - 1
+        step.bytes_out += record.nbytes
+
+    def _poll_copies_out(self) -> None:
+        """Drop the device copy of every record whose copy out has finished."""
+        step = self._step
+        if step is None:
+            return
+        while step.copying_out and step.copying_out[0].copy_out.done():
+            record = step.copying_out.popleft()
+            if record.copy_out_source is not None:
+                record.copy_out_source = None
+                record.unhold()
+
+    def _fetch(self, record: StorageRecord) -> None:
+        """Make the record's bytes available on the device (reuse them if never dropped)."""
+        step = self._step
+        if record.copy_out_source is not None and record.copy_out.done():
+            self._poll_copies_out()
+        if record.copy_out_source is not None:
+            record.fetched, record.fetched_transfer = record.copy_out_source, None
+        else:
+            record.fetched, record.fetched_transfer = self.backend.copy_in(record.host_bytes())
+            if step is not None:
+                step.bytes_in += record.nbytes
+        record.hold()
+        if step is not None:
+            step.window_used += record.nbytes
+            record.in_prefetch_window = True
+
+    def _consume(self, record: StorageRecord) -> None:
+        """Every handle has the data: the views handed out now keep it alive, not the engine."""
+        if record.fetched is not None:
+            record.fetched = None
+            record.unhold()
+
+    def _prefetch(self) -> None:
+        """Bring back swapped records in reverse forward order while the window allows."""
+        step = self._step
+        if step is None or self._forward_active:
+            return
+        window = self._schedule.prefetch_window_bytes
+        while step.next_prefetch >= 0:
+            record = step.swapped[step.next_prefetch]
+            if record.fetched is not None or record.pending_unpacks == 0 or record.host_buffer is None:
+                step.next_prefetch -= 1
+                continue
+            if step.window_used > 0 and step.window_used + record.nbytes > window:
+                return
+            self._fetch(record)
+            step.next_prefetch -= 1
+
+    def _require_step(self) -> _StepState:
+        if self._step is None:
+            raise RuntimeError("no step is open: enter OffloadEngine.offload(...) first")
+        return self._step
+
+
+def _storages_of(model: nn.Module) -> set[int]:
+    """Storage addresses of the model's parameters and buffers (views of them share these)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return {tensor.untyped_storage().data_ptr() for tensor in tensors}

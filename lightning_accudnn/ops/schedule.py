@@ -1,0 +1,46 @@
+"""What the engine is told to do in one step: which layers swap, how far to prefetch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SwapSchedule:
+    """The engine's orders for a step; the engine itself holds no policy.
+
+    ``swap_layers`` names the layer invocations (see :mod:`.layers`) whose saved
+    activations go to the host; ``None`` swaps every layer (the safe profiling mode).
+    ``prefetch_window_bytes`` bounds the bytes brought back ahead of use in backward and
+    not yet consumed; one layer is always allowed in even when it is larger.
+
+    Example:
+        >>> schedule = SwapSchedule.swap_layers_named(["layer1.0.conv1"], prefetch_window_bytes=2**26)
+        >>> schedule.swaps("layer1.0.conv1"), schedule.swaps("fc")
+        (True, False)
+        >>> SwapSchedule.swap_everything().swaps("fc")
+        True
+    """
+
+    swap_layers: frozenset[str] | None
+    prefetch_window_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prefetch_window_bytes < 0:
+            raise ValueError(f"prefetch_window_bytes must be >= 0, got {self.prefetch_window_bytes}")
+
+    @classmethod
+    def swap_everything(cls, prefetch_window_bytes: int = 0) -> SwapSchedule:
+        return cls(None, prefetch_window_bytes)
+
+    @classmethod
+    def keep_everything(cls) -> SwapSchedule:
+        return cls(frozenset(), 0)
+
+    @classmethod
+    def swap_layers_named(cls, names: Iterable[str], prefetch_window_bytes: int = 0) -> SwapSchedule:
+        return cls(frozenset(names), prefetch_window_bytes)
+
+    def swaps(self, layer: str) -> bool:
+        return self.swap_layers is None or layer in self.swap_layers

@@ -142,40 +142,53 @@ class OffloadEngine:
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
         self._step: _StepState | None = None
-        self._forward_active = False
+        self._hooked = False
+        self._in_forward = False
+        self._static_bytes = 0
 
     # -- the step -------------------------------------------------------------------
 
     @contextmanager
     def offload(self, model: nn.Module, schedule: SwapSchedule, static_bytes: int = 0) -> Iterator[None]:
-        """Run a forward pass under the saved-tensor hooks; opens a step if none is open.
+        """Hook the forward passes run inside; the first saved tensor opens a step.
 
-        ``static_bytes`` (model state) starts the ledger of a new step. On an exception the
-        step is aborted: hooks removed, copies finished, host buffers back in the pool.
+        ``static_bytes`` (model state) starts the ledger of each step opened inside. The
+        block may hold backward passes too (Lightning's manual optimization): call
+        :meth:`begin_backward` before each, and :meth:`end_step` after. On leaving the block
+        normally the forward is over and prefetching starts; on an exception the step is
+        aborted: hooks removed, copies finished, host buffers back in the pool.
         """
-        if self._forward_active:
+        if self._hooked:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
-        if self._step is None:
-            self._step = _StepState()
-            self.ledger.start_step(static_bytes)
-            self.backend.collect_wait_seconds()
         self._schedule = schedule
+        self._static_bytes = static_bytes
         self._model_storages = _storages_of(model)
-        self._forward_active = True
+        self._hooked = True
         try:
             with self.tracker.attached(model), torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 yield
         except BaseException:
-            self._forward_active = False
             self.abort_step()
             raise
-        self._forward_active = False
+        finally:
+            self._hooked = False
+        self.begin_backward()
+
+    def begin_backward(self) -> None:
+        """The forward pass is over: finish what copied out and start prefetching."""
+        self._in_forward = False
         self._poll_copies_out()
         self._prefetch()
 
-    def end_step(self) -> StepStats:
-        """Close the step after backward: finish copies and report what was measured."""
-        step = self._require_step()
+    def end_step(self) -> StepStats | None:
+        """Close the step after backward: finish copies and report what was measured.
+
+        Returns ``None`` when no step is open (nothing was saved since the last call).
+        """
+        step = self._step
+        if step is None:
+            return None
+        self._in_forward = False
         for record in step.copying_out:
             record.copy_out.synchronize()
         self._poll_copies_out()
@@ -221,7 +234,7 @@ class OffloadEngine:
     def _pack(self, tensor: torch.Tensor) -> object:
         if not self._is_activation(tensor):
             return tensor
-        step = self._require_step()
+        step = self._open_step()
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         known = step.by_storage.get(key)
@@ -276,7 +289,7 @@ class OffloadEngine:
         )
 
     def _new_record(self, storage: torch.UntypedStorage) -> StorageRecord:
-        step = self._require_step()
+        step = self._open_step()
         layer = self.tracker.current
         nbytes = storage.nbytes()
         swappable = (
@@ -331,7 +344,7 @@ class OffloadEngine:
     # -- copies ---------------------------------------------------------------------------
 
     def _start_copy_out(self, record: StorageRecord, storage: torch.UntypedStorage) -> None:
-        step = self._require_step()
+        step = self._open_step()
         record.host_buffer = self.pool.acquire(record.nbytes)
         source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
         record.copy_out_source = source
@@ -378,7 +391,7 @@ class OffloadEngine:
     def _prefetch(self) -> None:
         """Bring back swapped records in reverse forward order while the window allows."""
         step = self._step
-        if step is None or self._forward_active:
+        if step is None or self._in_forward:
             return
         window = self._schedule.prefetch_window_bytes
         while step.next_prefetch >= 0:
@@ -391,9 +404,12 @@ class OffloadEngine:
             self._fetch(record)
             step.next_prefetch -= 1
 
-    def _require_step(self) -> _StepState:
+    def _open_step(self) -> _StepState:
+        self._in_forward = True
         if self._step is None:
-            raise RuntimeError("no step is open: enter OffloadEngine.offload(...) first")
+            self._step = _StepState()
+            self.ledger.start_step(self._static_bytes)
+            self.backend.collect_wait_seconds()
         return self._step
 
 

@@ -1,0 +1,100 @@
+"""Nothing lost: failures leave no hooks and no held buffers; buffers are reused; the ledger adds up."""
+
+import pytest
+import torch
+
+from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, StaleSavedTensorError, SwapSchedule
+from tests.models import SmallResNet, loss_of, make_batch
+
+
+def _module_hooks(model):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def _step(engine, model, schedule, batch):
+    with engine.offload(model, schedule):
+        loss = loss_of(model, batch)
+    loss.backward()
+    return engine.end_step()
+
+
+def test_exception_in_forward_removes_hooks_and_returns_buffers():
+    model = SmallResNet()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    batch = make_batch("cnn")
+    with pytest.raises(ZeroDivisionError) as raised:
+        with engine.offload(model, SwapSchedule.swap_everything()):
+            loss = loss_of(model, batch)  # noqa: F841 -- kept alive by the traceback
+            raise ZeroDivisionError("boom")
+    # The traceback still references the graph, yet every host buffer is back in the pool.
+    assert raised.value.__traceback__ is not None
+    assert engine.pool.in_use_bytes == 0
+    assert engine.pool.allocated_bytes > 0
+    assert _module_hooks(model) == 0
+    assert not engine.step_open
+    assert engine.ledger.activation_bytes == 0
+
+    # The stale graph refuses to run backward instead of reading recycled buffers.
+    stale_loss = raised.value.__traceback__.tb_frame.f_locals["loss"]
+    with pytest.raises(StaleSavedTensorError):
+        stale_loss.backward()
+
+    # No saved-tensor hooks are left: a plain step saves nothing through the engine.
+    loss_of(model, batch).backward()
+    assert engine.end_step() is None
+
+    # And the engine works again.
+    assert _step(engine, model, SwapSchedule.swap_everything(), batch).bytes_swapped_out > 0
+
+
+def test_pool_buffers_are_reused_across_steps():
+    model = SmallResNet()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    batch = make_batch("cnn")
+    _step(engine, model, SwapSchedule.swap_everything(), batch)
+    allocations = engine.pool.allocations
+    for _ in range(3):
+        _step(engine, model, SwapSchedule.swap_everything(), batch)
+    assert engine.pool.allocations == allocations
+    assert engine.pool.in_use_bytes == 0
+
+
+def test_host_cap_raises_clear_error_and_aborts_the_step():
+    model = SmallResNet()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, host_memory_limit=100_000)
+    with pytest.raises(HostMemoryExceeded, match="host_memory_limit"):
+        with engine.offload(model, SwapSchedule.swap_everything()):
+            loss_of(model, make_batch("cnn"))
+    assert engine.pool.in_use_bytes == 0
+    assert _module_hooks(model) == 0
+
+
+def test_ledger_counts_static_and_saved_bytes():
+    model = SmallResNet()
+    batch = make_batch("cnn")
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    with engine.offload(model, SwapSchedule.keep_everything(), static_bytes=1000):
+        loss = loss_of(model, batch)
+    loss.backward()
+    kept = engine.end_step()
+    saved = sum(layer.saved_bytes for layer in kept.layers)
+    assert kept.ledger_peak_bytes == 1000 + saved
+    assert kept.bytes_swapped_out == 0
+
+    swapped = _step(engine, model, SwapSchedule.swap_everything(0), batch)
+    largest = max(layer.saved_bytes for layer in swapped.layers)
+    assert swapped.ledger_peak_bytes < saved / 2
+    assert swapped.ledger_peak_bytes <= 2 * largest + 1000
+    assert engine.ledger.activation_bytes == 0
+
+
+def test_prefetch_window_bounds_what_is_brought_back_ahead():
+    model = SmallResNet(blocks=6)
+    batch = make_batch("cnn")
+    peaks = []
+    for window in (0, 2**20, 2**40):
+        engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+        peaks.append(_step(engine, model, SwapSchedule.swap_everything(window), batch).ledger_peak_bytes)
+    assert peaks[0] < peaks[1] < peaks[2]
+    # A wide window brings everything back as soon as the forward ends.
+    assert peaks[2] == sum(layer.saved_bytes for layer in _step(engine, model, SwapSchedule.keep_everything(), batch).layers)

@@ -1,0 +1,69 @@
+"""Nothing lost when a step fails: no hooks, no held host buffers, a trainer that can fit again."""
+
+import pytest
+import torch
+
+from lightning_accudnn import AccUDNNStrategy
+from lightning_accudnn.planner.plan import BudgetTooSmallError
+from tests.models import Classifier, loader
+from tests.strategy.helpers import StatsRecorder, memory_need, swapping_strategy, trainer_for
+
+
+class FailingClassifier(Classifier):
+    """Raises inside ``training_step`` (after the forward pass) at a chosen batch."""
+
+    def __init__(self, fail_at: int | None) -> None:
+        super().__init__("cnn")
+        self.fail_at = fail_at
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if batch_idx == self.fail_at:
+            raise RuntimeError("failure inside training_step")
+        return loss
+
+
+def _module_hooks(model):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def test_exception_in_training_step_leaves_nothing_behind_and_the_trainer_fits_again():
+    strategy = swapping_strategy("cnn")
+    model = FailingClassifier(fail_at=2)
+    recorder = StatsRecorder()
+    trainer = trainer_for(strategy, max_steps=4, callbacks=[recorder])
+    with pytest.raises(RuntimeError, match="failure inside training_step"):
+        trainer.fit(model, loader("cnn"))
+
+    engine = strategy._controller.engine
+    assert _module_hooks(model) == 0
+    assert engine.pool.in_use_bytes == 0
+    assert not engine.step_open
+    assert len(recorder.stats) == 2
+
+    model.fail_at = None
+    trainer.fit(model, loader("cnn"))
+    assert trainer.global_step == 4
+    assert strategy.stats.bytes_swapped_out > 0
+    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert _module_hooks(model) == 0
+
+
+def test_budget_too_small_names_the_smallest_budget_that_works_before_any_update():
+    static, saved = memory_need("cnn")
+    model = Classifier("cnn")
+    before = {name: value.clone() for name, value in model.named_parameters()}
+    strategy = AccUDNNStrategy(budget=static // 2, min_swap_bytes=0)
+    with pytest.raises(BudgetTooSmallError) as raised:
+        trainer_for(strategy).fit(model, loader("cnn"))
+    assert static // 2 < raised.value.min_budget_bytes <= static + saved
+    assert "at least" in str(raised.value)
+    after = dict(model.named_parameters())
+    assert all(torch.equal(value, after[name]) for name, value in before.items()), "no weight was updated"
+    assert _module_hooks(model) == 0
+    assert strategy._controller.engine.pool.in_use_bytes == 0
+
+    # The named budget is enough.
+    strategy = AccUDNNStrategy(budget=raised.value.min_budget_bytes, min_swap_bytes=0)
+    trainer_for(strategy, max_steps=2).fit(Classifier("cnn"), loader("cnn"))
+    assert strategy.stats.peak_device_bytes <= raised.value.min_budget_bytes

@@ -1,0 +1,73 @@
+"""Training through the Trainer with AccUDNNStrategy: equal results, budget kept, stats exposed."""
+
+import pytest
+import torch
+from lightning.pytorch.loggers.logger import Logger
+
+from lightning_accudnn import AccUDNNStrategy
+from tests.models import loader
+from tests.strategy.helpers import StatsRecorder, copies, memory_need, swapping_strategy, trainer_for
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gpt"])
+def test_fit_with_swapping_equals_plain_fit_bitwise(kind):
+    plain_model, swapped_model = copies(kind)
+    trainer_for("auto").fit(plain_model, loader(kind))
+
+    recorder = StatsRecorder()
+    strategy = swapping_strategy(kind)
+    trainer_for(strategy, callbacks=[recorder]).fit(swapped_model, loader(kind))
+
+    assert strategy.plan is not None and strategy.plan.swapped_layers, "the budget should force swapping"
+    assert all(stats.bytes_swapped_out > 0 for stats in recorder.stats)
+    for (name, a), b in zip(plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), f"{name} differs"
+
+
+def test_ledger_peak_stays_within_a_budget_that_forces_swapping():
+    static, saved = memory_need("cnn")
+    budget = static + int(0.4 * saved)
+    recorder = StatsRecorder()
+    strategy = AccUDNNStrategy(budget=budget, min_swap_bytes=0)
+    model, _ = copies("cnn")
+    trainer_for(strategy, max_steps=6, callbacks=[recorder]).fit(model, loader("cnn", batches=6))
+
+    assert static + saved > budget  # without swapping it would not fit
+    for stats in recorder.stats:
+        assert stats.peak_device_bytes <= budget
+        assert stats.bytes_swapped_out > 0
+    planned = [stats for stats in recorder.stats if not stats.profiling]
+    assert planned, "steps after the profiling step run the plan"
+    assert recorder.plans[-1].predicted_peak_bytes <= budget
+    assert all(stats.peak_device_bytes <= recorder.plans[-1].predicted_peak_bytes for stats in planned)
+
+
+def test_stats_are_exposed_and_logged():
+    class MemoryLogger(Logger):
+        name, version = "memory", 0
+        experiment = None
+
+        def __init__(self):
+            super().__init__()
+            self.metrics = []
+
+        def log_metrics(self, metrics, step):
+            self.metrics.append(metrics)
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    logger = MemoryLogger()
+    strategy = swapping_strategy("mlp")
+    model, _ = copies("mlp")
+    trainer = trainer_for(strategy, max_steps=3)
+    trainer.loggers = [logger]
+    trainer.log_every_n_steps = 1
+    trainer.fit(model, loader("mlp"))
+
+    stats = strategy.stats
+    assert stats.bytes_swapped_out > 0 and stats.bytes_swapped_in == stats.bytes_swapped_out
+    assert stats.wait_seconds >= 0 and stats.peak_device_bytes > 0
+    logged = [m for m in logger.metrics if "accudnn/bytes_swapped_out" in m]
+    assert len(logged) == 3
+    assert {"accudnn/bytes_swapped_in", "accudnn/wait_seconds", "accudnn/peak_device_bytes"} <= set(logged[0])

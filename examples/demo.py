@@ -4,7 +4,11 @@ Runs on a GPU when there is one and on the CPU otherwise (where activations real
 through the host-copy backend, but no memory is saved). Prints the swap plan and what
 each step swapped.
 
-    python examples/demo.py --budget 300MB --steps 6
+    python examples/demo.py --budget 170MB --steps 6
+
+Defaults: on CPU 64x64 images under a 170MB budget (the model state with SGD momentum
+takes 140MB); on a GPU 224x224 images under 700MB, which leaves room for the allocator
+reserve the strategy keeps on CUDA.
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ class ResNetClassifier(LightningModule):
 class PrintSwapping(Callback):
     """Prints the plan once it exists and what every step moved."""
 
-    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         strategy = trainer.strategy
         stats = strategy.stats
         if batch_idx == 1 and strategy.plan is not None:
@@ -54,9 +60,14 @@ class PrintSwapping(Callback):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", default="150MB", help='device memory budget, e.g. "150MB", "8GB", "80%%"')
+    on_gpu = torch.cuda.is_available()
+    parser.add_argument(
+        "--budget",
+        default="700MB" if on_gpu else "170MB",
+        help='device memory budget, e.g. "170MB", "8GB", "80%%"',
+    )
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224 if on_gpu else 64)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
 
@@ -66,9 +77,8 @@ def main() -> None:
     labels = torch.randint(0, 10, (samples,))
     data = DataLoader(TensorDataset(images, labels), batch_size=args.batch_size)
 
-    accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     trainer = Trainer(
-        accelerator=accelerator,
+        accelerator="gpu" if on_gpu else "cpu",
         devices=1,
         strategy=AccUDNNStrategy(budget=args.budget),
         max_steps=args.steps,

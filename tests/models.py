@@ -43,7 +43,9 @@ class ResidualBlock(nn.Module):
 class SmallResNet(nn.Module):
     def __init__(self, channels: int = 16, blocks: int = 3, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU()
+        )
         self.blocks = nn.Sequential(*[ResidualBlock(channels) for _ in range(blocks)])
         self.head = nn.Linear(channels, classes)
 
@@ -91,7 +93,9 @@ class TinyGPT(nn.Module):
 def make_batch(kind: str, batch_size: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     if kind == "mlp":
-        return torch.randn(batch_size, 64, generator=generator), torch.randint(0, 10, (batch_size,), generator=generator)
+        return torch.randn(batch_size, 64, generator=generator), torch.randint(
+            0, 10, (batch_size,), generator=generator
+        )
     if kind == "cnn":
         return (
             torch.randn(batch_size, 3, 16, 16, generator=generator),

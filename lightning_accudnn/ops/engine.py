@@ -165,7 +165,10 @@ class OffloadEngine:
         self._model_storages = _storages_of(model)
         self._hooked = True
         try:
-            with self.tracker.attached(model), torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with (
+                self.tracker.attached(model),
+                torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
+            ):
                 yield
         except BaseException:
             self.abort_step()

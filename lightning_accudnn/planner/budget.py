@@ -55,7 +55,9 @@ class Budget:
             raise ValueError(f"budget must be {ACCEPTED_FORMS}; got {spec!r} ({type(spec).__name__})")
         if isinstance(spec, int):
             if spec <= 0:
-                raise ValueError(f"budget must be a positive number of bytes; got {spec}. Use {ACCEPTED_FORMS}.")
+                raise ValueError(
+                    f"budget must be a positive number of bytes; got {spec}. Use {ACCEPTED_FORMS}."
+                )
             return cls("bytes", float(spec))
         text = spec.strip()
         if text.lower() == "auto":
@@ -63,7 +65,9 @@ class Budget:
         if match := _PERCENT.match(text):
             percent = float(match.group(1))
             if not 0 < percent <= 100:
-                raise ValueError(f"budget percentage must lie in (0, 100]; got {spec!r}. Use {ACCEPTED_FORMS}.")
+                raise ValueError(
+                    f"budget percentage must lie in (0, 100]; got {spec!r}. Use {ACCEPTED_FORMS}."
+                )
             return cls("fraction", percent / 100)
         if match := _SIZE.match(text):
             number, unit = float(match.group(1)), match.group(2).upper()
@@ -73,7 +77,9 @@ class Budget:
                 raise ValueError(f"budget must be positive; got {spec!r}. Use {ACCEPTED_FORMS}.")
         raise ValueError(f"cannot read budget {spec!r}: use {ACCEPTED_FORMS}")
 
-    def resolve(self, total_bytes: int, free_bytes: int | None = None, device_name: str = "the device") -> int:
+    def resolve(
+        self, total_bytes: int, free_bytes: int | None = None, device_name: str = "the device"
+    ) -> int:
         """Bytes for a device with ``total_bytes`` of memory (``free_bytes`` for ``"auto"``).
 
         Raises ``ValueError`` when the budget is larger than the device.
@@ -84,8 +90,8 @@ class Budget:
             resolved = free - reserve
             if resolved <= 0:
                 raise ValueError(
-                    f'budget "auto": {device_name} has only {format_bytes(free)} free (reserve {format_bytes(reserve)}); '
-                    "free some memory or give an explicit budget"
+                    f'budget "auto": {device_name} has only {format_bytes(free)} free '
+                    f"(reserve {format_bytes(reserve)}); free some memory or give an explicit budget"
                 )
             return resolved
         if self.kind == "fraction":
@@ -93,8 +99,9 @@ class Budget:
         resolved = int(self.value)
         if resolved > total_bytes:
             raise ValueError(
-                f"budget {format_bytes(resolved)} is larger than {device_name} ({format_bytes(total_bytes)}); "
-                f'give at most {format_bytes(total_bytes)} or a share such as "80%"'
+                f"budget {format_bytes(resolved)} is larger than {device_name} "
+                f"({format_bytes(total_bytes)}); give at most {format_bytes(total_bytes)} "
+                'or a share such as "80%"'
             )
         return resolved
 

@@ -54,7 +54,13 @@ class OffloadStats:
     profiling: bool
 
     def as_metrics(self) -> dict[str, float]:
-        names = ("bytes_swapped_out", "bytes_swapped_in", "wait_seconds", "peak_device_bytes", "peak_reserved_bytes")
+        names = (
+            "bytes_swapped_out",
+            "bytes_swapped_in",
+            "wait_seconds",
+            "peak_device_bytes",
+            "peak_reserved_bytes",
+        )
         return {f"accudnn/{name}": float(getattr(self, name)) for name in names}
 
 
@@ -152,7 +158,9 @@ class OffloadController:
     # -- one step ----------------------------------------------------------------------
 
     @contextmanager
-    def forward(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], batch: Any) -> Iterator[None]:
+    def forward(
+        self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], batch: Any
+    ) -> Iterator[None]:
         """Hook the training step's forward pass with this step's schedule."""
         engine = self._require_engine()
         if engine.step_open:  # a previous training_step returned without a backward
@@ -167,7 +175,9 @@ class OffloadController:
             self._profiling = False
             if static_bytes != self.plan.profile.static_bytes:
                 self.plan = self._make_plan(dataclasses.replace(self.plan.profile, static_bytes=static_bytes))
-            schedule = SwapSchedule.swap_layers_named(self.plan.swapped_layers, self.plan.prefetch_window_bytes)
+            schedule = SwapSchedule.swap_layers_named(
+                self.plan.swapped_layers, self.plan.prefetch_window_bytes
+            )
         with engine.offload(model, schedule, static_bytes=static_bytes):
             yield
 

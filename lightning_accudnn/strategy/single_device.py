@@ -83,8 +83,8 @@ class AccUDNNStrategy(SingleDeviceStrategy):
             return self._root_device
         if len(self.parallel_devices) > 1:
             raise ValueError(
-                f"AccUDNNStrategy trains on one device but the Trainer asks for {len(self.parallel_devices)}: "
-                'use Trainer(devices=1) or strategy="accudnn_ddp" for several devices'
+                f"AccUDNNStrategy trains on one device, the Trainer asks for {len(self.parallel_devices)}: "
+                'use Trainer(devices=1), or strategy="accudnn_ddp" for several devices'
             )
         return self.parallel_devices[0]
 
@@ -107,7 +107,9 @@ class AccUDNNStrategy(SingleDeviceStrategy):
         with self._controller.forward(self.lightning_module, self.optimizers, batch):
             return super().training_step(*args, **kwargs)
 
-    def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
+    def backward(
+        self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
+    ) -> Tensor:
         self._controller.begin_backward()
         try:
             output = super().backward(closure_loss, optimizer, *args, **kwargs)

@@ -22,10 +22,9 @@ def test_exception_in_forward_removes_hooks_and_returns_buffers():
     model = SmallResNet()
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
     batch = make_batch("cnn")
-    with pytest.raises(ZeroDivisionError) as raised:
-        with engine.offload(model, SwapSchedule.swap_everything()):
-            loss = loss_of(model, batch)  # noqa: F841 -- kept alive by the traceback
-            raise ZeroDivisionError("boom")
+    with pytest.raises(ZeroDivisionError) as raised, engine.offload(model, SwapSchedule.swap_everything()):
+        loss = loss_of(model, batch)  # noqa: F841 -- kept alive by the traceback
+        raise ZeroDivisionError("boom")
     # The traceback still references the graph, yet every host buffer is back in the pool.
     assert raised.value.__traceback__ is not None
     assert engine.pool.in_use_bytes == 0
@@ -62,9 +61,11 @@ def test_pool_buffers_are_reused_across_steps():
 def test_host_cap_raises_clear_error_and_aborts_the_step():
     model = SmallResNet()
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, host_memory_limit=100_000)
-    with pytest.raises(HostMemoryExceeded, match="host_memory_limit"):
-        with engine.offload(model, SwapSchedule.swap_everything()):
-            loss_of(model, make_batch("cnn"))
+    with (
+        pytest.raises(HostMemoryExceeded, match="host_memory_limit"),
+        engine.offload(model, SwapSchedule.swap_everything()),
+    ):
+        loss_of(model, make_batch("cnn"))
     assert engine.pool.in_use_bytes == 0
     assert _module_hooks(model) == 0
 
@@ -97,4 +98,6 @@ def test_prefetch_window_bounds_what_is_brought_back_ahead():
         peaks.append(_step(engine, model, SwapSchedule.swap_everything(window), batch).ledger_peak_bytes)
     assert peaks[0] < peaks[1] < peaks[2]
     # A wide window brings everything back as soon as the forward ends.
-    assert peaks[2] == sum(layer.saved_bytes for layer in _step(engine, model, SwapSchedule.keep_everything(), batch).layers)
+    assert peaks[2] == sum(
+        layer.saved_bytes for layer in _step(engine, model, SwapSchedule.keep_everything(), batch).layers
+    )

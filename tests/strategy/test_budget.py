@@ -29,7 +29,9 @@ def test_auto_is_free_memory_less_a_reserve():
     assert resolved == 70 * GB - 4 * GB  # reserve: 5% of the device
 
 
-@pytest.mark.parametrize("spec", ["12 parsecs", "-1GB", "0", "0GB", "150%", "0%", "1.5", "12", "", "GB", 0, -5, 1.5, True])
+@pytest.mark.parametrize(
+    "spec", ["12 parsecs", "-1GB", "0", "0GB", "150%", "0%", "1.5", "12", "", "GB", 0, -5, 1.5, True]
+)
 def test_bad_budgets_raise_naming_the_accepted_forms(spec):
     with pytest.raises(ValueError, match="12GiB"):
         Budget.parse(spec)

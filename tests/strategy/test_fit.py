@@ -20,7 +20,9 @@ def test_fit_with_swapping_equals_plain_fit_bitwise(kind):
 
     assert strategy.plan is not None and strategy.plan.swapped_layers, "the budget should force swapping"
     assert all(stats.bytes_swapped_out > 0 for stats in recorder.stats)
-    for (name, a), b in zip(plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True):
+    for (name, a), b in zip(
+        plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), f"{name} differs"
 
 

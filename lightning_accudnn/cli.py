@@ -1,0 +1,430 @@
+"""``accudnn plan``: plan a model for a GPU you do not have, on a laptop CPU.
+
+The model is traced under fake tensors (no memory is allocated, see
+:mod:`lightning_accudnn.planner.trace`), timed for the chosen GPU's datasheet figures and
+handed to the swap planner. Exit status: 0 planned, 1 the budget cannot fit the step (the
+message gives the smallest budget that would), 2 a usage error (unknown model, GPU, budget,
+missing ``--input-shape`` or missing ``matplotlib`` for ``--plot``).
+
+Example:
+    $ accudnn plan torchvision:resnet152 --batch-size 64 --budget 8GB --gpu h100
+    $ accudnn plan mypkg.models:build_gpt --input-shape 1024 --input-dtype long \\
+          --batch-size 8 --budget 20GB --gpu a100-40gb --dtype bf16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
+from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
+from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
+from lightning_accudnn.planner.profile import StepProfile
+from lightning_accudnn.planner.timeline import Timeline, simulate
+from lightning_accudnn.planner.trace import (
+    DEFAULT_MIN_SWAP_BYTES,
+    DTYPES,
+    OPTIMIZER_STATE_FACTORS,
+    StepTrace,
+    trace_step,
+)
+
+EXIT_OK = 0
+EXIT_INFEASIBLE = 1
+EXIT_USAGE = 2
+
+#: Input shape (without the batch dimension) used for torchvision models by default.
+DEFAULT_IMAGE_SHAPE = (3, 224, 224)
+
+INPUT_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "long": torch.int64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int": torch.int32,
+}
+
+
+class UsageError(Exception):
+    """A mistake in the command line; the message says what to write instead.
+
+    Example:
+        >>> str(UsageError("unknown GPU 'tpu'"))
+        "unknown GPU 'tpu'"
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A model named on the command line: how to build it and its default input shape.
+
+    Example:
+        >>> spec = resolve_model("torchvision:resnet18")
+        >>> spec.name, spec.default_input_shape
+        ('torchvision:resnet18', (3, 224, 224))
+    """
+
+    name: str
+    build: Callable[[], nn.Module]
+    default_input_shape: tuple[int, ...] | None = None
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """``torchvision:NAME`` (no weights) or ``package.module:factory`` (a callable returning
+    an ``nn.Module``, importable from the current directory).
+
+    Raises :class:`UsageError` for an unknown model, listing the choices where there are.
+
+    Example:
+        >>> resolve_model("torchvision:resnet1234")
+        Traceback (most recent call last):
+        ...
+        lightning_accudnn.cli.UsageError: unknown torchvision model 'resnet1234'; choose one of: ...
+    """
+    source, sep, attribute = name.partition(":")
+    if not sep or not source or not attribute:
+        raise UsageError(
+            f"cannot read model {name!r}: write torchvision:NAME (e.g. torchvision:resnet152) "
+            "or package.module:factory (a callable returning an nn.Module)"
+        )
+    if source == "torchvision":
+        try:
+            import torchvision
+        except ImportError as error:
+            raise UsageError(
+                "torchvision is not installed: pip install torchvision (or lightning-accudnn[examples])"
+            ) from error
+        choices = torchvision.models.list_models()
+        if attribute not in choices:
+            raise UsageError(f"unknown torchvision model {attribute!r}; choose one of: {', '.join(choices)}")
+
+        def build() -> nn.Module:
+            return torchvision.models.get_model(attribute, weights=None)
+
+        return ModelSpec(name, build, DEFAULT_IMAGE_SHAPE)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as ``python -m`` would: models of the project at hand
+    try:
+        module = importlib.import_module(source)
+    except ImportError as error:
+        raise UsageError(f"cannot import module {source!r} for model {name!r}: {error}") from error
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise UsageError(
+            f"module {source!r} has no callable {attribute!r}; callables there: {', '.join(public) or 'none'}"
+        )
+    return ModelSpec(name, factory)
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(size <= 0 for size in shape):
+        raise argparse.ArgumentTypeError(
+            f"cannot read shape {text!r}: write positive sizes such as 3,224,224"
+        )
+    return shape
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``accudnn`` argument parser (sub-command ``plan``).
+
+    Example:
+        >>> args = build_parser().parse_args(["plan", "torchvision:resnet18", "--batch-size", "8",
+        ...                                   "--budget", "4GB", "--gpu", "l4"])
+        >>> args.batch_size, args.dtype, args.optimizer
+        (8, 'fp32', 'adam')
+    """
+    parser = argparse.ArgumentParser(
+        prog="accudnn",
+        description="AccUDNN: fit a training step into a GPU memory budget by swapping activations.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser(
+        "plan",
+        help="plan a model for a GPU from its datasheet figures, on this machine's CPU",
+        description=(
+            "Trace one training step under fake tensors (no memory is used), time it for the GPU's "
+            "datasheet figures and choose which layers' saved activations to swap to host memory so "
+            "the step fits the budget."
+        ),
+    )
+    plan.add_argument("model", help="torchvision:NAME or package.module:factory")
+    plan.add_argument("--batch-size", type=int, required=True, help="samples per step")
+    plan.add_argument("--budget", required=True, help=f"device memory budget: {ACCEPTED_FORMS}")
+    plan.add_argument("--gpu", required=True, help=f"GPU to plan for: {', '.join(gpu_choices())}")
+    plan.add_argument(
+        "--input-shape",
+        type=_parse_shape,
+        default=None,
+        help="one sample's shape without the batch dimension: 3,224,224 (torchvision's default), 1024 tokens",
+    )
+    plan.add_argument(
+        "--input-dtype",
+        choices=sorted(INPUT_DTYPES),
+        default="float32",
+        help="dtype of the input batch; integer inputs (token ids) are zeros",
+    )
+    plan.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="fp32",
+        help="fp32, or bf16/fp16 mixed precision (autocast, fp32 parameters, as Lightning's '16-mixed')",
+    )
+    plan.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZER_STATE_FACTORS), default="adam", help="optimizer state"
+    )
+    plan.add_argument(
+        "--min-swap-bytes",
+        type=int,
+        default=DEFAULT_MIN_SWAP_BYTES,
+        help="saved tensors smaller than this stay on the device (default 1 MiB, as the engine)",
+    )
+    plan.add_argument(
+        "--reserve", default="0", help="bytes of the budget kept free for fragmentation (e.g. 500MB)"
+    )
+    plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    plan.add_argument(
+        "--plot", metavar="FILE.png", help="draw the predicted memory timeline (needs matplotlib)"
+    )
+    return parser
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"accudnn: error: {message}", file=sys.stderr)
+    return code
+
+
+def _reserve_bytes(text: str) -> int:
+    if text.strip() in {"0", ""}:
+        return 0
+    return Budget.parse(int(text) if text.strip().isdigit() else text).resolve(2**63)
+
+
+def unconstrained_seconds(profile: StepProfile) -> float:
+    """Step time on a GPU with enough memory: nothing swapped, no copies.
+
+    Example:
+        >>> from lightning_accudnn.planner.profile import LayerProfile
+        >>> unconstrained_seconds(StepProfile((LayerProfile("a", 1, 1, 0.5, 1.0),), static_bytes=0))
+        1.5
+    """
+    unlimited = StepProfile(profile.layers, profile.static_bytes)  # free copies, nothing swapped
+    return simulate(unlimited, [False] * len(profile.layers), prefetch_window_bytes=0).step_seconds
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """Run ``accudnn plan`` for parsed arguments; returns the exit status."""
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return _fail("--plot needs matplotlib: pip install 'lightning-accudnn[plot]'")
+    if args.batch_size <= 0:
+        return _fail(f"--batch-size must be positive, got {args.batch_size}")
+    try:
+        gpu = get_gpu(args.gpu)
+        budget = Budget.parse(int(args.budget) if args.budget.strip().isdigit() else args.budget)
+        budget_bytes = budget.resolve(gpu.memory_bytes, device_name=gpu.name)
+        reserve = _reserve_bytes(args.reserve)
+        model = resolve_model(args.model)
+    except (ValueError, UsageError) as error:
+        return _fail(str(error))
+    shape = args.input_shape or model.default_input_shape
+    if shape is None:
+        return _fail(
+            f"{args.model} needs --input-shape (one sample's shape without the batch, e.g. 3,224,224)"
+        )
+
+    started = time.perf_counter()
+    try:
+        trace = trace_step(
+            model.build,
+            (args.batch_size, *shape),
+            tracker=LayerTracker(),
+            input_dtype=INPUT_DTYPES[args.input_dtype],
+            dtype=args.dtype,
+        )
+    except Exception as error:  # a model that cannot be traced: say which and why
+        batch_shape = (args.batch_size, *shape)
+        return _fail(
+            f"cannot trace {args.model} on a batch of {batch_shape}: {type(error).__name__}: {error}"
+        )
+    trace_seconds = time.perf_counter() - started
+    profile = trace.to_profile(gpu, optimizer=args.optimizer, min_swap_bytes=args.min_swap_bytes)
+    baseline = unconstrained_seconds(profile)
+    header = {
+        "model": args.model,
+        "gpu": gpu.name,
+        "batch_size": args.batch_size,
+        "input_shape": list(shape),
+        "dtype": args.dtype,
+        "optimizer": args.optimizer,
+        "budget": str(budget),
+        "budget_bytes": budget_bytes,
+        "reserve_bytes": reserve,
+        "static_bytes": profile.static_bytes,
+        "saved_bytes": profile.saved_bytes,
+        "swappable_bytes": profile.swappable_bytes,
+        "unconstrained_peak_bytes": profile.unconstrained_peak_bytes,
+        "unconstrained_step_seconds": baseline,
+        "forward_flops": trace.forward_flops,
+        "backward_flops": trace.backward_flops,
+        "host_link_bytes_per_second": gpu.host_link_bytes_per_second,
+        "trace_seconds": trace_seconds,
+    }
+    try:
+        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve)
+    except BudgetTooSmallError as error:
+        need = error.min_budget_bytes
+        if args.json:
+            layers = [{**dataclasses.asdict(layer), "swap": None} for layer in profile.layers]
+            print(json.dumps({**header, "feasible": False, "min_budget_bytes": need, "layers": layers}))
+        return _fail(
+            f"{args.model}, batch {args.batch_size}, on {gpu.name}: {error}\n"
+            f"accudnn: the smallest budget that fits is {format_bytes(need)}: rerun with --budget {need}",
+            EXIT_INFEASIBLE,
+        )
+    report = {**header, "feasible": True, **plan.to_dict()}
+    report["overhead_vs_unconstrained"] = plan.predicted_step_seconds / baseline - 1 if baseline > 0 else 0.0
+    if args.plot:
+        timeline = plan.timeline or simulate(profile, plan.swap, plan.prefetch_window_bytes)
+        title = f"{args.model} batch {args.batch_size} on {gpu.name}, budget {format_bytes(budget_bytes)}"
+        save_memory_plot(profile, timeline, args.plot, title=title, budget_bytes=budget_bytes)
+        report["plot"] = args.plot
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(_text_report(plan, report, gpu, trace))
+    return EXIT_OK
+
+
+def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> str:
+    def gb(key: str) -> str:
+        return format_bytes(report[key])
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.1f} ms"
+
+    shape = "x".join(str(size) for size in report["input_shape"])
+    rows = [
+        ("model", f"{report['model']}, batch {report['batch_size']} of {shape}, {report['dtype']}"),
+        ("optimizer", report["optimizer"]),
+        ("gpu", f"{gpu.name} ({gpu.memory_bytes / 2**30:g} GiB)"),
+        ("host link", f"{format_bytes(gpu.host_link_bytes_per_second)}/s per direction (pinned PCIe)"),
+        ("budget", f"{report['budget']} = {gb('budget_bytes')}"),
+        ("static memory", f"{gb('static_bytes')} (parameters, gradients, optimizer state, buffers)"),
+        ("saved activations", f"{gb('saved_bytes')} ({gb('swappable_bytes')} swappable)"),
+        (
+            "unconstrained",
+            f"peak {gb('unconstrained_peak_bytes')}, step {ms(report['unconstrained_step_seconds'])}",
+        ),
+        ("predicted peak", gb("predicted_peak_bytes")),
+        (
+            "predicted step",
+            f"{ms(plan.predicted_step_seconds)} "
+            f"({report['overhead_vs_unconstrained'] * 100:+.1f}% vs unconstrained)",
+        ),
+        ("lower bound", f"{ms(plan.lower_bound_seconds)} (bound ratio {plan.bound_ratio:.3f})"),
+        ("smallest budget", gb("min_budget_bytes")),
+        (
+            "traced in",
+            f"{report['trace_seconds']:.1f} s ({trace.forward_flops / 1e12:.2f} TFLOP forward, "
+            f"{trace.backward_flops / 1e12:.2f} TFLOP backward)",
+        ),
+    ]
+    return "\n".join([str(plan), "", *(f"{label:<18} {value}" for label, value in rows)])
+
+
+def memory_curve(profile: StepProfile, timeline: Timeline) -> tuple[list[float], list[int]]:
+    """Device bytes over a simulated step, as a step function (times, bytes after each time).
+
+    Static memory, plus each layer's saved bytes from the start of its forward; a swapped
+    layer's swappable bytes leave when its copy out ends and return when its copy in starts;
+    everything a layer saved is freed when its backward ends.
+
+    Example:
+        >>> from lightning_accudnn.planner.profile import LayerProfile
+        >>> from lightning_accudnn.planner.timeline import simulate
+        >>> profile = StepProfile((LayerProfile("a", 100, 100, 1.0, 1.0),), static_bytes=10)
+        >>> memory_curve(profile, simulate(profile, [False], 0))
+        ([0.0, 2.0], [110, 10])
+    """
+    deltas: dict[float, int] = {}
+
+    def add(at: float, nbytes: int) -> None:
+        deltas[at] = deltas.get(at, 0) + nbytes
+
+    for layer, timing in zip(profile.layers, timeline.layers, strict=True):
+        add(timing.forward_start, layer.saved_bytes)
+        add(timing.backward_end, -layer.saved_bytes)
+        if timing.swapped:
+            add(timing.copy_out_end, -layer.swappable_bytes)
+            add(timing.copy_in_start, layer.swappable_bytes)
+    times, values, level = [], [], profile.static_bytes
+    for at in sorted(deltas):
+        level += deltas[at]
+        times.append(at)
+        values.append(level)
+    return times, values
+
+
+def save_memory_plot(
+    profile: StepProfile, timeline: Timeline, path: str, title: str = "", budget_bytes: int | None = None
+) -> None:
+    """Draw the predicted device memory over one step into ``path`` (needs matplotlib).
+
+    Example:
+        >>> save_memory_plot(profile, timeline, "memory.png")  # doctest: +SKIP
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    times, values = memory_curve(profile, timeline)
+    figure, axes = plt.subplots(figsize=(10, 4))
+    axes.step(
+        [t * 1e3 for t in times], [v / 1e9 for v in values], where="post", label="predicted device memory"
+    )
+    axes.axhline(timeline.peak_bytes / 1e9, linestyle="--", color="gray", label="predicted peak")
+    if budget_bytes is not None:
+        axes.axhline(budget_bytes / 1e9, color="red", label="budget")
+    axes.axvline(timeline.forward_seconds * 1e3, linestyle=":", color="black", label="forward ends")
+    axes.set_xlabel("time in step (ms)")
+    axes.set_ylabel("GB")
+    axes.set_title(title)
+    axes.legend(loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``accudnn`` and ``python -m lightning_accudnn``; returns the exit status.
+
+    Example:
+        >>> main(["plan", "torchvision:resnet18", "--batch-size", "8", "--budget", "4GB",
+        ...       "--gpu", "tpu"])
+        2
+    """
+    args = build_parser().parse_args(argv)
+    if args.command == "plan":
+        return plan_command(args)
+    return _fail(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first

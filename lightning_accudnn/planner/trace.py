@@ -1,0 +1,514 @@
+"""Trace one training step without memory: a :class:`StepProfile` from shapes alone.
+
+:func:`trace_step` builds the model and a batch of zeros under
+:class:`~torch._subclasses.fake_tensor.FakeTensorMode` (tensors with shapes, dtypes and
+storages but no data) and runs one forward and backward. Three observers watch it:
+
+* ``saved_tensors_hooks`` collect what autograd saves for backward, attributed to the layer
+  running now (the ``tracker``, normally :class:`lightning_accudnn.ops.layers.LayerTracker`,
+  which names layer invocations exactly as the offload engine does). Parameters, buffers and
+  views of them are skipped and each storage counts once, by storage identity, as the engine
+  filters them.
+* a dispatch mode records every kernel: FLOPs (from :mod:`torch.utils.flop_counter`'s
+  formulas, plus the CPU flash attention kernels) and bytes moved (tensor bytes read and
+  written). Forward kernels belong to the running layer; backward kernels to the layer whose
+  forward created the autograd node that runs them.
+* a function mode maps each autograd node to the layer that created it, and replaces
+  ``F.dropout`` by ``torch.native_dropout`` so the saved mask is a ``bool`` tensor as on a
+  CUDA device (the CPU kernel saves a mask in the activation's dtype).
+
+The trace runs on CPU fake tensors (the autograd engine cannot run backward on fake CUDA
+tensors without a GPU). What departs from a real CUDA step:
+
+* ``--dtype bf16``/``fp16`` is *mixed precision* (Lightning's ``"bf16-mixed"``): parameters
+  stay fp32 and ops run under ``torch.autocast``. The CPU autocast policy is used; it casts
+  the same ops as the CUDA one for convolutions, linear layers, matmuls and norms (checked on
+  ResNet and ``nn.TransformerEncoderLayer``); batch-norm statistics (a few bytes per channel)
+  differ in dtype.
+* ``scaled_dot_product_attention`` runs PyTorch's CPU kernels: without dropout the CPU flash
+  kernel, which saves the output and log-sum-exp as GPU flash attention does; with dropout
+  (or a mask the flash kernel refuses) the math path, which saves the attention matrix, so
+  such attention layers are over-estimated against a GPU's flash kernels. Causal attention
+  FLOPs count the full square (as :mod:`torch.utils.flop_counter` does).
+* times come from a roofline per kernel (:meth:`StepTrace.to_profile`), with no launch
+  overhead and no overlap between kernels.
+
+Example:
+    >>> import torch
+    >>> from lightning_accudnn.ops.layers import LayerTracker
+    >>> from lightning_accudnn.planner.gpus import get_gpu
+    >>> def build():
+    ...     return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
+    >>> trace = trace_step(build, input_shape=(1024, 512), tracker=LayerTracker())
+    >>> [(layer.name, layer.saved_bytes) for layer in trace.layers]
+    [('0', 2097152), ('1', 2097152), ('(root)', 0)]
+    >>> profile = trace.to_profile(get_gpu("h100"), optimizer="adam")
+    >>> profile.static_bytes == 4 * (512 * 512 + 512) * 4
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from lightning_accudnn.planner.gpus import GpuSpec
+from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+
+#: Saved tensors smaller than this stay on the device (the offload engine's default).
+DEFAULT_MIN_SWAP_BYTES = 2**20
+
+#: Where work done outside every submodule (the loss) goes; equal to ``ops.layers.ROOT_LAYER``.
+ROOT_LAYER = "(root)"
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPTIMIZER_STATE_FACTORS = {"adam": 2, "adamw": 2, "sgd": 1, "none": 0}
+
+_aten = torch.ops.aten
+# Kernels that move no data (allocation only) or are bookkeeping.
+_FREE_OPS = {
+    _aten.empty.memory_format,
+    _aten.empty_strided.default,
+    _aten.empty_like.default,
+    _aten.new_empty.default,
+    _aten.new_empty_strided.default,
+    _aten.lift_fresh.default,
+    torch.ops.prim.device.default,
+}
+_CONVOLUTIONS = {_aten.convolution, _aten._convolution, _aten.convolution_backward}
+
+
+def _cpu_flash_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cpu_flash_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+#: ``flop_counter``'s formulas plus the CPU flash attention kernels it has none for.
+_FLOP_FORMULAS = {
+    **flop_registry,
+    _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+}
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """What :func:`trace_step` needs from a layer tracker (``ops.layers.LayerTracker`` fits).
+
+    Example:
+        >>> from lightning_accudnn.ops.layers import LayerTracker
+        >>> isinstance(LayerTracker(), Tracker)
+        True
+    """
+
+    @property
+    def current(self) -> str: ...
+
+    def attached(self, model: nn.Module) -> contextlib.AbstractContextManager: ...
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One kernel of the traced step.
+
+    ``rate`` names the peak it runs at: ``"fp32"``, ``"bf16"``, ``"fp16"``, or
+    ``"fp32-conv"`` (fp32 convolutions run on TF32 tensor cores by default).
+
+    Example:
+        >>> OpCost("0", backward=False, flops=2_000, bytes_moved=48, rate="fp32").flops
+        2000
+    """
+
+    layer: str
+    backward: bool
+    flops: int
+    bytes_moved: int
+    rate: str
+
+    def seconds(self, gpu: GpuSpec) -> float:
+        """Roofline time on ``gpu``: the slower of compute and memory traffic.
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> op = OpCost("0", backward=False, flops=0, bytes_moved=3_350_000, rate="fp32")
+            >>> round(op.seconds(get_gpu("h100")) * 1e6, 3)
+            1.0
+        """
+        dtype, _, kind = self.rate.partition("-")
+        peak = gpu.peak_flops(dtype, convolution=kind == "conv") * gpu.efficiency
+        return max(self.flops / peak, self.bytes_moved / gpu.memory_bytes_per_second)
+
+
+@dataclass(frozen=True)
+class LayerTrace:
+    """What one layer invocation saved and computed.
+
+    ``saved`` lists the byte size of each storage the layer saved for backward (each
+    storage once, in the first layer that saved it).
+
+    Example:
+        >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20)
+        >>> layer.saved_bytes, layer.swappable_bytes(min_swap_bytes=2**20)
+        (4000512, 4000000)
+    """
+
+    name: str
+    saved: tuple[int, ...]
+    forward_flops: int
+    backward_flops: int
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self.saved)
+
+    def swappable_bytes(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> int:
+        """Bytes in storages large enough for the engine to swap."""
+        return sum(size for size in self.saved if size >= min_swap_bytes)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """A traced training step, independent of any GPU: turn it into a profile with
+    :meth:`to_profile`.
+
+    Layers are in forward order of their first kernel (a container's own work, such as a
+    residual add, comes after its children's).
+
+    Example:
+        >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
+        ...                   trainable_param_bytes=40, buffer_bytes=0)
+        >>> trace.saved_bytes, trace.static_bytes("sgd")
+        (8, 120)
+    """
+
+    layers: tuple[LayerTrace, ...]
+    ops: tuple[OpCost, ...]
+    param_bytes: int
+    trainable_param_bytes: int
+    buffer_bytes: int
+    dtype: str = "fp32"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def saved_bytes(self) -> int:
+        """Every byte saved for backward (deduplicated by storage)."""
+        return sum(layer.saved_bytes for layer in self.layers)
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def backward_flops(self) -> int:
+        return sum(layer.backward_flops for layer in self.layers)
+
+    def static_bytes(self, optimizer: str = "adam") -> int:
+        """Parameters, gradients, optimizer state and buffers.
+
+        ``optimizer``: ``"adam"``/``"adamw"`` keep two moments per trainable parameter,
+        ``"sgd"`` one momentum buffer, ``"none"`` nothing.
+
+        Example:
+            >>> trace = StepTrace((), (), param_bytes=100, trainable_param_bytes=100, buffer_bytes=4)
+            >>> trace.static_bytes("adam")
+            404
+        """
+        key = optimizer.lower()
+        if key not in OPTIMIZER_STATE_FACTORS:
+            raise ValueError(
+                f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATE_FACTORS)}"
+            )
+        state = OPTIMIZER_STATE_FACTORS[key] * self.trainable_param_bytes
+        return self.param_bytes + self.trainable_param_bytes + state + self.buffer_bytes
+
+    def layer_seconds(self, gpu: GpuSpec) -> dict[str, tuple[float, float]]:
+        """Forward and backward seconds per layer on ``gpu`` (sum of kernel rooflines).
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> ops = (OpCost("a", False, 0, 3_350_000, "fp32"), OpCost("a", True, 0, 6_700_000, "fp32"))
+            >>> trace = StepTrace((LayerTrace("a", (), 0, 0),), ops, 0, 0, 0)
+            >>> forward, backward = trace.layer_seconds(get_gpu("h100"))["a"]
+            >>> round(forward * 1e6, 3), round(backward * 1e6, 3)
+            (1.0, 2.0)
+        """
+        seconds = {layer.name: [0.0, 0.0] for layer in self.layers}
+        for op in self.ops:
+            seconds.setdefault(op.layer, [0.0, 0.0])[int(op.backward)] += op.seconds(gpu)
+        return {name: (fwd, bwd) for name, (fwd, bwd) in seconds.items()}
+
+    def to_profile(
+        self,
+        gpu: GpuSpec,
+        optimizer: str = "adam",
+        min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
+    ) -> StepProfile:
+        """The :class:`StepProfile` the planner consumes, timed for ``gpu``.
+
+        Host link bandwidths (both directions) are the GPU's practical pinned PCIe rate.
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> trace = StepTrace((LayerTrace("a", (2**21, 10), 0, 0),), (), 0, 0, 0)
+            >>> layer = trace.to_profile(get_gpu("l4"), optimizer="none").layers[0]
+            >>> layer.saved_bytes, layer.swappable_bytes
+            (2097162, 2097152)
+        """
+        seconds = self.layer_seconds(gpu)
+        layers = tuple(
+            LayerProfile(
+                name=layer.name,
+                saved_bytes=layer.saved_bytes,
+                swappable_bytes=layer.swappable_bytes(min_swap_bytes),
+                forward_seconds=seconds[layer.name][0],
+                backward_seconds=seconds[layer.name][1],
+            )
+            for layer in self.layers
+        )
+        link = gpu.host_link_bytes_per_second
+        return StepProfile(
+            layers=layers,
+            static_bytes=self.static_bytes(optimizer),
+            d2h_bytes_per_second=link,
+            h2d_bytes_per_second=link,
+        )
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    try:
+        return StorageWeakRef(tensor.untyped_storage()).cdata
+    except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage
+        return None
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _rate(func: torch._ops.OpOverload, args: list[object]) -> str:
+    dtype = "fp32"
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
+            dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(arg.dtype, "fp32")
+            break
+    if dtype == "fp32" and func._overloadpacket in _CONVOLUTIONS:
+        return "fp32-conv"
+    return dtype
+
+
+@dataclass
+class _Recorder:
+    """Shared state of the observers during one traced step."""
+
+    tracker: Tracker
+    min_key_bytes: int = 0
+    backward: bool = False
+    node_layer: dict[object, str] = field(default_factory=dict)
+    first_seen: dict[str, int] = field(default_factory=dict)
+    saved: dict[str, list[int]] = field(default_factory=dict)
+    flops: dict[str, list[int]] = field(default_factory=dict)
+    ops: list[OpCost] = field(default_factory=list)
+    param_storages: set[int] = field(default_factory=set)
+    seen_storages: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def _touch(self, layer: str) -> None:
+        if layer not in self.first_seen:
+            self.first_seen[layer] = len(self.first_seen)
+            self.saved[layer] = []
+            self.flops[layer] = [0, 0]
+
+    # -- saved_tensors_hooks ------------------------------------------------------------
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(tensor)
+        if key is not None and (key in self.param_storages or key in self.seen_storages):
+            return tensor
+        layer = self.tracker.current
+        self._touch(layer)
+        if key is None:
+            self.saved[layer].append(_tensor_bytes(tensor))
+        else:
+            self.seen_storages[key] = tensor  # keep it alive: its address stays unique
+            self.saved[layer].append(tensor.untyped_storage().nbytes())
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    # -- kernels ------------------------------------------------------------------------
+    def record_op(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> None:
+        if func in _FREE_OPS or func.is_view:
+            return
+        if self.backward:
+            node = torch._C._current_autograd_node()
+            layer = self.node_layer.get(node, ROOT_LAYER) if node is not None else ROOT_LAYER
+        else:
+            layer = self.tracker.current
+        self._touch(layer)
+        flat_args, _ = tree_flatten((args, kwargs))
+        flat_out, _ = tree_flatten(out)
+        moved = sum(_tensor_bytes(t) for t in flat_args + flat_out if isinstance(t, torch.Tensor))
+        flops = 0
+        formula = _FLOP_FORMULAS.get(func._overloadpacket)
+        if formula is not None:
+            flops = int(formula(*args, **kwargs, out_val=out))
+        self.flops[layer][int(self.backward)] += flops
+        self.ops.append(OpCost(layer, self.backward, flops, moved, _rate(func, flat_args)))
+
+    # -- autograd nodes -----------------------------------------------------------------
+    def map_nodes(self, out: object) -> None:
+        """Give every autograd node not seen yet, reachable from ``out``, to the running layer."""
+        layer = self.tracker.current
+        stack = [
+            t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        ]
+        while stack:
+            node = stack.pop()
+            if node is None or node in self.node_layer:
+                continue
+            self.node_layer[node] = layer
+            stack.extend(next_node for next_node, _ in node.next_functions)
+
+
+class _KernelMode(TorchDispatchMode):
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.recorder.record_op(func, args, kwargs, out)
+        return out
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = (_cuda_like_dropout if func is F.dropout else func)(*args, **kwargs)
+        if not self.recorder.backward:
+            self.recorder.map_nodes(out)
+        return out
+
+
+def _cuda_like_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    # CUDA's fused dropout (native_dropout) saves a bool mask; the CPU path saves a mask
+    # in the input's dtype. Use the CUDA one so mask bytes match the GPU being planned.
+    if training and 0 < p < 1 and not inplace:
+        return torch.native_dropout(input, p, True)[0]
+    return F.dropout(input, p, training, inplace)
+
+
+def _loss(output: object) -> torch.Tensor:
+    tensors = [
+        t
+        for t in tree_flatten(output)[0]
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not tensors:
+        raise ValueError(
+            "the model returned no floating-point tensor that requires grad: nothing to backpropagate"
+        )
+    return sum(t.float().mean() for t in tensors)
+
+
+@contextlib.contextmanager
+def _precision(dtype: str) -> Iterator[None]:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if DTYPES[dtype] is None:
+        yield
+        return
+    with torch.autocast("cpu", dtype=DTYPES[dtype]):
+        yield
+
+
+def trace_step(
+    build: Callable[[], nn.Module],
+    input_shape: tuple[int, ...],
+    *,
+    tracker: Tracker,
+    input_dtype: torch.dtype = torch.float32,
+    dtype: str = "fp32",
+) -> StepTrace:
+    """Trace one training step of ``build()`` on a batch of shape ``input_shape``.
+
+    ``build`` is called under fake-tensor mode, so the model's parameters take no memory
+    (a model whose constructor loads real data, such as pretrained weights, cannot be
+    built this way). ``input_shape`` includes the batch dimension; the batch is zeros of
+    ``input_dtype`` (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"``
+    or mixed precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is
+    the mean of every floating-point output. ``tracker`` names layers (pass
+    ``lightning_accudnn.ops.layers.LayerTracker()``; the planner does not import ``ops``).
+
+    Example:
+        >>> from lightning_accudnn.ops.layers import LayerTracker
+        >>> def build():
+        ...     return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+        >>> trace = trace_step(build, (2, 3, 32, 32), tracker=LayerTracker())
+        >>> [layer.name for layer in trace.layers]
+        ['0', '1', '2', '(root)']
+        >>> trace.forward_flops == 2 * (2 * 30 * 30) * 8 * 3 * 9
+        True
+    """
+    with _precision(dtype):  # validates dtype before any work
+        pass
+    fake_mode = FakeTensorMode()
+    recorder = _Recorder(tracker=tracker)
+    with fake_mode:
+        model = build()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")
+        model.train()
+        params = list(model.parameters())
+        buffers = list(model.buffers())
+        for tensor in params + buffers:
+            key = _storage_key(tensor)
+            if key is not None:
+                recorder.param_storages.add(key)
+        batch = torch.zeros(input_shape, dtype=input_dtype)
+        with (
+            tracker.attached(model),
+            torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack),
+            _KernelMode(recorder),
+            _FunctionMode(recorder),
+        ):
+            with _precision(dtype):
+                output = model(batch)
+                loss = _loss(output)
+            recorder.backward = True
+            loss.backward()
+    trainable = sum(_tensor_bytes(p) for p in params if p.requires_grad)
+    layers = tuple(
+        LayerTrace(name, tuple(recorder.saved[name]), *recorder.flops[name])
+        for name in sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
+    )
+    return StepTrace(
+        layers=layers,
+        ops=tuple(recorder.ops),
+        param_bytes=sum(_tensor_bytes(p) for p in params),
+        trainable_param_bytes=trainable,
+        buffer_bytes=sum(_tensor_bytes(b) for b in buffers),
+        dtype=dtype,
+    )

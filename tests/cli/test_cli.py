@@ -1,0 +1,243 @@
+"""``accudnn plan``: the resnet152 run the README promises, JSON contract, errors and plots."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_accudnn.cli import main, memory_curve
+from lightning_accudnn.planner.gpus import get_gpu
+from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+from lightning_accudnn.planner.timeline import simulate
+
+REPO = Path(__file__).resolve().parents[2]
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+SMALL = ["tests.models:SmallResNet", "--input-shape", "3,32,32", "--batch-size", "8", "--gpu", "l4"]
+
+
+def run_cli(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_accudnn", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result, time.perf_counter() - started
+
+
+def conv_and_bn_output_bytes(name: str, batch: int) -> int:
+    """Independent estimate of ResNet's saved activations: every conv and BN output, once.
+
+    BN saves its input (the conv output) and the in-place ReLU after it saves BN's output;
+    everything else (the image, pooling indices, statistics) is small next to these.
+    """
+    import torchvision
+
+    model = torchvision.models.get_model(name).to("meta")
+    total = 0
+
+    def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
+        nonlocal total
+        total += output.numel() * output.element_size()
+
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.BatchNorm2d)):
+            module.register_forward_hook(hook)
+    model(torch.zeros(batch, 3, 224, 224, device="meta"))
+    return total
+
+
+def check_plan_json(report: dict, budget: int) -> None:
+    assert report["feasible"] is True
+    assert report["budget_bytes"] == budget
+    assert report["predicted_peak_bytes"] <= budget
+    assert report["min_budget_bytes"] <= budget
+    assert report["lower_bound_seconds"] > 0
+    assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] * (1 - 1e-9)
+    assert report["predicted_step_seconds"] >= report["unconstrained_step_seconds"] * (1 - 1e-9)
+    assert report["layers"]
+
+
+def test_resnet152_batch64_on_h100_at_8gb() -> None:
+    """The command from the README: traced and planned in under a minute on a laptop CPU."""
+    args = [
+        "plan",
+        "torchvision:resnet152",
+        "--batch-size",
+        "64",
+        "--budget",
+        "8GB",
+        "--gpu",
+        "h100",
+        "--json",
+    ]
+    result, seconds = run_cli(*args)
+    assert seconds < 60, f"took {seconds:.1f} s"
+    report = json.loads(result.stdout)
+    assert (report["model"], report["gpu"], report["batch_size"]) == (
+        "torchvision:resnet152",
+        "H100 SXM 80GB",
+        64,
+    )
+    assert report["budget_bytes"] == 8 * 10**9
+
+    # Saved activations: within 5% of an independent count (conv and BN outputs), ~11.5 GB.
+    estimate = conv_and_bn_output_bytes("resnet152", 64)
+    assert 10e9 < estimate < 13e9
+    assert abs(report["saved_bytes"] - estimate) / estimate < 0.05
+    assert report["saved_bytes"] == sum(layer["saved_bytes"] for layer in report["layers"])
+    names = [layer["name"] for layer in report["layers"]]
+    assert names[0] == "conv1" and "layer4.2.relu#3" in names
+    # Adam: weights, gradients and two moments of 60.2M fp32 parameters, plus BN buffers.
+    assert 4 * 60.1e6 * 4 < report["static_bytes"] < 4 * 60.3e6 * 4 + 2e6
+
+    if result.returncode == 0:
+        check_plan_json(report, 8 * 10**9)
+    else:
+        # The H100 computes the forward faster than PCIe can move the excess out: the
+        # planner says so and gives the budget that does fit. That budget must work.
+        assert result.returncode == 1, result.stderr
+        assert report["feasible"] is False and report["min_budget_bytes"] > 8 * 10**9
+        assert f"--budget {report['min_budget_bytes']}" in result.stderr
+        budget = report["min_budget_bytes"]
+        args[args.index("8GB")] = str(budget)
+        retry, seconds = run_cli(*args)
+        assert retry.returncode == 0, retry.stderr
+        assert seconds < 60
+        check_plan_json(json.loads(retry.stdout), budget)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["torchvision:resnet1234", "--budget", "8GB", "--gpu", "h100"], ["resnet152", "vit_b_16"]),
+        (
+            ["torchvision:resnet18", "--budget", "8GB", "--gpu", "tpu-v5"],
+            ["h100", "a100-80gb", "l4", "v100-32gb"],
+        ),
+        (["torchvision:resnet18", "--budget", "eight gigs", "--gpu", "h100"], ["12GiB", "80%", "auto"]),
+        (["torchvision:resnet18", "--budget", "100GB", "--gpu", "l4"], ["at most"]),
+        (["no_such_module_xyz:build", "--budget", "8GB", "--gpu", "h100"], ["cannot import"]),
+        (["tests.models:NoSuchFactory", "--budget", "8GB", "--gpu", "h100"], ["TinyGPT"]),
+        (["tests.models:TinyGPT", "--budget", "8GB", "--gpu", "h100"], ["--input-shape"]),
+    ],
+    ids=["model", "gpu", "budget", "budget-too-big", "module", "factory", "no-input-shape"],
+)
+def test_usage_errors_exit_2_and_list_the_choices(args, expected, capsys) -> None:
+    assert main(["plan", *args, "--batch-size", "8"]) == 2
+    err = capsys.readouterr().err
+    for choice in expected:
+        assert choice in err
+
+
+def test_python_dash_m_runs_the_same_command() -> None:
+    result, _ = run_cli(
+        "plan", "torchvision:resnet18", "--batch-size", "8", "--budget", "8GB", "--gpu", "nope"
+    )
+    assert result.returncode == 2
+    assert "unknown GPU 'nope'" in result.stderr and "h100-pcie" in result.stderr
+
+
+def test_infeasible_budget_exits_1_with_the_smallest_budget_that_fits(capsys) -> None:
+    assert main(["plan", *SMALL, "--budget", "1000", "--json"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    need = report["min_budget_bytes"]
+    assert report["feasible"] is False and need > 1000
+    assert "smallest budget that fits" in captured.err and str(need) in captured.err
+    assert main(["plan", *SMALL, "--budget", str(need), "--json"]) == 0
+    check_plan_json(json.loads(capsys.readouterr().out), need)
+
+
+def test_text_report_has_the_table_and_the_headline_figures(capsys) -> None:
+    assert main(["plan", *SMALL, "--budget", "100%"]) == 0
+    out = capsys.readouterr().out
+    assert "decision" in out and "stem.0" in out  # the plan table
+    for label in (
+        "predicted peak",
+        "predicted step",
+        "vs unconstrained",
+        "lower bound",
+        "bound ratio",
+        "smallest",
+    ):
+        assert label in out
+
+
+def test_token_model_with_integer_input_and_bf16(capsys) -> None:
+    args = [
+        "plan",
+        "tests.models:TinyGPT",
+        "--input-shape",
+        "16",
+        "--input-dtype",
+        "long",
+        "--batch-size",
+        "4",
+    ]
+    assert (
+        main(
+            [
+                *args,
+                "--budget",
+                "1GB",
+                "--gpu",
+                "a100-80gb",
+                "--dtype",
+                "bf16",
+                "--optimizer",
+                "sgd",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    check_plan_json(report, 10**9)
+    assert report["dtype"] == "bf16" and report["input_shape"] == [16]
+    assert report["layers"][0]["name"] == "embed"
+
+
+@pytest.mark.skipif(HAS_MATPLOTLIB, reason="matplotlib is installed")
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys) -> None:
+    assert main(["plan", *SMALL, "--budget", "1GB", "--plot", str(tmp_path / "m.png")]) == 2
+    assert "pip install 'lightning-accudnn[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "m.png").exists()
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib (the 'plot' extra)")
+def test_plot_writes_a_png(tmp_path, capsys) -> None:
+    path = tmp_path / "memory.png"
+    assert main(["plan", *SMALL, "--budget", "1GB", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_curve_follows_the_timeline() -> None:
+    layers = (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 50, 50, 1.0, 1.0))
+    profile = StepProfile(layers, static_bytes=10, d2h_bytes_per_second=200.0, h2d_bytes_per_second=200.0)
+    timeline = simulate(profile, [True, False], prefetch_window_bytes=0)
+    times, values = memory_curve(profile, timeline)
+    assert max(values) == timeline.peak_bytes
+    assert values[-1] == 10  # only static memory after the step
+    assert times == sorted(times)
+
+
+def test_gpu_spec_feeds_the_profile_bandwidths() -> None:
+    from lightning_accudnn.planner.trace import StepTrace
+
+    profile = StepTrace((), (), 0, 0, 0).to_profile(get_gpu("h100"))
+    assert (
+        profile.d2h_bytes_per_second
+        == profile.h2d_bytes_per_second
+        == get_gpu("h100").host_link_bytes_per_second
+    )

@@ -1,5 +1,10 @@
-import pytest
-import torch
+import os
+
+# cuBLAS needs this before its first use to run deterministically (GPU gradient tests).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

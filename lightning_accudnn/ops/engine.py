@@ -15,6 +15,7 @@ Usage from a plain PyTorch loop (Lightning's strategy does the same)::
 from __future__ import annotations
 
 import contextvars
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -94,6 +95,8 @@ class _StepState:
         self.by_storage: dict[int, tuple[StorageWeakRef, StorageRecord]] = {}
         self.swapped: list[StorageRecord] = []  # forward order
         self.copying_out: deque[StorageRecord] = deque()  # FIFO: copies finish in order
+        self.copying_out_bytes = 0
+        self.throttled_seconds = 0.0
         self.next_prefetch = -1
         self.window_used = 0
         self.bytes_out = 0
@@ -198,7 +201,7 @@ class OffloadEngine:
         stats = StepStats(
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,
-            wait_seconds=self.backend.collect_wait_seconds(),
+            wait_seconds=self.backend.collect_wait_seconds() + step.throttled_seconds,
             peak_device_bytes=self.ledger.peak_bytes,
             ledger_peak_bytes=self.ledger.peak_bytes,
             swapped_layers=len({record.layer for record in step.swapped}),
@@ -355,8 +358,22 @@ class OffloadEngine:
         record.copy_out = self.backend.copy_out(source, record.host_bytes())
         step.swapped.append(record)
         step.copying_out.append(record)
+        step.copying_out_bytes += record.nbytes
         step.next_prefetch = len(step.swapped) - 1
         step.bytes_out += record.nbytes
+        self._throttle(step)
+
+    def _throttle(self, step: _StepState) -> None:
+        """Wait for the oldest copies out while more than the schedule allows are in flight."""
+        limit = self._schedule.max_copying_out_bytes
+        if limit is None:
+            return
+        self._poll_copies_out()
+        while step.copying_out_bytes > limit and len(step.copying_out) > 1:
+            start = time.perf_counter()
+            step.copying_out[0].copy_out.synchronize()
+            step.throttled_seconds += time.perf_counter() - start
+            self._poll_copies_out()
 
     def _poll_copies_out(self) -> None:
         """Drop the device copy of every record whose copy out has finished."""
@@ -365,6 +382,7 @@ class OffloadEngine:
             return
         while step.copying_out and step.copying_out[0].copy_out.done():
             record = step.copying_out.popleft()
+            step.copying_out_bytes -= record.nbytes
             if record.copy_out_source is not None:
                 record.copy_out_source = None
                 record.unhold()

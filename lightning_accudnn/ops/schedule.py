@@ -14,6 +14,9 @@ class SwapSchedule:
     activations go to the host; ``None`` swaps every layer (the safe profiling mode).
     ``prefetch_window_bytes`` bounds the bytes brought back ahead of use in backward and
     not yet consumed; one layer is always allowed in even when it is larger.
+    ``max_copying_out_bytes`` bounds the device bytes waiting for their copy to the host:
+    past it the forward pass waits for the oldest copy (``None``: no bound). Without it a
+    fast GPU runs ahead of the host link and the held activations pile up.
 
     Example:
         >>> schedule = SwapSchedule.swap_layers_named(["layer1.0.conv1"], prefetch_window_bytes=2**26)
@@ -25,22 +28,29 @@ class SwapSchedule:
 
     swap_layers: frozenset[str] | None
     prefetch_window_bytes: int = 0
+    max_copying_out_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.prefetch_window_bytes < 0:
             raise ValueError(f"prefetch_window_bytes must be >= 0, got {self.prefetch_window_bytes}")
+        if self.max_copying_out_bytes is not None and self.max_copying_out_bytes < 0:
+            raise ValueError(f"max_copying_out_bytes must be >= 0, got {self.max_copying_out_bytes}")
 
     @classmethod
-    def swap_everything(cls, prefetch_window_bytes: int = 0) -> SwapSchedule:
-        return cls(None, prefetch_window_bytes)
+    def swap_everything(
+        cls, prefetch_window_bytes: int = 0, max_copying_out_bytes: int | None = None
+    ) -> SwapSchedule:
+        return cls(None, prefetch_window_bytes, max_copying_out_bytes)
 
     @classmethod
     def keep_everything(cls) -> SwapSchedule:
         return cls(frozenset(), 0)
 
     @classmethod
-    def swap_layers_named(cls, names: Iterable[str], prefetch_window_bytes: int = 0) -> SwapSchedule:
-        return cls(frozenset(names), prefetch_window_bytes)
+    def swap_layers_named(
+        cls, names: Iterable[str], prefetch_window_bytes: int = 0, max_copying_out_bytes: int | None = None
+    ) -> SwapSchedule:
+        return cls(frozenset(names), prefetch_window_bytes, max_copying_out_bytes)
 
     def swaps(self, layer: str) -> bool:
         return self.swap_layers is None or layer in self.swap_layers

@@ -170,7 +170,7 @@ class OffloadController:
         if self.plan is None or signature != self._batch_signature:
             self._batch_signature = signature
             self._profiling = True
-            schedule = SwapSchedule.swap_everything()
+            schedule = SwapSchedule.swap_everything(max_copying_out_bytes=self._copying_out_limit())
         else:
             self._profiling = False
             if static_bytes != self.plan.profile.static_bytes:
@@ -211,6 +211,15 @@ class OffloadController:
             format_bytes(self.budget_bytes),
         )
         return plan
+
+    def _copying_out_limit(self) -> int:
+        """Device bytes allowed to wait for their copy out: an eighth of the budget.
+
+        The plan's peak assumes the host link keeps up with the forward pass; when it does
+        not, this bound makes the forward wait instead of piling activations up.
+        """
+        assert self.budget_bytes is not None
+        return self.budget_bytes // 8
 
     def _profile_from(self, step: StepStats) -> StepProfile:
         layers = tuple(LayerProfile(u.name, u.saved_bytes, u.swappable_bytes) for u in step.layers)

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, StaleSavedTensorError, SwapSchedule
+from lightning_accudnn.ops import (
+    HostCopyBackend,
+    HostMemoryExceeded,
+    OffloadEngine,
+    StaleSavedTensorError,
+    SwapSchedule,
+)
 from tests.models import SmallResNet, loss_of, make_batch
 
 
@@ -101,3 +107,38 @@ def test_prefetch_window_bounds_what_is_brought_back_ahead():
     assert peaks[2] == sum(
         layer.saved_bytes for layer in _step(engine, model, SwapSchedule.keep_everything(), batch).layers
     )
+
+
+class _PendingCopy:
+    """A copy out that only completes when waited for, like a slow host link."""
+
+    def __init__(self):
+        self.finished = False
+
+    def done(self):
+        return self.finished
+
+    def synchronize(self):
+        self.finished = True
+
+
+class SlowLinkBackend(HostCopyBackend):
+    def copy_out(self, source, host_buffer):
+        super().copy_out(source, host_buffer)
+        return _PendingCopy()
+
+
+def test_copies_out_in_flight_are_bounded_by_the_schedule():
+    model = SmallResNet(blocks=6)
+    batch = make_batch("cnn")
+    peaks = {}
+    for limit in (None, 0):
+        engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, backend=SlowLinkBackend())
+        schedule = SwapSchedule.swap_everything(0, max_copying_out_bytes=limit)
+        peaks[limit] = _step(engine, model, schedule, batch).ledger_peak_bytes
+    # Unbounded, nothing leaves the device until the step ends; bounded, one copy at a time.
+    everything = sum(
+        u.saved_bytes for u in _step(engine, model, SwapSchedule.keep_everything(), batch).layers
+    )
+    assert peaks[None] == everything
+    assert peaks[0] < everything / 3

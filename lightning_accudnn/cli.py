@@ -113,7 +113,7 @@ def resolve_model(name: str) -> ModelSpec:
         def build() -> nn.Module:
             return torchvision.models.get_model(attribute, weights=None)
 
-        return ModelSpec(name, build, DEFAULT_IMAGE_SHAPE)
+        return ModelSpec(name, build, _torchvision_input_shape(torchvision, attribute))
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as ``python -m`` would: models of the project at hand
     try:
@@ -127,6 +127,19 @@ def resolve_model(name: str) -> ModelSpec:
             f"module {source!r} has no callable {attribute!r}; callables there: {', '.join(public) or 'none'}"
         )
     return ModelSpec(name, factory)
+
+
+def _torchvision_input_shape(torchvision: object, name: str) -> tuple[int, ...]:
+    """The crop size of the model's default weights for image classifiers (299 for
+    Inception v3, 518 for ViT-H/14), else 3x224x224."""
+    try:
+        transforms = torchvision.models.get_model_weights(name).DEFAULT.transforms()
+        if type(transforms).__name__ == "ImageClassification":
+            (size,) = transforms.crop_size
+            return (3, int(size), int(size))
+    except Exception:  # no weights enum, or a transform of another kind: keep the default
+        pass
+    return DEFAULT_IMAGE_SHAPE
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -172,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-shape",
         type=_parse_shape,
         default=None,
-        help="one sample's shape without the batch dimension: 3,224,224 (torchvision's default), 1024 tokens",
+        help="one sample's shape without the batch dimension, e.g. 1024 (tokens); torchvision "
+        "models default to their weights' crop size (3,224,224 for most)",
     )
     plan.add_argument(
         "--input-dtype",
@@ -252,6 +266,11 @@ def plan_command(args: argparse.Namespace) -> int:
             f"{args.model} needs --input-shape (one sample's shape without the batch, e.g. 3,224,224)"
         )
 
+    if args.dtype != "fp32" and gpu.peak_flops(args.dtype) == gpu.fp32_flops:
+        print(
+            f"accudnn: warning: {gpu.name} has no {args.dtype} tensor cores; timed at the fp32 rate",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     try:
         trace = trace_step(
@@ -315,6 +334,13 @@ def plan_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _flops(count: int) -> str:
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if count >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count} FLOP"
+
+
 def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> str:
     def gb(key: str) -> str:
         return format_bytes(report[key])
@@ -345,8 +371,8 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         ("smallest budget", gb("min_budget_bytes")),
         (
             "traced in",
-            f"{report['trace_seconds']:.1f} s ({trace.forward_flops / 1e12:.2f} TFLOP forward, "
-            f"{trace.backward_flops / 1e12:.2f} TFLOP backward)",
+            f"{report['trace_seconds']:.1f} s ({_flops(trace.forward_flops)} forward, "
+            f"{_flops(trace.backward_flops)} backward)",
         ),
     ]
     return "\n".join([str(plan), "", *(f"{label:<18} {value}" for label, value in rows)])

@@ -50,6 +50,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -57,7 +58,12 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -444,6 +450,52 @@ def _precision(dtype: str) -> Iterator[None]:
         yield
 
 
+def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.Module:
+    """Build the model with fake parameters and buffers belonging to ``fake_mode``.
+
+    Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
+    make the builder run on the meta device instead. Either way, a parameter or buffer that
+    is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake tensor that
+    ``copy.deepcopy`` gave a mode of its own, as in ``nn.TransformerEncoder``) is replaced by
+    an uninitialised fake CPU tensor of the same shape, strides and dtype.
+    """
+    try:
+        with fake_mode, warnings.catch_warnings():
+            # copy.deepcopy of a fake tensor (nn.TransformerEncoder clones its layer) checks
+            # its data pointer; harmless here, and the copy is replaced below.
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            model = build()
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        with torch.device("meta"):
+            model = build()
+    _check_module(model)
+
+    replaced: dict[int, torch.Tensor] = {}  # tied weights stay tied
+
+    def adopt(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in replaced:
+            fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+            if isinstance(tensor, nn.Parameter):
+                fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+            replaced[id(tensor)] = fresh
+        return replaced[id(tensor)]
+
+    with fake_mode:
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, tensor in table.items():
+                    if tensor is not None and not (
+                        isinstance(tensor, FakeTensor) and tensor.fake_mode is fake_mode
+                    ):
+                        table[name] = adopt(tensor)
+    return model
+
+
+def _check_module(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")
+
+
 def trace_step(
     build: Callable[[], nn.Module],
     input_shape: tuple[int, ...],
@@ -456,10 +508,15 @@ def trace_step(
 
     ``build`` is called under fake-tensor mode, so the model's parameters take no memory
     (a model whose constructor loads real data, such as pretrained weights, cannot be
-    built this way). ``input_shape`` includes the batch dimension; the batch is zeros of
-    ``input_dtype`` (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"``
-    or mixed precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is
-    the mean of every floating-point output. ``tracker`` names layers (pass
+    built this way). A constructor whose initialisation depends on values (ViT's and
+    ConvNeXt's ``trunc_normal_``) is run on the meta device instead and its parameters and
+    buffers become fake afterwards; tensors it keeps outside parameters and buffers then
+    stay on the meta device and the forward may fail.
+
+    ``input_shape`` includes the batch dimension; the batch is zeros of ``input_dtype``
+    (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"`` or mixed
+    precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is the mean
+    of every floating-point output. ``tracker`` names layers (pass
     ``lightning_accudnn.ops.layers.LayerTracker()``; the planner does not import ``ops``).
 
     Example:
@@ -476,10 +533,8 @@ def trace_step(
         pass
     fake_mode = FakeTensorMode()
     recorder = _Recorder(tracker=tracker)
+    model = _build_fake(build, fake_mode)
     with fake_mode:
-        model = build()
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")
         model.train()
         params = list(model.parameters())
         buffers = list(model.buffers())

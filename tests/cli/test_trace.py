@@ -38,6 +38,24 @@ def real_saved_by_layer(model: nn.Module, batch: torch.Tensor) -> dict[str, int]
     return {layer: nbytes for layer, nbytes in saved.items() if nbytes}
 
 
+def _transformer() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+
+class _TruncNormalInit(nn.Module):
+    """Initialised by rejection sampling (values decide): built on meta, then made fake."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        nn.init.trunc_normal_(self.fc.weight, std=0.02)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
 def traced_saved_by_layer(trace: StepTrace) -> dict[str, int]:
     return {layer.name: layer.saved_bytes for layer in trace.layers if layer.saved_bytes}
 
@@ -48,8 +66,10 @@ def traced_saved_by_layer(trace: StepTrace) -> dict[str, int]:
         (SmallResNet, torch.zeros(8, 3, 16, 16)),
         (TinyGPT, torch.zeros(8, 16, dtype=torch.long)),
         (MLP, torch.zeros(32, 64)),
+        (_transformer, torch.zeros(4, 32, 64)),
+        (_TruncNormalInit, torch.zeros(16, 64)),
     ],
-    ids=["resnet", "gpt", "mlp"],
+    ids=["resnet", "gpt", "mlp", "transformer", "trunc-normal-init"],
 )
 def test_fake_trace_matches_real_saved_bytes_per_layer(factory, batch) -> None:
     real = real_saved_by_layer(factory(), batch)

@@ -317,7 +317,7 @@ def plan_command(args: argparse.Namespace) -> int:
             print(json.dumps({**header, "feasible": False, "min_budget_bytes": need, "layers": layers}))
         return _fail(
             f"{args.model}, batch {args.batch_size}, on {gpu.name}: {error}\n"
-            f"accudnn: the smallest budget that fits is {format_bytes(need)}: rerun with --budget {need}",
+            f"accudnn: the smallest budget that fits is {need} bytes: rerun with --budget {need}",
             EXIT_INFEASIBLE,
         )
     report = {**header, "feasible": True, **plan.to_dict()}

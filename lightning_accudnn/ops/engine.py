@@ -26,11 +26,12 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from lightning_accudnn.ops.errors import StaleSavedTensorError
-from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.ops.layers import ROOT_LAYER, LayerTracker
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import SavedTensor, StorageRecord
+from lightning_accudnn.ops.timing import LayerTimer, clock_for
 from lightning_accudnn.ops.transfer import TransferBackend, make_backend
 
 #: Saved tensors smaller than this stay on the device (copying them costs more than it frees).
@@ -56,11 +57,18 @@ def keep_on_device() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class LayerUsage:
-    """Bytes one layer invocation saved in a step (deduplicated by storage)."""
+    """What one layer invocation saved in a step (deduplicated by storage) and its time.
+
+    ``forward_seconds`` is the layer's self time plus that of the layers before it which
+    saved nothing (so the layers' times add up to the forward pass); ``backward_seconds``
+    shares the measured backward time out in proportion to forward time.
+    """
 
     name: str
     saved_bytes: int
     swappable_bytes: int
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class StepStats:
     peak_device_bytes: int
     ledger_peak_bytes: int
     swapped_layers: int
+    forward_seconds: float
+    backward_seconds: float
     layers: tuple[LayerUsage, ...] = field(repr=False)
 
     def as_metrics(self, prefix: str = "accudnn/") -> dict[str, float]:
@@ -141,7 +151,8 @@ class OffloadEngine:
         self.min_swap_bytes = min_swap_bytes
         self.pool = HostBufferPool(pin_memory=self.backend.pin_memory, capacity_bytes=host_memory_limit)
         self.ledger = DeviceLedger()
-        self.tracker = LayerTracker(exclude=tuple(exclude))
+        self.timer = LayerTimer(clock_for(self.device))
+        self.tracker = LayerTracker(exclude=tuple(exclude), on_enter=self.timer.enter, on_exit=self.timer.exit)
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
         self._step: _StepState | None = None
@@ -166,6 +177,8 @@ class OffloadEngine:
         self._schedule = schedule
         self._static_bytes = static_bytes
         self._model_storages = _storages_of(model)
+        if self._step is None:
+            self.timer.start()
         self._hooked = True
         try:
             with (
@@ -183,6 +196,7 @@ class OffloadEngine:
     def begin_backward(self) -> None:
         """The forward pass is over: finish what copied out and start prefetching."""
         self._in_forward = False
+        self.timer.end_forward()
         self._poll_copies_out()
         self._prefetch()
 
@@ -195,9 +209,11 @@ class OffloadEngine:
         if step is None:
             return None
         self._in_forward = False
+        self.timer.end_backward()
         for record in step.copying_out:
             record.copy_out.synchronize()
         self._poll_copies_out()
+        layers = self._layer_usage(step)
         stats = StepStats(
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,
@@ -205,13 +221,43 @@ class OffloadEngine:
             peak_device_bytes=self.ledger.peak_bytes,
             ledger_peak_bytes=self.ledger.peak_bytes,
             swapped_layers=len({record.layer for record in step.swapped}),
-            layers=tuple(
-                LayerUsage(name, saved, step.layer_swappable.get(name, 0))
-                for name, saved in step.layer_saved.items()
-            ),
+            forward_seconds=sum(layer.forward_seconds for layer in layers),
+            backward_seconds=sum(layer.backward_seconds for layer in layers),
+            layers=layers,
         )
         self._step = None
+        self.timer.reset()
         return stats
+
+    def _layer_usage(self, step: _StepState) -> tuple[LayerUsage, ...]:
+        """Bytes and times per saving layer; time of layers that saved nothing goes to the next one."""
+        self_seconds = self.timer.forward_self_seconds()
+        forward: dict[str, float] = dict.fromkeys(step.layer_saved, 0.0)
+        pending, last_saving = 0.0, None
+        for layer in self.tracker.order:
+            if layer == ROOT_LAYER:
+                continue
+            pending += self_seconds.get(layer, 0.0)
+            if layer in forward:
+                forward[layer] += pending
+                pending, last_saving = 0.0, layer
+        rest = pending + self_seconds.get(ROOT_LAYER, 0.0)
+        if ROOT_LAYER in forward or last_saving is None:
+            forward[ROOT_LAYER] = forward.get(ROOT_LAYER, 0.0) + rest
+        else:
+            forward[last_saving] += rest
+        total_forward = sum(forward.values())
+        backward = self.timer.backward_seconds()
+        return tuple(
+            LayerUsage(
+                name,
+                saved_bytes=step.layer_saved.get(name, 0),
+                swappable_bytes=step.layer_swappable.get(name, 0),
+                forward_seconds=forward[name],
+                backward_seconds=backward * forward[name] / total_forward if total_forward > 0 else 0.0,
+            )
+            for name in forward
+        )
 
     def abort_step(self) -> None:
         """Drop the step in progress: every swapped record is released and marked stale."""
@@ -257,6 +303,7 @@ class OffloadEngine:
         return SavedTensor(record, tensor)
 
     def _unpack(self, packed: object) -> torch.Tensor:
+        self._prefetch()
         if isinstance(packed, torch.Tensor):
             return packed
         assert isinstance(packed, SavedTensor)
@@ -322,11 +369,12 @@ class OffloadEngine:
         self.ledger.release(-delta)
         # A prefetched record leaves the window when its last device copy is freed (after
         # the backward op that used it), not when it is handed over: the window bounds memory.
+        # The next prefetch waits for the next unpack, so that everything the finished op
+        # released is gone before new bytes arrive.
         if record.in_prefetch_window:
             record.in_prefetch_window = False
             if self._step is not None:
                 self._step.window_used -= record.nbytes
-                self._prefetch()
 
     def _release_record(self, record: StorageRecord) -> None:
         """Give back everything a record holds (its last handle died, or the step aborted)."""
@@ -428,6 +476,8 @@ class OffloadEngine:
     def _open_step(self) -> _StepState:
         self._in_forward = True
         if self._step is None:
+            if not self.timer.started:
+                self.timer.start()
             self._step = _StepState()
             self.ledger.start_step(self._static_bytes)
             self.backend.collect_wait_seconds()

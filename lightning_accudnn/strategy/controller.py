@@ -17,11 +17,13 @@ from typing import Any
 
 import psutil
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES, OffloadEngine, StepStats, SwapSchedule
 from lightning_accudnn.planner import Budget, LayerProfile, StepProfile, format_bytes
+from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.plan import Plan, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 
@@ -37,7 +39,10 @@ class OffloadStats:
 
     ``peak_device_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA and the engine's
     ledger (model state plus saved activations) on CPU; ``peak_reserved_bytes`` is the
-    caching allocator's reserve on CUDA and equals the ledger on CPU.
+    caching allocator's reserve on CUDA and equals the ledger on CPU. ``step_seconds`` is
+    the measured forward plus backward time (CUDA events on GPU, wall clock on CPU); the
+    ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step)
+    and the ``*_error`` figures are measured over predicted, less one.
 
     Example:
         >>> stats = trainer.strategy.stats  # doctest: +SKIP
@@ -52,6 +57,21 @@ class OffloadStats:
     ledger_peak_bytes: int
     swapped_layers: int
     profiling: bool
+    step_seconds: float
+    predicted_peak_bytes: int | None = None
+    predicted_step_seconds: float | None = None
+
+    @property
+    def peak_error(self) -> float | None:
+        if not self.predicted_peak_bytes:
+            return None
+        return self.peak_device_bytes / self.predicted_peak_bytes - 1.0
+
+    @property
+    def step_time_error(self) -> float | None:
+        if not self.predicted_step_seconds:
+            return None
+        return self.step_seconds / self.predicted_step_seconds - 1.0
 
     def as_metrics(self) -> dict[str, float]:
         names = (
@@ -60,8 +80,12 @@ class OffloadStats:
             "wait_seconds",
             "peak_device_bytes",
             "peak_reserved_bytes",
+            "step_seconds",
+            "peak_error",
+            "step_time_error",
         )
-        return {f"accudnn/{name}": float(getattr(self, name)) for name in names}
+        values = {name: getattr(self, name) for name in names}
+        return {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}
 
 
 class OffloadController:
@@ -69,9 +93,12 @@ class OffloadController:
 
     The first step (and the first after the batch shape changes) runs in the safe mode,
     swapping every swappable activation with the smallest prefetch window; what it
-    measured becomes a :class:`~lightning_accudnn.planner.StepProfile` and the planner
-    chooses the plan the following steps run. A step whose layers or sizes differ from the
-    profile re-plans from its own measurements.
+    measured (bytes and time per layer, with the measured host link) becomes a
+    :class:`~lightning_accudnn.planner.StepProfile` and the planner chooses the plan the
+    following steps run. The first planned step re-plans once from its own timings, which
+    the safe mode's copies no longer distort. Later, a step whose layers or sizes differ
+    from the profile re-plans from its own measurements, and a step whose peak passed the
+    usable budget grows the reserve by the overshoot and re-plans.
 
     Example:
         >>> controller = OffloadController(budget="2GB", min_swap_bytes=0)
@@ -104,6 +131,8 @@ class OffloadController:
         self.stats: OffloadStats | None = None
         self._batch_signature: object = None
         self._profiling = False
+        self._refined = False
+        self._step_plan: Plan | None = None
         self._memory_fraction_set = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -169,12 +198,14 @@ class OffloadController:
         signature = _batch_signature(batch)
         if self.plan is None or signature != self._batch_signature:
             self._batch_signature = signature
-            self._profiling = True
+            self._profiling, self._refined = True, False
+            self._step_plan = None
             schedule = SwapSchedule.swap_everything(max_copying_out_bytes=self._copying_out_limit())
         else:
             self._profiling = False
             if static_bytes != self.plan.profile.static_bytes:
                 self.plan = self._make_plan(dataclasses.replace(self.plan.profile, static_bytes=static_bytes))
+            self._step_plan = self.plan
             schedule = SwapSchedule.swap_layers_named(
                 self.plan.swapped_layers, self.plan.prefetch_window_bytes
             )
@@ -192,23 +223,33 @@ class OffloadController:
             return None
         self.stats = self._measure(step)
         profile = self._profile_from(step)
-        if self._profiling or self.plan is None or _layers_changed(self.plan.profile, profile):
+        usable = self._require_budget() - self.reserve_bytes
+        if self.stats.peak_device_bytes > usable and not self._profiling:
+            self.reserve_bytes += self.stats.peak_device_bytes - usable
+            log.warning(
+                "accudnn: step peak %s passed the usable budget %s; reserve raised to %s and re-planned",
+                format_bytes(self.stats.peak_device_bytes),
+                format_bytes(usable),
+                format_bytes(self.reserve_bytes),
+            )
+            self.plan = self._make_plan(profile)
+        elif self._profiling or self.plan is None or _layers_changed(self.plan.profile, profile):
+            self.plan = self._make_plan(profile)
+        elif not self._refined:
+            self._refined = True
             self.plan = self._make_plan(profile)
         return self.stats
 
     # -- helpers -----------------------------------------------------------------------
 
     def _make_plan(self, profile: StepProfile) -> Plan:
-        assert self.budget_bytes is not None
-        plan = plan_swaps(profile, self.budget_bytes, self.reserve_bytes)
-        log.info(
-            "accudnn plan: swap %d of %d layers (%s of %s saved), predicted peak %s of budget %s",
-            len(plan.swapped_layers),
-            len(profile.layers),
-            format_bytes(plan.swapped_bytes),
-            format_bytes(profile.saved_bytes),
-            format_bytes(plan.predicted_peak_bytes),
-            format_bytes(self.budget_bytes),
+        budget = self._require_budget()
+        plan = plan_swaps(profile, budget, self.reserve_bytes)
+        rank_zero_info(
+            f"accudnn plan: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
+            f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved); predicted peak "
+            f"{format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, step "
+            f"{plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
         return plan
 
@@ -218,12 +259,26 @@ class OffloadController:
         The plan's peak assumes the host link keeps up with the forward pass; when it does
         not, this bound makes the forward wait instead of piling activations up.
         """
-        assert self.budget_bytes is not None
-        return self.budget_bytes // 8
+        return self._require_budget() // 8
 
     def _profile_from(self, step: StepStats) -> StepProfile:
-        layers = tuple(LayerProfile(u.name, u.saved_bytes, u.swappable_bytes) for u in step.layers)
-        return StepProfile(layers=layers, static_bytes=self._require_engine().ledger.static_bytes)
+        assert self.device is not None
+        link = host_link(self.device)
+        layers = tuple(
+            LayerProfile(u.name, u.saved_bytes, u.swappable_bytes, u.forward_seconds, u.backward_seconds)
+            for u in step.layers
+        )
+        return StepProfile(
+            layers=layers,
+            static_bytes=self._require_engine().ledger.static_bytes,
+            d2h_bytes_per_second=link.d2h_bytes_per_second,
+            h2d_bytes_per_second=link.h2d_bytes_per_second,
+        )
+
+    def _require_budget(self) -> int:
+        if self.budget_bytes is None:
+            raise RuntimeError("the offload controller is not set up: call setup(device) first")
+        return self.budget_bytes
 
     def _measure(self, step: StepStats) -> OffloadStats:
         peak, reserved = step.ledger_peak_bytes, step.ledger_peak_bytes
@@ -240,6 +295,9 @@ class OffloadController:
             ledger_peak_bytes=step.ledger_peak_bytes,
             swapped_layers=step.swapped_layers,
             profiling=self._profiling,
+            step_seconds=step.forward_seconds + step.backward_seconds,
+            predicted_peak_bytes=None if self._step_plan is None else self._step_plan.predicted_peak_bytes,
+            predicted_step_seconds=None if self._step_plan is None else self._step_plan.predicted_step_seconds,
         )
 
     def _require_engine(self) -> OffloadEngine:

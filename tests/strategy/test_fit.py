@@ -41,7 +41,8 @@ def test_ledger_peak_stays_within_a_budget_that_forces_swapping():
     planned = [stats for stats in recorder.stats if not stats.profiling]
     assert planned, "steps after the profiling step run the plan"
     assert recorder.plans[-1].predicted_peak_bytes <= budget
-    assert all(stats.peak_device_bytes <= recorder.plans[-1].predicted_peak_bytes for stats in planned)
+    # The simulator is conservative: no planned step passes the peak its plan predicted.
+    assert all(stats.peak_device_bytes <= stats.predicted_peak_bytes for stats in planned)
 
 
 def test_stats_are_exposed_and_logged():

@@ -1,0 +1,122 @@
+"""Per-layer compute time: marks at every layer boundary, read once the step is over.
+
+On CUDA a mark is an event recorded on the compute stream (GPU time, no synchronization
+until the step ends); on CPU it is the wall clock. Each interval between two marks belongs
+to the layer on top of the stack then, so a layer's *self* time excludes its children and
+the self times add up to the whole forward pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import torch
+
+from lightning_accudnn.ops.layers import ROOT_LAYER
+
+
+class Clock(Protocol):
+    def mark(self) -> object: ...
+
+    def seconds_between(self, start: object, end: object) -> float: ...
+
+
+class WallClock:
+    """Marks are ``time.perf_counter()`` readings."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds_between(self, start: float, end: float) -> float:
+        return end - start
+
+
+class CudaEventClock:
+    """Marks are timing events on the current CUDA stream; reading one waits for it."""
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds_between(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+
+def clock_for(device: torch.device) -> Clock:
+    return CudaEventClock() if device.type == "cuda" else WallClock()
+
+
+class LayerTimer:
+    """Self time of each layer invocation in a forward pass, and the backward that follows.
+
+    Example:
+        >>> timer = LayerTimer(WallClock())
+        >>> timer.start()
+        >>> timer.enter("conv"); timer.exit("conv")
+        >>> timer.end_forward(); timer.end_backward()
+        >>> sorted(timer.forward_self_seconds())
+        ['(root)', 'conv']
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._stack: list[str] = []
+        self._intervals: list[tuple[str, object, object]] = []
+        self._last: object = None
+        self._forward_end: object = None
+        self._backward_end: object = None
+
+    def start(self) -> None:
+        self._stack = [ROOT_LAYER]
+        self._intervals = []
+        self._last = self.clock.mark()
+        self._start = self._last
+        self._forward_end = self._backward_end = None
+
+    def reset(self) -> None:
+        """Forget the step; marks stop until the next :meth:`start`."""
+        self._stack = []
+
+    @property
+    def started(self) -> bool:
+        return bool(self._stack)
+
+    def _close_interval(self) -> None:
+        now = self.clock.mark()
+        self._intervals.append((self._stack[-1], self._last, now))
+        self._last = now
+
+    def enter(self, layer: str) -> None:
+        if self.started:
+            self._close_interval()
+            self._stack.append(layer)
+
+    def exit(self, layer: str) -> None:
+        if self.started and len(self._stack) > 1:
+            self._close_interval()
+            self._stack.pop()
+
+    def end_forward(self) -> None:
+        """The forward pass is over: what follows until :meth:`end_backward` is backward."""
+        if self.started and self._forward_end is None:
+            self._close_interval()
+            del self._stack[1:]
+            self._forward_end = self._last
+
+    def end_backward(self) -> None:
+        if self.started and self._forward_end is not None:
+            self._backward_end = self.clock.mark()
+
+    def forward_self_seconds(self) -> dict[str, float]:
+        seconds: dict[str, float] = {}
+        for layer, start, end in self._intervals:
+            seconds[layer] = seconds.get(layer, 0.0) + self.clock.seconds_between(start, end)
+        return seconds
+
+    def backward_seconds(self) -> float:
+        if self._forward_end is None or self._backward_end is None:
+            return 0.0
+        return self.clock.seconds_between(self._forward_end, self._backward_end)

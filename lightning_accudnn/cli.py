@@ -179,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("model", help="torchvision:NAME or package.module:factory")
     plan.add_argument("--batch-size", type=int, required=True, help="samples per step")
-    plan.add_argument("--budget", required=True, help=f"device memory budget: {ACCEPTED_FORMS}")
+    plan.add_argument(
+        "--budget", required=True, help="device memory budget: " + ACCEPTED_FORMS.replace("%", "%%")
+    )
     plan.add_argument("--gpu", required=True, help=f"GPU to plan for: {', '.join(gpu_choices())}")
     plan.add_argument(
         "--input-shape",
@@ -224,10 +226,16 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
+def _size_spec(text: str) -> int | str:
+    """A command-line size as :meth:`Budget.parse` wants it: digits (``_`` allowed) as an int."""
+    digits = text.strip().replace("_", "")
+    return int(digits) if digits.isdigit() else text
+
+
 def _reserve_bytes(text: str) -> int:
     if text.strip() in {"0", ""}:
         return 0
-    return Budget.parse(int(text) if text.strip().isdigit() else text).resolve(2**63)
+    return Budget.parse(_size_spec(text)).resolve(2**63)
 
 
 def unconstrained_seconds(profile: StepProfile) -> float:
@@ -254,7 +262,7 @@ def plan_command(args: argparse.Namespace) -> int:
         return _fail(f"--batch-size must be positive, got {args.batch_size}")
     try:
         gpu = get_gpu(args.gpu)
-        budget = Budget.parse(int(args.budget) if args.budget.strip().isdigit() else args.budget)
+        budget = Budget.parse(_size_spec(args.budget))
         budget_bytes = budget.resolve(gpu.memory_bytes, device_name=gpu.name)
         reserve = _reserve_bytes(args.reserve)
         model = resolve_model(args.model)

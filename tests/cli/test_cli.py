@@ -159,6 +159,12 @@ def test_infeasible_budget_exits_1_with_the_smallest_budget_that_fits(capsys) ->
     check_plan_json(json.loads(capsys.readouterr().out), need)
 
 
+@pytest.mark.parametrize("budget", ["12_000_000_000", "12000000000", "12GB", "12000MB"])
+def test_budget_forms_from_the_command_line(budget, capsys) -> None:
+    assert main(["plan", *SMALL, "--budget", budget, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == 12 * 10**9
+
+
 def test_text_report_has_the_table_and_the_headline_figures(capsys) -> None:
     assert main(["plan", *SMALL, "--budget", "100%"]) == 0
     out = capsys.readouterr().out
@@ -241,3 +247,21 @@ def test_gpu_spec_feeds_the_profile_bandwidths() -> None:
         == profile.h2d_bytes_per_second
         == get_gpu("h100").host_link_bytes_per_second
     )
+
+
+def test_help_lists_the_options(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in (
+        "--batch-size",
+        "--budget",
+        "--gpu",
+        "--input-shape",
+        "--dtype",
+        "--json",
+        "--plot",
+        "80%",
+    ):
+        assert option in out

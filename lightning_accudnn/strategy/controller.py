@@ -170,6 +170,12 @@ class OffloadController:
             exclude=self.keep_on_device,
             host_memory_limit=host_limit,
         )
+        spec = "" if self.budget.kind == "bytes" else f" ({self.budget})"
+        rank_zero_info(
+            f"accudnn: budget {format_bytes(self.budget_bytes)}{spec} on {name}, reserve "
+            f"{format_bytes(self.reserve_bytes)}, host memory for swapped activations up to "
+            f"{format_bytes(host_limit)}; the first step profiles with every activation swapped"
+        )
 
     def teardown(self) -> None:
         """Abort any open step, free the host pool, lift the allocator cap."""

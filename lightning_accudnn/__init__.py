@@ -8,9 +8,16 @@ Example:
 
 from lightning_accudnn.ops import SwapSchedule, keep_on_device
 from lightning_accudnn.planner import Budget
-from lightning_accudnn.strategy import AccUDNNStrategy, OffloadStats, register_strategies
+from lightning_accudnn.strategy import AccUDNNDDPStrategy, AccUDNNStrategy, OffloadStats, register_strategies
 
 register_strategies()
 
-__all__ = ["AccUDNNStrategy", "Budget", "OffloadStats", "SwapSchedule", "keep_on_device"]
+__all__ = [
+    "AccUDNNDDPStrategy",
+    "AccUDNNStrategy",
+    "Budget",
+    "OffloadStats",
+    "SwapSchedule",
+    "keep_on_device",
+]
 __version__ = "0.1.0"

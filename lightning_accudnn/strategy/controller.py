@@ -88,6 +88,27 @@ class OffloadStats:
         return {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}
 
 
+class RankCoordinator:
+    """How ranks agree on planning; a single process agrees with itself.
+
+    Example:
+        >>> RankCoordinator().any(True), RankCoordinator().max(3.0)
+        (True, 3.0)
+    """
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on some rank."""
+        return flag
+
+    def max(self, value: float) -> float:
+        """The largest ``value`` over the ranks."""
+        return value
+
+    def merge(self, profile: StepProfile) -> StepProfile:
+        """One profile every rank plans from."""
+        return profile
+
+
 class OffloadController:
     """Turns a budget into swap schedules for the engine, step after step.
 
@@ -113,8 +134,10 @@ class OffloadController:
         keep_on_device: Sequence[str] = (),
         host_memory_limit: int | str | None = None,
         reserve_bytes: int | None = None,
+        coordinator: RankCoordinator | None = None,
     ) -> None:
         self.budget = Budget.parse(budget)
+        self.coordinator = coordinator if coordinator is not None else RankCoordinator()
         self.host_memory_limit = None if host_memory_limit is None else Budget.parse(host_memory_limit)
         if min_swap_bytes < 0:
             raise ValueError(f"min_swap_bytes must be >= 0, got {min_swap_bytes}")
@@ -213,7 +236,7 @@ class OffloadController:
                 self.plan = self._make_plan(dataclasses.replace(self.plan.profile, static_bytes=static_bytes))
             self._step_plan = self.plan
             schedule = SwapSchedule.swap_layers_named(
-                self.plan.swapped_layers, self.plan.prefetch_window_bytes
+                self.plan.swapped_layers, self.plan.prefetch_window_bytes, self._copying_out_limit()
             )
         with engine.offload(model, schedule, static_bytes=static_bytes):
             yield
@@ -222,7 +245,11 @@ class OffloadController:
         self._require_engine().begin_backward()
 
     def end_step(self) -> OffloadStats | None:
-        """After backward: keep the step's figures and plan from them when needed."""
+        """After backward: keep the step's figures and plan from them when needed.
+
+        Every rank reaches this after every backward, so the decision to re-plan and the
+        profile planned from are agreed through the coordinator: all ranks plan alike.
+        """
         engine = self._require_engine()
         step = engine.end_step()
         if step is None:
@@ -230,20 +257,23 @@ class OffloadController:
         self.stats = self._measure(step)
         profile = self._profile_from(step)
         usable = self._require_budget() - self.reserve_bytes
-        if self.stats.peak_device_bytes > usable and not self._profiling:
-            self.reserve_bytes += self.stats.peak_device_bytes - usable
+        overshoot = 0 if self._profiling else max(0, self.stats.peak_device_bytes - usable)
+        first_planned = not self._profiling and not self._refined
+        changed = self.plan is None or _layers_changed(self.plan.profile, profile)
+        local_reason = overshoot > 0 or self._profiling or first_planned or changed
+        if not self.coordinator.any(local_reason):
+            return self.stats
+        overshoot = int(self.coordinator.max(overshoot))
+        if overshoot:
+            self.reserve_bytes += overshoot
             log.warning(
-                "accudnn: step peak %s passed the usable budget %s; reserve raised to %s and re-planned",
-                format_bytes(self.stats.peak_device_bytes),
+                "accudnn: step peak passed the usable budget %s by %s; reserve raised to %s and re-planned",
                 format_bytes(usable),
+                format_bytes(overshoot),
                 format_bytes(self.reserve_bytes),
             )
-            self.plan = self._make_plan(profile)
-        elif self._profiling or self.plan is None or _layers_changed(self.plan.profile, profile):
-            self.plan = self._make_plan(profile)
-        elif not self._refined:
-            self._refined = True
-            self.plan = self._make_plan(profile)
+        self._refined = self._refined or first_planned
+        self.plan = self._make_plan(self.coordinator.merge(profile))
         return self.stats
 
     # -- helpers -----------------------------------------------------------------------
@@ -253,8 +283,8 @@ class OffloadController:
         plan = plan_swaps(profile, budget, self.reserve_bytes)
         rank_zero_info(
             f"accudnn plan: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
-            f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved); predicted peak "
-            f"{format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, step "
+            f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
+            f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, step "
             f"{plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
         return plan
@@ -303,7 +333,9 @@ class OffloadController:
             profiling=self._profiling,
             step_seconds=step.forward_seconds + step.backward_seconds,
             predicted_peak_bytes=None if self._step_plan is None else self._step_plan.predicted_peak_bytes,
-            predicted_step_seconds=None if self._step_plan is None else self._step_plan.predicted_step_seconds,
+            predicted_step_seconds=None
+            if self._step_plan is None
+            else self._step_plan.predicted_step_seconds,
         )
 
     def _require_engine(self) -> OffloadEngine:

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
-from lightning.pytorch.utilities.types import STEP_OUTPUT
-from torch import Tensor
-from torch.optim import Optimizer
 
 from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES
-from lightning_accudnn.planner.plan import Plan
-from lightning_accudnn.strategy.controller import OffloadController, OffloadStats
+from lightning_accudnn.strategy.controller import OffloadController
+from lightning_accudnn.strategy.offload_hooks import OffloadHooks
 
 
-class AccUDNNStrategy(SingleDeviceStrategy):
+class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
     """Train on one device whose memory is smaller than the step needs.
 
     Saved activations of the layers the performance model picks are swapped to pinned host
@@ -87,52 +83,3 @@ class AccUDNNStrategy(SingleDeviceStrategy):
                 'use Trainer(devices=1), or strategy="accudnn_ddp" for several devices'
             )
         return self.parallel_devices[0]
-
-    @property
-    def stats(self) -> OffloadStats | None:
-        """Figures of the last training step (``None`` before the first)."""
-        return self._controller.stats
-
-    @property
-    def plan(self) -> Plan | None:
-        """The swap plan in force (``None`` until the profiling step has run)."""
-        return self._controller.plan
-
-    def setup(self, trainer: pl.Trainer) -> None:
-        self._controller.setup(self.root_device)
-        super().setup(trainer)
-
-    def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
-        batch = args[0] if args else kwargs.get("batch")
-        with self._controller.forward(self.lightning_module, self.optimizers, batch):
-            return super().training_step(*args, **kwargs)
-
-    def backward(
-        self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
-    ) -> Tensor:
-        self._controller.begin_backward()
-        try:
-            output = super().backward(closure_loss, optimizer, *args, **kwargs)
-        except BaseException:
-            self._controller.abort()
-            raise
-        stats = self._controller.end_step()
-        if stats is not None:
-            self._log_stats(stats)
-        return output
-
-    def on_exception(self, exception: BaseException) -> None:
-        self._controller.abort()
-        super().on_exception(exception)
-
-    def teardown(self) -> None:
-        self._controller.teardown()
-        super().teardown()
-
-    def _log_stats(self, stats: OffloadStats) -> None:
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is None or not trainer.loggers:
-            return
-        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            for logger in trainer.loggers:
-                logger.log_metrics(stats.as_metrics(), step=trainer.global_step)

@@ -152,7 +152,9 @@ class OffloadEngine:
         self.pool = HostBufferPool(pin_memory=self.backend.pin_memory, capacity_bytes=host_memory_limit)
         self.ledger = DeviceLedger()
         self.timer = LayerTimer(clock_for(self.device))
-        self.tracker = LayerTracker(exclude=tuple(exclude), on_enter=self.timer.enter, on_exit=self.timer.exit)
+        self.tracker = LayerTracker(
+            exclude=tuple(exclude), on_enter=self.timer.enter, on_exit=self.timer.exit
+        )
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
         self._step: _StepState | None = None

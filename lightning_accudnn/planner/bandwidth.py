@@ -129,6 +129,7 @@ def _cross_check(link: HostLink, device_name: str) -> None:
         warnings.warn(
             f"{device_name}: pinned host copies reach {slowest / 1e9:.1f} GB/s, under half of what its "
             f"PCIe Gen{link.pcie_generation} x{link.pcie_width} link carries ({theoretical / 1e9:.1f} GB/s). "
-            "Another process may share the link, or the GPU sits in a slower slot; plans use the measured figure.",
+            "Another process may share the link, or the GPU sits in a slower slot; "
+            "plans use the measured figure.",
             stacklevel=3,
         )

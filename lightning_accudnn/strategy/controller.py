@@ -284,8 +284,8 @@ class OffloadController:
         rank_zero_info(
             f"accudnn plan: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
             f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
-            f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, step "
-            f"{plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
+            f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, "
+            f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
         return plan
 

@@ -29,7 +29,7 @@ from torch import nn
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
-from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
+from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, copying_out_limit, plan_swaps
 from lightning_accudnn.planner.profile import StepProfile
 from lightning_accudnn.planner.timeline import Timeline, simulate
 from lightning_accudnn.planner.trace import (
@@ -317,7 +317,12 @@ def plan_command(args: argparse.Namespace) -> int:
         "trace_seconds": trace_seconds,
     }
     try:
-        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve)
+        plan = plan_swaps(
+            profile,
+            budget_bytes,
+            reserve_bytes=reserve,
+            max_copying_out_bytes=copying_out_limit(budget_bytes),
+        )
     except BudgetTooSmallError as error:
         need = error.min_budget_bytes
         if args.json:

@@ -15,7 +15,20 @@ from lightning_accudnn.planner.profile import StepProfile
 from lightning_accudnn.planner.search import search
 from lightning_accudnn.planner.timeline import Timeline, _Prepared, _timeline
 
-__all__ = ["BudgetTooSmallError", "Plan", "lower_bound_seconds", "plan_swaps"]
+__all__ = ["BudgetTooSmallError", "Plan", "copying_out_limit", "lower_bound_seconds", "plan_swaps"]
+
+
+def copying_out_limit(budget_bytes: int) -> int:
+    """The device bytes the strategy lets wait for their copy out: an eighth of the budget.
+
+    When the host link cannot keep up with the forward pass, the engine makes the forward
+    wait past this bound instead of piling activations up, and the planner simulates it.
+
+    Example:
+        >>> copying_out_limit(8_000_000_000)
+        1000000000
+    """
+    return budget_bytes // 8
 
 
 class BudgetTooSmallError(ValueError):
@@ -98,6 +111,7 @@ class Plan:
     lower_bound_seconds: float
     min_budget_bytes: int
     search: str = "exhaustive"
+    max_copying_out_bytes: int | None = None
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -197,8 +211,13 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def plan_swaps(profile: StepProfile, budget_bytes: int, reserve_bytes: int = 0) -> Plan:
+def plan_swaps(
+    profile: StepProfile, budget_bytes: int, reserve_bytes: int = 0, max_copying_out_bytes: int | None = None
+) -> Plan:
     """The fastest predicted plan whose predicted peak is at most ``budget_bytes - reserve_bytes``.
+
+    ``max_copying_out_bytes`` is the engine's bound on bytes waiting for their copy out
+    (the forward waits past it); the plan is simulated under it and carries it.
 
     Chooses keep/swap per layer and the prefetch window, scoring each candidate with
     :func:`~lightning_accudnn.planner.timeline.simulate`. If nothing needs swapping, nothing
@@ -233,7 +252,7 @@ def plan_swaps(profile: StepProfile, budget_bytes: int, reserve_bytes: int = 0) 
     """
     if reserve_bytes < 0:
         raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
-    prep = _Prepared(profile)
+    prep = _Prepared(profile, max_copying_out_bytes)
     result = search(prep, budget_bytes - reserve_bytes)
     min_budget = result.min_peak_bytes + reserve_bytes
     if result.best is None:
@@ -251,5 +270,6 @@ def plan_swaps(profile: StepProfile, budget_bytes: int, reserve_bytes: int = 0) 
         lower_bound_seconds=lower_bound_seconds(profile, budget_bytes),
         min_budget_bytes=min_budget,
         search=result.method,
+        max_copying_out_bytes=max_copying_out_bytes,
         timeline=timeline,
     )

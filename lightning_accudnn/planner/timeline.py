@@ -11,7 +11,10 @@ layer, and a prefetch window):
   ends;
 * a swapped layer's ``swappable_bytes`` are copied out on the copy stream (FIFO, one copy at
   a time, ``bytes / d2h_bytes_per_second``) starting no earlier than the end of ``F_i``; they
-  stay resident until that copy ends;
+  stay resident until that copy ends. With a copy-out limit (the engine's
+  ``max_copying_out_bytes``), when more bytes than the limit wait for their copy out after
+  ``F_i``, the compute stream waits for the oldest copies to end before ``F_{i+1}``
+  (counted in ``compute_wait_seconds``); one copy is always allowed in flight;
 * prefetch: at the end of ``F_k`` and whenever a swapped layer is consumed (end of its
   ``B_j``), swapped layers are admitted in reverse layer order while the swappable bytes
   admitted and not yet consumed plus the layer's own fit the prefetch window, or when
@@ -135,9 +138,24 @@ class Timeline:
 class _Prepared:
     """Per-profile arrays reused by every simulation of the same profile (the planner's hot path)."""
 
-    __slots__ = ("k", "names", "static", "saved", "swappable", "fwd", "bwd", "out", "inn", "prefix_saved")
+    __slots__ = (
+        "k",
+        "names",
+        "static",
+        "saved",
+        "swappable",
+        "fwd",
+        "bwd",
+        "out",
+        "inn",
+        "prefix_saved",
+        "copy_out_limit",
+    )
 
-    def __init__(self, profile: StepProfile) -> None:
+    def __init__(self, profile: StepProfile, copy_out_limit: int | None = None) -> None:
+        if copy_out_limit is not None and copy_out_limit < 0:
+            raise ValueError(f"max_copying_out_bytes must be >= 0, got {copy_out_limit}")
+        self.copy_out_limit = copy_out_limit
         _check_bandwidth(profile.d2h_bytes_per_second, "d2h_bytes_per_second")
         _check_bandwidth(profile.h2d_bytes_per_second, "h2d_bytes_per_second")
         layers = profile.layers
@@ -188,6 +206,8 @@ def _run(prep: _Prepared, swap: tuple[bool, ...], window: int, record: bool = Fa
     copying_bytes = 0
     base = static  # static + every byte of earlier layers that stays until backward
     timings = [None] * k if record else None
+    limit = prep.copy_out_limit
+    wait = 0.0
     for i in range(k):
         while copying_out and copying_out[0][0] < now:  # ends strictly before: freed first
             copying_bytes -= copying_out.popleft()[1]
@@ -204,6 +224,13 @@ def _run(prep: _Prepared, swap: tuple[bool, ...], window: int, record: bool = Fa
             copying_bytes += swappable[i]
             if record:
                 timings[i] = [start[0], now[0], out_start[0], stream[0]]
+            # The engine's throttle: past the limit, the forward waits for the oldest copies out.
+            while limit is not None and copying_bytes > limit and len(copying_out) > 1:
+                end, nbytes, _ = copying_out.popleft()
+                copying_bytes -= nbytes
+                if now < end:
+                    wait += end[0] - now[0]
+                    now = (end[0], max(end[1], now[1]))
         else:
             base += saved[i]
             if record:
@@ -263,7 +290,6 @@ def _run(prep: _Prepared, swap: tuple[bool, ...], window: int, record: bool = Fa
                 peak, peak_at, peak_event, peak_index = resident, at, "prefetch", j
 
     prefetch(end_forward, k - 1)
-    wait = 0.0
     for i in range(k - 1, -1, -1):
         if swap[i] and now < ready[i]:  # wait for the copy in
             wait += ready[i][0] - now[0]
@@ -305,11 +331,17 @@ def _timeline(prep: _Prepared, swap: tuple[bool, ...], window: int) -> Timeline:
     )
 
 
-def simulate(profile: StepProfile, swap: Sequence[bool], prefetch_window_bytes: int) -> Timeline:
+def simulate(
+    profile: StepProfile,
+    swap: Sequence[bool],
+    prefetch_window_bytes: int,
+    max_copying_out_bytes: int | None = None,
+) -> Timeline:
     """Simulate one training step of ``profile`` under a plan; see the module docstring.
 
     ``swap[i]`` says whether layer ``i`` (forward order) is swapped. The prefetch window is
-    in bytes of swappable data brought back ahead of use and not yet consumed.
+    in bytes of swappable data brought back ahead of use and not yet consumed;
+    ``max_copying_out_bytes`` bounds the bytes waiting for their copy out (``None``: no bound).
 
     Example:
         >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
@@ -322,7 +354,7 @@ def simulate(profile: StepProfile, swap: Sequence[bool], prefetch_window_bytes: 
     """
     if prefetch_window_bytes < 0:
         raise ValueError(f"prefetch_window_bytes must be >= 0, got {prefetch_window_bytes}")
-    prep = _Prepared(profile)
+    prep = _Prepared(profile, max_copying_out_bytes)
     return _timeline(prep, prep.effective(swap), int(prefetch_window_bytes))
 
 

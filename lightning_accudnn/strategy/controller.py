@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES, OffloadEngine, StepStats, SwapSchedule
 from lightning_accudnn.planner import Budget, LayerProfile, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
-from lightning_accudnn.planner.plan import Plan, plan_swaps
+from lightning_accudnn.planner.plan import Plan, copying_out_limit, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 
 log = logging.getLogger(__name__)
@@ -229,14 +229,16 @@ class OffloadController:
             self._batch_signature = signature
             self._profiling, self._refined = True, False
             self._step_plan = None
-            schedule = SwapSchedule.swap_everything(max_copying_out_bytes=self._copying_out_limit())
+            schedule = SwapSchedule.swap_everything(
+                max_copying_out_bytes=copying_out_limit(self._require_budget())
+            )
         else:
             self._profiling = False
             if static_bytes != self.plan.profile.static_bytes:
                 self.plan = self._make_plan(dataclasses.replace(self.plan.profile, static_bytes=static_bytes))
             self._step_plan = self.plan
             schedule = SwapSchedule.swap_layers_named(
-                self.plan.swapped_layers, self.plan.prefetch_window_bytes, self._copying_out_limit()
+                self.plan.swapped_layers, self.plan.prefetch_window_bytes, self.plan.max_copying_out_bytes
             )
         with engine.offload(model, schedule, static_bytes=static_bytes):
             yield
@@ -280,7 +282,12 @@ class OffloadController:
 
     def _make_plan(self, profile: StepProfile) -> Plan:
         budget = self._require_budget()
-        plan = plan_swaps(profile, budget, self.reserve_bytes)
+        plan = plan_swaps(
+            profile,
+            budget,
+            self.reserve_bytes,
+            max_copying_out_bytes=copying_out_limit(self._require_budget()),
+        )
         rank_zero_info(
             f"accudnn plan: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
             f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
@@ -288,14 +295,6 @@ class OffloadController:
             f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
         return plan
-
-    def _copying_out_limit(self) -> int:
-        """Device bytes allowed to wait for their copy out: an eighth of the budget.
-
-        The plan's peak assumes the host link keeps up with the forward pass; when it does
-        not, this bound makes the forward wait instead of piling activations up.
-        """
-        return self._require_budget() // 8
 
     def _profile_from(self, step: StepStats) -> StepProfile:
         assert self.device is not None

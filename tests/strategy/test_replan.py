@@ -19,7 +19,9 @@ def test_changed_batch_size_profiles_again_and_replans():
     recorder = StatsRecorder()
     strategy = AccUDNNStrategy(budget=budget, min_swap_bytes=0)
     model, _ = copies("cnn")
-    trainer_for(strategy, max_steps=6, callbacks=[recorder]).fit(model, _loader_with_batch_sizes([8, 8, 8, 4, 4, 4]))
+    trainer_for(strategy, max_steps=6, callbacks=[recorder]).fit(
+        model, _loader_with_batch_sizes([8, 8, 8, 4, 4, 4])
+    )
 
     profiling = [stats.profiling for stats in recorder.stats]
     assert profiling == [True, False, False, True, False, False]

@@ -11,7 +11,9 @@ class SwapSchedule:
     """The engine's orders for a step; the engine itself holds no policy.
 
     ``swap_layers`` names the layer invocations (see :mod:`.layers`) whose saved
-    activations go to the host; ``None`` swaps every layer (the safe profiling mode).
+    activations go to the host; ``None`` swaps every layer (the safe profiling mode) except
+    those in ``keep_layers``. A plan keeps what it chose to keep by name and swaps the rest,
+    so a layer it has never seen (the graph changed) is swapped, the safe side for memory.
     ``prefetch_window_bytes`` bounds the bytes brought back ahead of use in backward and
     not yet consumed; one layer is always allowed in even when it is larger.
     ``max_copying_out_bytes`` bounds the device bytes waiting for their copy to the host:
@@ -24,11 +26,14 @@ class SwapSchedule:
         (True, False)
         >>> SwapSchedule.swap_everything().swaps("fc")
         True
+        >>> SwapSchedule.keep_layers_named(["fc"]).swaps("a_new_layer")
+        True
     """
 
     swap_layers: frozenset[str] | None
     prefetch_window_bytes: int = 0
     max_copying_out_bytes: int | None = None
+    keep_layers: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.prefetch_window_bytes < 0:
@@ -52,5 +57,13 @@ class SwapSchedule:
     ) -> SwapSchedule:
         return cls(frozenset(names), prefetch_window_bytes, max_copying_out_bytes)
 
+    @classmethod
+    def keep_layers_named(
+        cls, names: Iterable[str], prefetch_window_bytes: int = 0, max_copying_out_bytes: int | None = None
+    ) -> SwapSchedule:
+        return cls(None, prefetch_window_bytes, max_copying_out_bytes, frozenset(names))
+
     def swaps(self, layer: str) -> bool:
+        if layer in self.keep_layers:
+            return False
         return self.swap_layers is None or layer in self.swap_layers

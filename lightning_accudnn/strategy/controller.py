@@ -21,7 +21,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES, OffloadEngine, StepStats, SwapSchedule
+from lightning_accudnn.ops import (
+    DEFAULT_MIN_SWAP_BYTES,
+    HostMemoryExceeded,
+    OffloadEngine,
+    StepStats,
+    SwapSchedule,
+)
 from lightning_accudnn.planner import Budget, LayerProfile, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.plan import Plan, copying_out_limit, plan_swaps
@@ -237,8 +243,9 @@ class OffloadController:
             if static_bytes != self.plan.profile.static_bytes:
                 self.plan = self._make_plan(dataclasses.replace(self.plan.profile, static_bytes=static_bytes))
             self._step_plan = self.plan
-            schedule = SwapSchedule.swap_layers_named(
-                self.plan.swapped_layers, self.plan.prefetch_window_bytes, self.plan.max_copying_out_bytes
+            kept = {layer.name for layer in self.plan.profile.layers} - self.plan.swapped_layers
+            schedule = SwapSchedule.keep_layers_named(
+                kept, self.plan.prefetch_window_bytes, self.plan.max_copying_out_bytes
             )
         with engine.offload(model, schedule, static_bytes=static_bytes):
             yield
@@ -283,11 +290,16 @@ class OffloadController:
     def _make_plan(self, profile: StepProfile) -> Plan:
         budget = self._require_budget()
         plan = plan_swaps(
-            profile,
-            budget,
-            self.reserve_bytes,
-            max_copying_out_bytes=copying_out_limit(self._require_budget()),
+            profile, budget, self.reserve_bytes, max_copying_out_bytes=copying_out_limit(budget)
         )
+        host_limit = self._require_engine().pool.capacity_bytes
+        if plan.swapped_bytes > host_limit:
+            raise HostMemoryExceeded(
+                f"the plan for a device budget of {format_bytes(budget)} swaps "
+                f"{format_bytes(plan.swapped_bytes)} to host memory, more than the host-memory limit of "
+                f"{format_bytes(host_limit)}. Raise host_memory_limit (system RAM permitting), raise the "
+                "device budget, or lower the batch size."
+            )
         rank_zero_info(
             f"accudnn plan: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
             f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "

@@ -5,12 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.strategy.controller import OffloadController, OffloadStats
+
+
+def _refuse_compiled(module: pl.LightningModule) -> None:
+    """Saved-tensor hooks and ``torch.compile`` do not mix (pytorch #116221, #148222): refuse."""
+    compiled = getattr(module, "_compiler_ctx", None) is not None or any(
+        isinstance(child, torch._dynamo.eval_frame.OptimizedModule) for child in module.modules()
+    )
+    if compiled:
+        raise ValueError(
+            "AccUDNN strategies refuse a torch.compile'd model: the saved-tensor hooks they rely on are "
+            "not reliably honoured inside compiled graphs (pytorch issues #116221, #148222), so "
+            "activations could silently stay on the device. Pass the uncompiled module, or use "
+            "torch.compile with torch._functorch.config.activation_memory_budget instead of this strategy."
+        )
 
 
 class OffloadHooks:
@@ -39,6 +54,7 @@ class OffloadHooks:
         return self._controller.plan
 
     def setup(self, trainer: pl.Trainer) -> None:
+        _refuse_compiled(trainer.lightning_module)
         self._controller.setup(self.root_device)
         super().setup(trainer)
 

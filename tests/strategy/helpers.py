@@ -25,19 +25,21 @@ class StatsRecorder(Callback):
         self.plans.append(trainer.strategy.plan)
 
 
-def trainer_for(strategy, max_steps: int = 4, callbacks=(), **kwargs) -> Trainer:
+def trainer_for(strategy, max_steps: int = 4, callbacks=(), **overrides) -> Trainer:
+    options = {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "deterministic": True,
+    }
     return Trainer(
         accelerator="cpu",
         devices=1,
         strategy=strategy,
         max_steps=max_steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
         callbacks=list(callbacks),
-        **kwargs,
+        **(options | overrides),
     )
 
 

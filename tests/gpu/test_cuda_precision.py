@@ -1,0 +1,50 @@
+"""On a CUDA GPU: mixed precision (with fp16's grad scaler) and compile with the strategy."""
+
+import copy
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lightning_accudnn import AccUDNNStrategy
+from tests.models import Classifier, loader
+from tests.strategy.helpers import memory_need
+
+pytestmark = pytest.mark.cuda
+
+
+def _fit(strategy, model, precision):
+    trainer = Trainer(
+        accelerator="gpu",
+        devices=1,
+        strategy=strategy,
+        precision=precision,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        deterministic=True,
+    )
+    trainer.fit(model, loader("cnn", batches=4, batch_size=256))
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true"])
+def test_mixed_precision_with_swapping_matches_plain_training(precision):
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(0)
+    plain = Classifier("cnn")
+    swapped = copy.deepcopy(plain)
+    _fit("auto", plain, precision)
+    static, saved = memory_need("cnn", batch_size=256)
+    slack = 128 * 2**20
+    strategy = AccUDNNStrategy(budget=static + saved // 2 + slack, reserve_bytes=slack, min_swap_bytes=0)
+    _fit(strategy, swapped, precision)
+    assert strategy.stats.bytes_swapped_out > 0 or strategy.plan.swapped_layers
+    for (name, a), b in zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True):
+        assert torch.equal(a.cpu(), b.cpu()), f"{name} differs"
+
+
+def test_compiled_module_is_refused_on_cuda():
+    with pytest.raises(ValueError, match="torch.compile"):
+        _fit(AccUDNNStrategy(budget="50%"), torch.compile(Classifier("cnn")), "32-true")

@@ -2,30 +2,20 @@
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_accudnn import AccUDNNDDPStrategy
 from lightning_accudnn.planner import LayerProfile, StepProfile
 from lightning_accudnn.strategy import merge_profiles
 from tests.models import Classifier, loader
-from tests.strategy.helpers import memory_need
+from tests.strategy.helpers import memory_need, trainer_for
 
 # Spawned process groups must never hang CI: every test here is bounded.
 pytestmark = pytest.mark.timeout(240)
 
 
 def _trainer(strategy, max_steps=4, **overrides):
-    options = {
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "deterministic": True,
-    }
-    return Trainer(
-        accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, **(options | overrides)
-    )
+    return trainer_for(strategy, max_steps=max_steps, devices=2, **overrides)
 
 
 def _budget():

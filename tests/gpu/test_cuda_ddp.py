@@ -2,26 +2,16 @@
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 
 from lightning_accudnn import AccUDNNDDPStrategy, AccUDNNStrategy
 from tests.models import Classifier, loader
-from tests.strategy.helpers import memory_need
+from tests.strategy.helpers import memory_need, trainer_for
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300)]
 
 
 def _fit(strategy, model):
-    trainer = Trainer(
-        accelerator="gpu",
-        devices=1,
-        strategy=strategy,
-        max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        deterministic=True,
-    )
+    trainer = trainer_for(strategy, accelerator="gpu")
     trainer.fit(model, loader("cnn", batches=4, batch_size=256))
     return strategy
 

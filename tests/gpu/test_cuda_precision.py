@@ -4,27 +4,16 @@ import copy
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 
 from lightning_accudnn import AccUDNNStrategy
 from tests.models import Classifier, loader
-from tests.strategy.helpers import memory_need
+from tests.strategy.helpers import memory_need, trainer_for
 
 pytestmark = pytest.mark.cuda
 
 
 def _fit(strategy, model, precision):
-    trainer = Trainer(
-        accelerator="gpu",
-        devices=1,
-        strategy=strategy,
-        precision=precision,
-        max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        deterministic=True,
-    )
+    trainer = trainer_for(strategy, accelerator="gpu", precision=precision)
     trainer.fit(model, loader("cnn", batches=4, batch_size=256))
 
 

@@ -26,7 +26,10 @@ class StatsRecorder(Callback):
 
 
 def trainer_for(strategy, max_steps: int = 4, callbacks=(), **overrides) -> Trainer:
+    """A quiet, deterministic Trainer on one CPU unless ``overrides`` say otherwise."""
     options = {
+        "accelerator": "cpu",
+        "devices": 1,
         "logger": False,
         "enable_checkpointing": False,
         "enable_progress_bar": False,
@@ -34,8 +37,6 @@ def trainer_for(strategy, max_steps: int = 4, callbacks=(), **overrides) -> Trai
         "deterministic": True,
     }
     return Trainer(
-        accelerator="cpu",
-        devices=1,
         strategy=strategy,
         max_steps=max_steps,
         callbacks=list(callbacks),

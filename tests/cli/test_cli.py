@@ -101,20 +101,10 @@ def test_resnet152_batch64_on_h100_at_8gb() -> None:
     # Adam: weights, gradients and two moments of 60.2M fp32 parameters, plus BN buffers.
     assert 4 * 60.1e6 * 4 < report["static_bytes"] < 4 * 60.3e6 * 4 + 2e6
 
-    if result.returncode == 0:
-        check_plan_json(report, 8 * 10**9)
-    else:
-        # The H100 computes the forward faster than PCIe can move the excess out: the
-        # planner says so and gives the budget that does fit. That budget must work.
-        assert result.returncode == 1, result.stderr
-        assert report["feasible"] is False and report["min_budget_bytes"] > 8 * 10**9
-        assert f"--budget {report['min_budget_bytes']}" in result.stderr
-        budget = report["min_budget_bytes"]
-        args[args.index("8GB")] = str(budget)
-        retry, seconds = run_cli(*args)
-        assert retry.returncode == 0, retry.stderr
-        assert seconds < 60
-        check_plan_json(json.loads(retry.stdout), budget)
+    # The forward waits for the host link past the copy-out limit, so 8GB fits, at a cost.
+    assert result.returncode == 0, result.stderr
+    check_plan_json(report, 8 * 10**9)
+    assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] > 0
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,10 @@ class LayerUsage:
     ``forward_seconds`` is the layer's self time plus that of the layers before it which
     saved nothing (so the layers' times add up to the forward pass); ``backward_seconds``
     shares the measured backward time out in proportion to forward time.
+
+    Example:
+        >>> LayerUsage("layer1.0.conv1", saved_bytes=4096, swappable_bytes=4096).swappable_bytes
+        4096
     """
 
     name: str
@@ -77,6 +81,11 @@ class StepStats:
 
     ``peak_device_bytes`` is the ledger's peak (model state plus saved activations) unless
     the caller replaces it with the allocator's figure on CUDA.
+
+    Example:
+        >>> stats = StepStats(100, 100, 0.0, 500, 500, 1, 0.01, 0.02, layers=())
+        >>> stats.as_metrics()["accudnn/bytes_swapped_out"]
+        100.0
     """
 
     bytes_swapped_out: int

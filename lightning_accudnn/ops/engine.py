@@ -304,10 +304,10 @@ class OffloadEngine:
         if known is not None and not known[0].expired() and not known[1].released:
             record = known[1]
         else:
-            record = self._new_record(storage)
+            record = self._new_record(step, storage)
             step.by_storage[key] = (StorageWeakRef(storage), record)
             if record.swap:
-                self._start_copy_out(record, storage)
+                self._start_copy_out(step, record, storage)
             else:
                 record.hold()
         self._poll_copies_out()
@@ -352,8 +352,7 @@ class OffloadEngine:
             and tensor.untyped_storage().data_ptr() not in self._model_storages
         )
 
-    def _new_record(self, storage: torch.UntypedStorage) -> StorageRecord:
-        step = self._open_step()
+    def _new_record(self, step: _StepState, storage: torch.UntypedStorage) -> StorageRecord:
         layer = self.tracker.current
         nbytes = storage.nbytes()
         swappable = (
@@ -408,8 +407,7 @@ class OffloadEngine:
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _start_copy_out(self, record: StorageRecord, storage: torch.UntypedStorage) -> None:
-        step = self._open_step()
+    def _start_copy_out(self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage) -> None:
         record.host_buffer = self.pool.acquire(record.nbytes)
         source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
         record.copy_out_source = source

@@ -66,7 +66,7 @@ def _git(*args: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return result.stdout.strip()
+    return result.stdout
 
 
 def git_state() -> dict[str, Any]:
@@ -78,9 +78,9 @@ def git_state() -> dict[str, Any]:
     """
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
-    dirty_paths = [line[3:] for line in status.splitlines()] if status else []
+    dirty_paths = [line[3:] for line in status.splitlines() if line.strip()] if status else []
     return {
-        "commit": commit,
+        "commit": commit.strip() if commit else None,
         "dirty": bool(dirty_paths) if status is not None else None,
         "dirty_paths": dirty_paths,
     }

@@ -201,3 +201,14 @@ def test_docstring_examples(module: str) -> None:
     imported = importlib.import_module(f"bench.{module}")
     result = doctest.testmod(imported, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_git_state_names_tracked_paths() -> None:
+    from bench.environment import git_state
+
+    state = git_state()
+    tracked = set(
+        subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.split()
+    )
+    assert state["commit"] and len(state["commit"]) == 40
+    assert all(path in tracked for path in state["dirty_paths"] if " -> " not in path), state["dirty_paths"]

@@ -49,14 +49,22 @@ class BudgetTooSmallError(ValueError):
         self.min_budget_bytes = min_budget_bytes
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
-        needed_gb = math.ceil(min_budget_bytes / 1e7) / 100  # rounded up: that much is enough
+        needed = _rounded_up(min_budget_bytes)  # rounded up: that much is enough
         reserve = f" (including the {format_bytes(reserve_bytes)} reserve)" if reserve_bytes else ""
         super().__init__(
             f"memory budget {format_bytes(budget_bytes)} is too small for this training step: even the "
-            f"least memory-hungry swap plan needs {needed_gb:.2f} GB ({min_budget_bytes} bytes){reserve}. "
-            f"Raise the budget to at least {needed_gb:.2f} GB, or lower the batch size so that the "
+            f"least memory-hungry swap plan needs {needed} ({min_budget_bytes} bytes){reserve}. "
+            f"Raise the budget to at least {needed}, or lower the batch size so that the "
             "activations shrink."
         )
+
+
+def _rounded_up(nbytes: int) -> str:
+    """``nbytes`` in the unit :func:`format_bytes` picks, rounded up to two decimals."""
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if nbytes >= size:
+            return f"{math.ceil(nbytes * 100 / size) / 100:.2f}{unit}"
+    return f"{nbytes}B"
 
 
 def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:

@@ -123,7 +123,7 @@ def default_name(workload: Workload) -> str:
     return f"{workload.name}-{workload.precision}"
 
 
-def specs_for(args: argparse.Namespace, oracle_peak: int | None) -> list[StrategySpec]:
+def specs_for(args: argparse.Namespace, oracle_peak: int | None, compile_backend: str) -> list[StrategySpec]:
     """The rows after the oracle, in run order; AccUDNN budgets from the oracle's peak."""
     kinds = set(_parse_list(args.strategies))
     specs: list[StrategySpec] = []
@@ -137,7 +137,7 @@ def specs_for(args: argparse.Namespace, oracle_peak: int | None) -> list[Strateg
         for text in _parse_list(args.budgets):
             budget = Budget.parse(int(text) if text.isdigit() else text)
             if budget.kind != "bytes":
-                raise SystemExit(f"--budgets takes sizes (bytes, GB, GiB...), got {text!r}")
+                raise ValueError(f"--budgets takes sizes (bytes, GB, GiB...), got {text!r}")
             specs.append(StrategySpec(f"accudnn-{text}", "accudnn", {"budget_bytes": int(budget.value)}))
     if "save_on_cpu" in kinds:
         specs.append(StrategySpec("save_on_cpu", "save_on_cpu", {"pin_memory": True}))
@@ -151,7 +151,7 @@ def specs_for(args: argparse.Namespace, oracle_peak: int | None) -> list[Strateg
                 StrategySpec(
                     f"compile-amb{fraction:g}",
                     "compile",
-                    {"activation_memory_budget": fraction, "backend": args.resolved_compile_backend},
+                    {"activation_memory_budget": fraction, "backend": compile_backend},
                 )
             )
     return specs
@@ -230,8 +230,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every selected strategy on the workload; write and return the result."""
     device = resolve_device(args.device)
     workload = _workload_from(args)
+    kinds = set(_parse_list(args.strategies))
+    unknown = kinds - set(KINDS)
+    if unknown:
+        raise SystemExit(f"unknown strategies {sorted(unknown)}; choose from {', '.join(KINDS)}")
+    try:
+        specs_for(args, oracle_peak=1, compile_backend="inductor")  # check --budgets and the lists now
+    except ValueError as error:
+        raise SystemExit(f"bench.run: {error}") from error
     tiny = workload.name == "tiny"
-    args.resolved_compile_backend = (
+    compile_backend = (
         args.compile_backend
         if args.compile_backend != "auto"
         else ("inductor" if device.type == "cuda" else "aot_eager_decomp_partition")
@@ -244,7 +252,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         min_swap_bytes=args.min_swap_bytes if args.min_swap_bytes is not None else workload.min_swap_bytes,
         reserve_bytes=args.reserve_bytes,
         host_memory_limit=args.host_memory_limit,
-        compile_backend=args.resolved_compile_backend,
+        compile_backend=compile_backend,
     )
     stem = output_stem(args.results_dir, device_slug(device), args.name or default_name(workload))
     files = {
@@ -259,17 +267,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"bench.run: {workload.name} {workload.params} on {env['device']} (torch {env['torch']})")
         print(f"bench.run: writing {stem}.*")
         rows: list[dict[str, Any]] = []
-        kinds = set(_parse_list(args.strategies))
-        unknown = kinds - set(KINDS)
-        if unknown:
-            raise SystemExit(f"unknown strategies {sorted(unknown)}; choose from {', '.join(KINDS)}")
         oracle_row = None
         if "oracle" in kinds or "accudnn" in kinds:
             oracle_row = _run_row(workload, StrategySpec("oracle", "oracle"), config).row
             rows.append(oracle_row)
         oracle_peak, oracle_source = oracle_peak_of(oracle_row) if oracle_row else (None, None)
         reference: tuple[str, StepProfile] | None = None
-        for spec in specs_for(args, oracle_peak):
+        for spec in specs_for(args, oracle_peak, compile_backend):
             if spec.kind == "accudnn" and "budget_bytes" not in spec.params:
                 row = {**dict.fromkeys(ROW_FIELDS), "name": spec.name, "strategy": spec.kind}
                 row.update(

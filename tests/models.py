@@ -90,13 +90,39 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.norm(self.blocks(x)))
 
 
+def bottleneck_net(channels: int = 16, strides: tuple[int, ...] = (1, 2, 1, 2, 1)) -> nn.Module:
+    """torchvision's Bottleneck blocks, narrow: a block's input is saved by the block before
+    it, by its first convolution and by its downsample, and needed first by the downsample."""
+    from torchvision.models.resnet import Bottleneck, conv1x1
+
+    blocks, inplanes, planes = [], channels, channels // 2
+    for stride in strides:
+        downsample = None
+        if stride != 1 or inplanes != planes * Bottleneck.expansion:
+            downsample = nn.Sequential(
+                conv1x1(inplanes, planes * Bottleneck.expansion, stride),
+                nn.BatchNorm2d(planes * Bottleneck.expansion),
+            )
+        blocks.append(Bottleneck(inplanes, planes, stride, downsample))
+        inplanes = planes * Bottleneck.expansion
+    return nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(inplace=True),
+        *blocks,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(inplanes, 10),
+    )
+
+
 def make_batch(kind: str, batch_size: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     if kind == "mlp":
         return torch.randn(batch_size, 64, generator=generator), torch.randint(
             0, 10, (batch_size,), generator=generator
         )
-    if kind == "cnn":
+    if kind in ("cnn", "bottleneck"):
         return (
             torch.randn(batch_size, 3, 16, 16, generator=generator),
             torch.randint(0, 10, (batch_size,), generator=generator),
@@ -106,7 +132,7 @@ def make_batch(kind: str, batch_size: int = 8, seed: int = 0) -> tuple[torch.Ten
 
 
 def make_model(kind: str) -> nn.Module:
-    return {"mlp": MLP, "cnn": SmallResNet, "gpt": TinyGPT}[kind]()
+    return {"mlp": MLP, "cnn": SmallResNet, "gpt": TinyGPT, "bottleneck": bottleneck_net}[kind]()
 
 
 def loss_of(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

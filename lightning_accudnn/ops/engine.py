@@ -112,7 +112,8 @@ class _StepState:
 
     def __init__(self) -> None:
         self.by_storage: dict[int, tuple[StorageWeakRef, StorageRecord]] = {}
-        self.swapped: list[StorageRecord] = []  # forward order
+        self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
+        self.saves = 0  # saved tensors packed so far, the clock of ``StorageRecord.last_save``
         self.copying_out: deque[StorageRecord] = deque()  # FIFO: copies finish in order
         self.copying_out_bytes = 0
         self.throttled_seconds = 0.0
@@ -205,10 +206,19 @@ class OffloadEngine:
         self.begin_backward()
 
     def begin_backward(self) -> None:
-        """The forward pass is over: finish what copied out and start prefetching."""
+        """The forward pass is over: finish what copied out and start prefetching.
+
+        Swapped storages come back in reverse order of their last save: one saved by
+        several layers (a block's input, saved by the block before and by its first
+        convolution and downsample) is needed when backward reaches the last of them.
+        """
         self._in_forward = False
         self.timer.end_forward()
         self._poll_copies_out()
+        step = self._step
+        if step is not None:
+            step.swapped.sort(key=lambda record: record.last_save)
+            step.next_prefetch = len(step.swapped) - 1
         self._prefetch()
 
     def end_step(self) -> StepStats | None:
@@ -301,8 +311,11 @@ class OffloadEngine:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         known = step.by_storage.get(key)
+        step.saves += 1
         if known is not None and not known[0].expired() and not known[1].released:
             record = known[1]
+            # Saved again by a later layer: backward needs it when it reaches that layer.
+            record.last_save = step.saves
         else:
             record = self._new_record(step, storage)
             step.by_storage[key] = (StorageWeakRef(storage), record)
@@ -367,6 +380,7 @@ class OffloadEngine:
         return StorageRecord(
             layer=layer,
             nbytes=nbytes,
+            last_save=step.saves,
             swap=swappable and self._schedule.swaps(layer),
             on_resident_change=self._on_resident_change,
             on_last_handle=self._release_record,

@@ -24,6 +24,7 @@ class StorageRecord:
 
     layer: str
     nbytes: int
+    last_save: int
     swap: bool
     on_resident_change: Callable[[StorageRecord, int], None]
     on_last_handle: Callable[[StorageRecord], None]

@@ -45,6 +45,22 @@ def test_ledger_peak_stays_within_a_budget_that_forces_swapping():
     assert all(stats.peak_device_bytes <= stats.predicted_peak_bytes for stats in planned)
 
 
+@pytest.mark.parametrize("share", [0.5, 0.4, 0.35])
+def test_storages_saved_by_several_layers_come_back_in_time(share):
+    """In a Bottleneck a block's input is saved three times and needed first by the downsample:
+    the engine must bring it back in that order, or it fetches on demand past the window."""
+    static, saved = memory_need("bottleneck")
+    budget = static + int(share * saved)
+    recorder = StatsRecorder()
+    model, _ = copies("bottleneck")
+    trainer_for(AccUDNNStrategy(budget=budget, min_swap_bytes=0), max_steps=4, callbacks=[recorder]).fit(
+        model, loader("bottleneck")
+    )
+    planned = [stats for stats in recorder.stats if not stats.profiling]
+    assert planned
+    assert all(stats.peak_device_bytes <= min(budget, stats.predicted_peak_bytes) for stats in planned)
+
+
 def test_stats_are_exposed_and_logged():
     class MemoryLogger(Logger):
         name, version = "memory", 0

@@ -6,6 +6,7 @@ Example:
     >>> trainer = Trainer(strategy=AccUDNNStrategy(budget="12GB"), accelerator="cpu")
 """
 
+from lightning_accudnn.callbacks import EfficiencyTuner
 from lightning_accudnn.ops import SwapSchedule, keep_on_device
 from lightning_accudnn.planner import Budget
 from lightning_accudnn.strategy import AccUDNNDDPStrategy, AccUDNNStrategy, OffloadStats, register_strategies
@@ -16,6 +17,7 @@ __all__ = [
     "AccUDNNDDPStrategy",
     "AccUDNNStrategy",
     "Budget",
+    "EfficiencyTuner",
     "OffloadStats",
     "SwapSchedule",
     "keep_on_device",

@@ -118,7 +118,7 @@ class RankCoordinator:
 class OffloadController:
     """Turns a budget into swap schedules for the engine, step after step.
 
-    The first step (and the first after the batch shape changes) runs in the safe mode,
+    The first step (and the first with a batch shape not seen before) runs in the safe mode,
     swapping every swappable activation with the smallest prefetch window; what it
     measured (bytes and time per layer, with the measured host link) becomes a
     :class:`~lightning_accudnn.planner.StepProfile` and the planner chooses the plan the
@@ -159,6 +159,7 @@ class OffloadController:
         self.plan: Plan | None = None
         self.stats: OffloadStats | None = None
         self._batch_signature: object = None
+        self._plans_by_batch: dict[object, Plan] = {}
         self._profiling = False
         self._refined = False
         self._step_plan: Plan | None = None
@@ -231,8 +232,11 @@ class OffloadController:
             engine.abort_step()
         static_bytes = model_state_bytes(model, optimizers)
         signature = _batch_signature(batch)
-        if self.plan is None or signature != self._batch_signature:
+        if signature != self._batch_signature:
+            # A batch shape seen before (the short last batch of an epoch) keeps its plan.
             self._batch_signature = signature
+            self.plan = self._plans_by_batch.get(signature)
+        if self.plan is None:
             self._profiling, self._refined = True, False
             self._step_plan = None
             schedule = SwapSchedule.swap_everything(
@@ -306,6 +310,7 @@ class OffloadController:
             f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, "
             f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
+        self._plans_by_batch[self._batch_signature] = plan
         return plan
 
     def _profile_from(self, step: StepStats) -> StepProfile:

@@ -15,22 +15,10 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_accudnn.planner import Plan, StepProfile
+from lightning_accudnn.planner import Plan
+from lightning_accudnn.planner.coordination import RankCoordinator
 
 __all__ = ["StrategyView"]
-
-
-class _LocalCoordinator:
-    """Each rank plans on its own (no collectives): used while ranks search independently."""
-
-    def any(self, flag: bool) -> bool:
-        return flag
-
-    def max(self, value: float) -> float:
-        return value
-
-    def merge(self, profile: StepProfile) -> StepProfile:
-        return profile
 
 
 class StrategyView:
@@ -103,7 +91,7 @@ class StrategyView:
             yield
             return
         coordinator = self._controller.coordinator
-        self._controller.coordinator = _LocalCoordinator()
+        self._controller.coordinator = RankCoordinator()  # each rank plans on its own
         try:
             yield
         finally:

@@ -30,6 +30,7 @@ from lightning_accudnn.ops import (
 )
 from lightning_accudnn.planner import Budget, LayerProfile, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
+from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import Plan, copying_out_limit, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 
@@ -92,27 +93,6 @@ class OffloadStats:
         )
         values = {name: getattr(self, name) for name in names}
         return {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}
-
-
-class RankCoordinator:
-    """How ranks agree on planning; a single process agrees with itself.
-
-    Example:
-        >>> RankCoordinator().any(True), RankCoordinator().max(3.0)
-        (True, 3.0)
-    """
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is true on some rank."""
-        return flag
-
-    def max(self, value: float) -> float:
-        """The largest ``value`` over the ranks."""
-        return value
-
-    def merge(self, profile: StepProfile) -> StepProfile:
-        """One profile every rank plans from."""
-        return profile
 
 
 class OffloadController:

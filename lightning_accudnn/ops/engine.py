@@ -79,32 +79,23 @@ class LayerUsage:
 class StepStats:
     """What the engine measured over one step (forward and backward).
 
-    ``peak_device_bytes`` is the ledger's peak (model state plus saved activations) unless
-    the caller replaces it with the allocator's figure on CUDA.
+    ``ledger_peak_bytes`` is the peak of the engine's ledger: model state plus saved
+    activations, as the engine counts them (on CUDA the allocator's figures sit beside it).
 
     Example:
-        >>> stats = StepStats(100, 100, 0.0, 500, 500, 1, 0.01, 0.02, layers=())
-        >>> stats.as_metrics()["accudnn/bytes_swapped_out"]
-        100.0
+        >>> stats = StepStats(100, 100, 0.0, 500, 1, 0.01, 0.02, layers=())
+        >>> stats.ledger_peak_bytes
+        500
     """
 
     bytes_swapped_out: int
     bytes_swapped_in: int
     wait_seconds: float
-    peak_device_bytes: int
     ledger_peak_bytes: int
     swapped_layers: int
     forward_seconds: float
     backward_seconds: float
     layers: tuple[LayerUsage, ...] = field(repr=False)
-
-    def as_metrics(self, prefix: str = "accudnn/") -> dict[str, float]:
-        return {
-            f"{prefix}bytes_swapped_out": float(self.bytes_swapped_out),
-            f"{prefix}bytes_swapped_in": float(self.bytes_swapped_in),
-            f"{prefix}wait_seconds": self.wait_seconds,
-            f"{prefix}peak_device_bytes": float(self.peak_device_bytes),
-        }
 
 
 class _StepState:
@@ -239,7 +230,6 @@ class OffloadEngine:
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,
             wait_seconds=self.backend.collect_wait_seconds() + step.throttled_seconds,
-            peak_device_bytes=self.ledger.peak_bytes,
             ledger_peak_bytes=self.ledger.peak_bytes,
             swapped_layers=len({record.layer for record in step.swapped}),
             forward_seconds=sum(layer.forward_seconds for layer in layers),

@@ -22,7 +22,7 @@ from bench.report import describe, fmt_bytes, markdown_table, output_stem, plot_
 from bench.strategies import ROW_FIELDS, RunConfig, RunResult, StrategySpec, fill_lower_bound, run_strategy
 from bench.workloads import WORKLOADS, Workload, make_workload
 from lightning_accudnn.planner import Budget
-from lightning_accudnn.planner.profile import StepProfile
+from lightning_accudnn.profile import StepProfile
 
 #: Strategy kinds in the order they run (the oracle first: its peak sets AccUDNN's budgets).
 KINDS = ("oracle", "accudnn", "save_on_cpu", "torchtune", "checkpoint", "compile")

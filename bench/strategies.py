@@ -40,11 +40,11 @@ from torch.utils.checkpoint import checkpoint
 
 from bench.measure import PEAK_LEDGER, MemoryMeter, StepMemory, median, now, release_memory
 from bench.workloads import Batch, Workload
-from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES, OffloadEngine, SwapSchedule
+from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.planner import format_bytes
 from lightning_accudnn.planner.plan import Plan, lower_bound_seconds
-from lightning_accudnn.planner.profile import StepProfile
 from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
 from lightning_accudnn.strategy import OffloadController
 
 #: Every field of a result row; a row has all of them (``None`` where not measured).
@@ -625,7 +625,7 @@ def fill_lower_bound(row: dict[str, Any], source: str, profile: StepProfile, dev
     CPU their peak is a resident-set delta, which the profile's ledger bytes do not compare with.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile((LayerProfile("a", 100, 100, 1.0, 2.0),), static_bytes=0)
         >>> row = {"strategy": "oracle", "status": "ok", "median_fwd_bwd_seconds": 3.3}
         >>> fill_lower_bound(row, "accudnn-2x", profile, torch.device("cpu"))

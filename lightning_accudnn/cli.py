@@ -30,7 +30,6 @@ from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, copying_out_limit, plan_swaps
-from lightning_accudnn.planner.profile import StepProfile
 from lightning_accudnn.planner.timeline import Timeline, simulate
 from lightning_accudnn.planner.trace import (
     DEFAULT_MIN_SWAP_BYTES,
@@ -39,6 +38,7 @@ from lightning_accudnn.planner.trace import (
     StepTrace,
     trace_step,
 )
+from lightning_accudnn.profile import StepProfile
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
@@ -242,7 +242,7 @@ def unconstrained_seconds(profile: StepProfile) -> float:
     """Step time on a GPU with enough memory: nothing swapped, no copies.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile
+        >>> from lightning_accudnn.profile import LayerProfile
         >>> unconstrained_seconds(StepProfile((LayerProfile("a", 1, 1, 0.5, 1.0),), static_bytes=0))
         1.5
     """
@@ -399,7 +399,7 @@ def memory_curve(profile: StepProfile, timeline: Timeline) -> tuple[list[float],
     everything a layer saved is freed when its backward ends.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile
+        >>> from lightning_accudnn.profile import LayerProfile
         >>> from lightning_accudnn.planner.timeline import simulate
         >>> profile = StepProfile((LayerProfile("a", 100, 100, 1.0, 1.0),), static_bytes=10)
         >>> memory_curve(profile, simulate(profile, [False], 0))

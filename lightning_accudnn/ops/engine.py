@@ -26,16 +26,14 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from lightning_accudnn.ops.errors import StaleSavedTensorError
-from lightning_accudnn.ops.layers import ROOT_LAYER, LayerTracker
+from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import SavedTensor, StorageRecord
 from lightning_accudnn.ops.timing import LayerTimer, clock_for
 from lightning_accudnn.ops.transfer import TransferBackend, make_backend
-
-#: Saved tensors smaller than this stay on the device (copying them costs more than it frees).
-DEFAULT_MIN_SWAP_BYTES = 2**20
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile
 
 _keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
 
@@ -53,26 +51,6 @@ def keep_on_device() -> Iterator[None]:
         yield
     finally:
         _keep_on_device_depth.reset(token)
-
-
-@dataclass(frozen=True)
-class LayerUsage:
-    """What one layer invocation saved in a step (deduplicated by storage) and its time.
-
-    ``forward_seconds`` is the layer's self time plus that of the layers before it which
-    saved nothing (so the layers' times add up to the forward pass); ``backward_seconds``
-    shares the measured backward time out in proportion to forward time.
-
-    Example:
-        >>> LayerUsage("layer1.0.conv1", saved_bytes=4096, swappable_bytes=4096).swappable_bytes
-        4096
-    """
-
-    name: str
-    saved_bytes: int
-    swappable_bytes: int
-    forward_seconds: float = 0.0
-    backward_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +73,12 @@ class StepStats:
     swapped_layers: int
     forward_seconds: float
     backward_seconds: float
-    layers: tuple[LayerUsage, ...] = field(repr=False)
+    layers: tuple[LayerProfile, ...] = field(repr=False)
+    """Per saving layer: bytes saved and swappable, forward self time, a share of the backward.
+
+    A layer's ``forward_seconds`` is its self time plus that of the layers before it which
+    saved nothing (so the layers' times add up to the forward pass); ``backward_seconds``
+    shares the measured backward time out in proportion to forward time."""
 
 
 class _StepState:
@@ -240,7 +223,7 @@ class OffloadEngine:
         self.timer.reset()
         return stats
 
-    def _layer_usage(self, step: _StepState) -> tuple[LayerUsage, ...]:
+    def _layer_usage(self, step: _StepState) -> tuple[LayerProfile, ...]:
         """Bytes and times per saving layer; time of layers that saved nothing goes to the next one."""
         self_seconds = self.timer.forward_self_seconds()
         forward: dict[str, float] = dict.fromkeys(step.layer_saved, 0.0)
@@ -260,7 +243,7 @@ class OffloadEngine:
         total_forward = sum(forward.values())
         backward = self.timer.backward_seconds()
         return tuple(
-            LayerUsage(
+            LayerProfile(
                 name,
                 saved_bytes=step.layer_saved.get(name, 0),
                 swappable_bytes=step.layer_swappable.get(name, 0),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-ROOT_LAYER = "(root)"
+from lightning_accudnn.profile import ROOT_LAYER
 
 
 @dataclass

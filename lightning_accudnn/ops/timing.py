@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from lightning_accudnn.ops.layers import ROOT_LAYER
+from lightning_accudnn.profile import ROOT_LAYER
 
 
 class Clock(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_accudnn.planner.profile import StepProfile
+from lightning_accudnn.profile import StepProfile
 
 
 class RankCoordinator:

@@ -1,6 +1,6 @@
 """The planner: the fastest keep/swap plan whose predicted peak fits the budget.
 
-Pure: a :class:`~lightning_accudnn.planner.profile.StepProfile` in, a :class:`Plan` out.
+Pure: a :class:`~lightning_accudnn.profile.StepProfile` in, a :class:`Plan` out.
 Every plan is scored by the two-stream simulator in :mod:`.timeline`; the search is in
 :mod:`.search`.
 """
@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.profile import StepProfile
 from lightning_accudnn.planner.search import search
 from lightning_accudnn.planner.timeline import Timeline, _Prepared, _timeline
+from lightning_accudnn.profile import StepProfile
 
 __all__ = ["BudgetTooSmallError", "Plan", "copying_out_limit", "lower_bound_seconds", "plan_swaps"]
 
@@ -36,7 +36,7 @@ class BudgetTooSmallError(ValueError):
     at which :func:`plan_swaps` succeeds for this profile.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile((LayerProfile("a", 100, 0),), static_bytes=1_000)
         >>> try:
         ...     plan_swaps(profile, budget_bytes=1_000)
@@ -74,7 +74,7 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:
     come back in backward: ``LB = max(T_fwd, X / bw_out) + max(T_bwd, X / bw_in)``.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile((LayerProfile("a", 400, 400, 1.0, 2.0),), static_bytes=100,
         ...                       d2h_bytes_per_second=100.0, h2d_bytes_per_second=50.0)
         >>> lower_bound_seconds(profile, budget_bytes=200)  # X = 300: max(1, 3) + max(2, 6)
@@ -102,7 +102,7 @@ class Plan:
     ``"heuristic"``.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> layers = tuple(LayerProfile(name, 100, 100, 1e-3, 2e-3) for name in "abc")
         >>> plan = plan_swaps(StepProfile(layers, static_bytes=0), budget_bytes=250)
         >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.bound_ratio
@@ -178,7 +178,7 @@ class Plan:
         """Plain data for JSON (infinite bandwidths become ``None``).
 
         Example:
-            >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+            >>> from lightning_accudnn.profile import LayerProfile, StepProfile
             >>> profile = StepProfile((LayerProfile("a", 100, 100),), static_bytes=0)
             >>> data = plan_swaps(profile, budget_bytes=1_000).to_dict()
             >>> data["predicted_peak_bytes"], data["layers"][0]["swap"]
@@ -250,7 +250,7 @@ def plan_swaps(
     little less). Either way the planner succeeds with a budget of ``min_budget_bytes``.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1e-3, 2e-3) for i in range(4))
         >>> profile = StepProfile(layers, static_bytes=1_000, d2h_bytes_per_second=1e6,
         ...                       h2d_bytes_per_second=1e6)

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.profile import StepProfile
+from lightning_accudnn.profile import StepProfile
 
 __all__ = ["LayerTiming", "Timeline", "prefetch_window_candidates", "simulate"]
 
@@ -73,7 +73,7 @@ class LayerTiming:
     times are ``None`` when it kept its device copy (still copying out when admitted).
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile((LayerProfile("a", 10, 10, 1.0, 2.0),), static_bytes=0)
         >>> simulate(profile, [False], 0).layers[0]
         LayerTiming(name='a', swapped=False, forward_start=0.0, forward_end=1.0, \
@@ -104,7 +104,7 @@ class Timeline:
     (layers with nothing swappable are reported as kept).
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile(
         ...     (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0)),
         ...     static_bytes=1_000, d2h_bytes_per_second=100.0, h2d_bytes_per_second=100.0)
@@ -344,7 +344,7 @@ def simulate(
     ``max_copying_out_bytes`` bounds the bytes waiting for their copy out (``None``: no bound).
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile(
         ...     (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0)),
         ...     static_bytes=0, d2h_bytes_per_second=50.0, h2d_bytes_per_second=50.0)
@@ -367,7 +367,7 @@ def prefetch_window_candidates(profile: StepProfile, swap: Sequence[bool]) -> tu
     (or 0) that is not above it, and these values are an exhaustive set of windows.
 
     Example:
-        >>> from lightning_accudnn.planner.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> layers = tuple(LayerProfile(n, 10 * s, 10 * s) for n, s in (("a", 1), ("b", 2), ("c", 3)))
         >>> prefetch_window_candidates(StepProfile(layers, static_bytes=0), [True, False, True])
         (0, 10, 30, 40)

@@ -71,13 +71,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from lightning_accudnn.planner.gpus import GpuSpec
-from lightning_accudnn.planner.profile import LayerProfile, StepProfile
-
-#: Saved tensors smaller than this stay on the device (the offload engine's default).
-DEFAULT_MIN_SWAP_BYTES = 2**20
-
-#: Where work done outside every submodule (the loss) goes; equal to ``ops.layers.ROOT_LAYER``.
-ROOT_LAYER = "(root)"
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile, StepProfile
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPTIMIZER_STATE_FACTORS = {"adam": 2, "adamw": 2, "sgd": 1, "none": 0}

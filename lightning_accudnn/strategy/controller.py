@@ -21,18 +21,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from lightning_accudnn.ops import (
-    DEFAULT_MIN_SWAP_BYTES,
-    HostMemoryExceeded,
-    OffloadEngine,
-    StepStats,
-    SwapSchedule,
-)
-from lightning_accudnn.planner import Budget, LayerProfile, StepProfile, format_bytes
+from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, StepStats, SwapSchedule
+from lightning_accudnn.planner import Budget, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import Plan, copying_out_limit, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -296,12 +291,8 @@ class OffloadController:
     def _profile_from(self, step: StepStats) -> StepProfile:
         assert self.device is not None
         link = host_link(self.device)
-        layers = tuple(
-            LayerProfile(u.name, u.saved_bytes, u.swappable_bytes, u.forward_seconds, u.backward_seconds)
-            for u in step.layers
-        )
         return StepProfile(
-            layers=layers,
+            layers=step.layers,
             static_bytes=self._require_engine().ledger.static_bytes,
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.planner import LayerProfile, StepProfile
 from lightning_accudnn.planner.coordination import RankCoordinator
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.strategy.controller import OffloadController
 from lightning_accudnn.strategy.offload_hooks import OffloadHooks
 

@@ -10,7 +10,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
-from lightning_accudnn.ops import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.strategy.controller import OffloadController
 from lightning_accudnn.strategy.offload_hooks import OffloadHooks
 

@@ -15,8 +15,8 @@ from torch import nn
 
 from lightning_accudnn.cli import main, memory_curve
 from lightning_accudnn.planner.gpus import get_gpu
-from lightning_accudnn.planner.profile import LayerProfile, StepProfile
 from lightning_accudnn.planner.timeline import simulate
+from lightning_accudnn.profile import LayerProfile, StepProfile
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

@@ -1,12 +1,20 @@
-"""What the performance model knows about one training step: layers in forward order.
+"""The profile vocabulary every room shares: what one training step saved, layer by layer.
 
-A profile is plain data. It is filled by the strategy from what the offload engine
-measured, by the ``accudnn plan`` command from a FakeTensor trace, or by hand in tests.
+A profile is plain data. The offload engine (``ops``) reports its measurements in these
+records, the ``accudnn plan`` command fills them from a FakeTensor trace, tests write them
+by hand, and the planner turns them into plans. This module imports nothing but the
+standard library, so both ``ops`` and ``planner`` may import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: The layer that owns work done outside every submodule (the loss in ``training_step``).
+ROOT_LAYER = "(root)"
+
+#: Saved tensors smaller than this stay on the device (copying them costs more than it frees).
+DEFAULT_MIN_SWAP_BYTES = 2**20
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
     python -m bench.overhead            # about 3 minutes on a shared 2-core machine
     python -m bench.overhead --quick    # seconds: checks that everything runs (CI), figures not for use
+    python -m bench.overhead --device cuda   # on a GPU (steps synchronised at their boundaries)
 
-Writes ``<results-dir>/cpu/<date>-overhead.json``, ``.md`` and ``.log`` (``-quick`` in the
-name for ``--quick``). ``bench/README.md`` ("Host overhead") explains every figure.
+Writes ``<results-dir>/<device>/<date>-overhead.json``, ``.md`` and ``.log`` (``cpu`` or the
+GPU's name as the folder, ``-quick`` in the name for ``--quick``). ``bench/README.md``
+("Host overhead") explains every figure.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 import time
 import warnings
@@ -21,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bench.environment import REPO_ROOT, environment
+from bench.environment import REPO_ROOT, device_slug, environment, resolve_device
 from bench.overhead import figures
 from bench.overhead.budgets import budget_swapping_half
 from bench.overhead.fits import DEFAULT_STRATEGY, FitResult, accudnn, run_fit
@@ -47,6 +50,11 @@ CPU_LABEL = (
     "medians of interleaved repeated runs with their spread [lowest, highest]. Not GPU figures; the H100 "
     "steps are the planner's datasheet estimates, not measurements."
 )
+GPU_LABEL = (
+    "GPU host-overhead run: wall-clock step times with the device synchronised at each step's start and "
+    "end (torch on 1 CPU thread), medians of interleaved repeated runs with their spread [lowest, highest]. "
+    "The H100 steps are the planner's datasheet estimates."
+)
 QUICK_LABEL = (
     "--quick run: checks that the benchmark runs end to end; its figures are not for use. " + CPU_LABEL
 )
@@ -62,8 +70,8 @@ class Settings:
     resnet_depth: int = 152
     gpt_layers: int = 24
     repeats: int = 5
-    warmup: int = 3
-    steps: int = 6
+    warmup: int = 2
+    steps: int = 4
     floor_repeats: int = 6
     floor_steps: int = 10
     targets: tuple[PlanTarget, PlanTarget] = (REAL_TARGETS["resnet152"], REAL_TARGETS["gpt2_medium"])
@@ -76,7 +84,7 @@ QUICK = Settings(
     resnet_depth=14,
     gpt_layers=2,
     repeats=2,
-    warmup=3,
+    warmup=2,
     steps=2,
     floor_repeats=2,
     floor_steps=3,
@@ -115,9 +123,9 @@ def _workloads(settings: Settings) -> dict[str, Workload]:
     }
 
 
-def _calibrate(workloads: dict[str, Workload], settings: Settings) -> dict[str, Any]:
+def _calibrate(workloads: dict[str, Workload], device: torch.device) -> dict[str, Any]:
     """Budgets from the planner on profiles the strategy measured: all swapped (micro), half (deep)."""
-    fit, strategy = run_fit(workloads["tanhs"], accudnn(AMPLE_BUDGET), warmup=2, steps=0)
+    fit, strategy = run_fit(workloads["tanhs"], accudnn(AMPLE_BUDGET), warmup=2, steps=0, device=device)
     if strategy.plan is None:
         raise RuntimeError(f"calibration fit of tanhs planned nothing ({fit.error})")
     swap_all = {
@@ -125,7 +133,7 @@ def _calibrate(workloads: dict[str, Workload], settings: Settings) -> dict[str, 
         "how": "the planner's smallest budget (min_budget_bytes of the plan made in a calibration fit at "
         f"{AMPLE_BUDGET}): it swaps as much as the planner can",
     }
-    fit, strategy = run_fit(workloads["deep_narrow"], accudnn(AMPLE_BUDGET), warmup=2, steps=0)
+    fit, strategy = run_fit(workloads["deep_narrow"], accudnn(AMPLE_BUDGET), warmup=2, steps=0, device=device)
     if strategy.plan is None:
         raise RuntimeError(f"calibration fit of deep_narrow planned nothing ({fit.error})")
     return {"tanhs_swap_all": swap_all, "deep_narrow_half": budget_swapping_half(strategy.plan.profile)}
@@ -152,14 +160,16 @@ def _variants(workloads: dict[str, Workload], budgets: dict[str, Any]) -> list[V
     return variants
 
 
-def _interleaved(variants: list[Variant], settings: Settings) -> dict[str, list[FitResult]]:
+def _interleaved(
+    variants: list[Variant], settings: Settings, device: torch.device
+) -> dict[str, list[FitResult]]:
     """``settings.repeats`` rounds of one fit per variant, the order rotated every round."""
     fits: dict[str, list[FitResult]] = {variant.name: [] for variant in variants}
     for repeat in range(settings.repeats):
         shift = repeat * max(1, len(variants) // settings.repeats)
         for variant in variants[shift:] + variants[:shift]:
             gc.collect()
-            fit, _ = run_fit(variant.workload, variant.strategy, settings.warmup, settings.steps)
+            fit, _ = run_fit(variant.workload, variant.strategy, settings.warmup, settings.steps, device)
             fits[variant.name].append(fit)
             median = fit.median_seconds
             print(
@@ -187,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and 2 repeats: a structure check")
     parser.add_argument("--repeats", type=int, help="interleaved rounds (default 5; quick 2)")
-    parser.add_argument("--steps", type=int, help="measured steps per fit (default 6; quick 2)")
+    parser.add_argument("--steps", type=int, help="measured steps per fit (default 4; quick 2)")
+    parser.add_argument("--device", default="cpu", help='"cpu" (default), "cuda" or "cuda:N"')
     parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     parser.add_argument("--name", help="result file name after the date (default overhead or overhead-quick)")
     return parser
@@ -202,14 +213,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings = replace(settings, steps=args.steps)
     if settings.repeats < 1 or settings.steps < 1:
         raise SystemExit("bench.overhead: --repeats and --steps must be at least 1")
-    stem = output_stem(args.results_dir, "cpu", args.name or ("overhead-quick" if args.quick else "overhead"))
+    device = resolve_device(args.device)
+    name = args.name or ("overhead-quick" if args.quick else "overhead")
+    stem = output_stem(args.results_dir, device_slug(device), name)
     started = time.time()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with raw_log(stem.with_suffix(".log")), warnings.catch_warnings():
             _quiet()
-            result = _measure(settings, args, started)
+            result = _measure(settings, args, device, started)
             result["files"] = {
                 "json": stem.name + ".json",
                 "markdown": stem.name + ".md",
@@ -225,8 +238,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _measure(settings: Settings, args: argparse.Namespace, started: float) -> dict[str, Any]:
-    env = environment(torch.device("cpu"))
+def _measure(
+    settings: Settings, args: argparse.Namespace, device: torch.device, started: float
+) -> dict[str, Any]:
+    env = environment(device)
+    load_before = _load_average()
     print(
         f"bench.overhead: torch {env['torch']}, lightning {env['lightning']}, commit {env['git']['commit']}"
     )
@@ -239,15 +255,17 @@ def _measure(settings: Settings, args: argparse.Namespace, started: float) -> di
     }
     gc.collect()
     print("bench.overhead: the floor (bare saved_tensors_hooks pair, plain loop) ...", flush=True)
-    floor = measure_floor(workloads["tanhs"], settings.floor_repeats, settings.warmup, settings.floor_steps)
+    floor = measure_floor(
+        workloads["tanhs"], settings.floor_repeats, settings.warmup, settings.floor_steps, device
+    )
     print("bench.overhead: calibration fits (budgets from the planner) ...", flush=True)
-    budgets = _calibrate(workloads, settings)
+    budgets = _calibrate(workloads, device)
     variants = _variants(workloads, budgets)
-    fits = _interleaved(variants, settings)
+    fits = _interleaved(variants, settings, device)
     return {
         "kind": "bench.overhead",
         "schema": 1,
-        "label": QUICK_LABEL if args.quick else CPU_LABEL,
+        "label": QUICK_LABEL if args.quick else (CPU_LABEL if device.type == "cpu" else GPU_LABEL),
         "quick": bool(args.quick),
         "environment": env,
         "settings": {
@@ -264,8 +282,17 @@ def _measure(settings: Settings, args: argparse.Namespace, started: float) -> di
         "floor": figures.floor_dict(floor),
         **figures.derive(fits, counts, floor, projections),
         "fits": {name: [figures.fit_dict(fit) for fit in runs] for name, runs in fits.items()},
+        "load_average": {"before": load_before, "after": _load_average()},
         "wall_seconds": time.time() - started,
     }
+
+
+def _load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15 minute load averages (other processes share the CPUs)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -236,6 +236,9 @@ def markdown(result: dict[str, Any]) -> str:
         + (f" (working tree differs: {', '.join(git['dirty_paths'])})" if git["dirty"] else " (clean)"),
         f"- {settings['repeats']} interleaved rounds of {settings['warmup']} warm-up + {settings['steps']} "
         f"measured steps per fit; min_swap_bytes 0; ample budget {settings['ample_budget']}",
+        f"- load average (1, 5, 15 min) before {result['load_average']['before']}, after "
+        f"{result['load_average']['after']}: other processes share the CPUs, absolute times scale with it, "
+        "ratios much less",
         "",
         "Figures: median [lowest, highest] over the rounds.",
         "",

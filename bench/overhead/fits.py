@@ -30,8 +30,9 @@ from torch.utils.data import DataLoader
 from bench.workloads import Workload
 from lightning_accudnn import AccUDNNStrategy
 
-#: Lightning's default strategy for one CPU device.
+#: Lightning's default strategy for one device.
 DEFAULT_STRATEGY = "auto"
+CPU = torch.device("cpu")
 
 StrategyFactory = Callable[[], Any]
 
@@ -84,10 +85,15 @@ class FullCollections:
 
 
 class StepClock(pl.Callback):
-    """Times each training step and reads the strategy's figures after it."""
+    """Times each training step and reads the strategy's figures after it.
 
-    def __init__(self, warmup: int, collections: FullCollections) -> None:
+    On CUDA the device is synchronised at both ends of a step, so a step's time includes
+    the GPU's work as well as the host's.
+    """
+
+    def __init__(self, warmup: int, collections: FullCollections, device: torch.device) -> None:
         self.warmup = warmup
+        self.device = device
         self.collections = collections
         self.seconds: list[float] = []
         self.swapped_bytes: list[int] = []
@@ -97,9 +103,13 @@ class StepClock(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         self.collections.counting = trainer.global_step >= self.warmup
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.started = time.perf_counter()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - self.started
         self.collections.counting = False
         if trainer.global_step <= self.warmup:  # global_step counts optimizer steps taken
@@ -161,21 +171,26 @@ class WorkloadModule(pl.LightningModule):
 
 
 def run_fit(
-    workload: Workload, strategy: str | StrategyFactory, warmup: int, steps: int
+    workload: Workload,
+    strategy: str | StrategyFactory,
+    warmup: int,
+    steps: int,
+    device: torch.device = CPU,
 ) -> tuple[FitResult, Any]:
     """Fit ``workload`` for ``warmup + steps`` steps on one batch; the result and the strategy used.
 
-    ``strategy`` is :data:`DEFAULT_STRATEGY` or a factory (see :func:`accudnn`).
+    ``strategy`` is :data:`DEFAULT_STRATEGY` or a factory (see :func:`accudnn`); ``device``
+    the CPU or a CUDA device (``accelerator="gpu"`` on that device).
     """
     torch.manual_seed(0)
     module = WorkloadModule(workload)
     batch = workload.make_batch(0)
     loader = DataLoader([batch] * (warmup + steps), batch_size=None)
     with FullCollections() as collections:
-        clock = StepClock(warmup, collections)
+        clock = StepClock(warmup, collections, device)
         trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
+            accelerator="gpu" if device.type == "cuda" else "cpu",
+            devices=[device.index or 0] if device.type == "cuda" else 1,
             strategy=strategy if isinstance(strategy, str) else strategy(),
             max_steps=warmup + steps,
             logger=False,

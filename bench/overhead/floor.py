@@ -24,18 +24,27 @@ from bench.overhead.models import count_step
 from bench.overhead.spread import Spread
 from bench.workloads import Workload
 
+CPU = torch.device("cpu")
+
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _median_step(workload: Workload, hooked: bool, warmup: int, steps: int) -> float:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_step(workload: Workload, hooked: bool, warmup: int, steps: int, device: torch.device) -> float:
     torch.manual_seed(0)
-    model = workload.build()
+    model = workload.build().to(device)
     optimizer = workload.optimizer(model)
-    batch = workload.make_batch(0)
+    inputs, targets = workload.make_batch(0)
+    batch = (inputs.to(device), targets.to(device))
     seconds = []
     for index in range(warmup + steps):
+        _synchronize(device)
         started = time.perf_counter()
         if hooked:
             with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
@@ -45,6 +54,7 @@ def _median_step(workload: Workload, hooked: bool, warmup: int, steps: int) -> f
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        _synchronize(device)
         if index >= warmup:
             seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)
@@ -60,13 +70,15 @@ class Floor:
     hooked_step_seconds: Spread
 
 
-def measure_floor(workload: Workload, repeats: int, warmup: int, steps: int) -> Floor:
+def measure_floor(
+    workload: Workload, repeats: int, warmup: int, steps: int, device: torch.device = CPU
+) -> Floor:
     """Median over ``repeats`` paired runs of (hooked - plain) step time per saved tensor."""
     saved = count_step(workload).saved_tensors
     plain, hooked, per_tensor = [], [], []
     for repeat in range(repeats):
         order = (False, True) if repeat % 2 == 0 else (True, False)
-        times = {flag: _median_step(workload, flag, warmup, steps) for flag in order}
+        times = {flag: _median_step(workload, flag, warmup, steps, device) for flag in order}
         plain.append(times[False])
         hooked.append(times[True])
         per_tensor.append((times[True] - times[False]) / saved)

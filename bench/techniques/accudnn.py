@@ -19,7 +19,7 @@ from bench.config import RunConfig
 from bench.measure import StepMemory
 from bench.techniques.base import Technique
 from bench.workloads import Batch
-from lightning_accudnn.planner.plan import Plan
+from lightning_accudnn.planner import Plan
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.strategy import OffloadController
 

@@ -94,7 +94,8 @@ QUICK = Settings(
         ),
         replace(
             REAL_TARGETS["gpt2_medium"],
-            name="GPT-2 medium, batch 1, 8 tokens (quick)",
+            name="GPT-2 medium widths, 2 blocks, batch 1, 8 tokens (quick: not the real size)",
+            model="bench.overhead.models:gpt2_medium_two_blocks",
             batch_size=1,
             input_shape="8",
         ),

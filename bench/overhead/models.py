@@ -156,6 +156,11 @@ def gpt2_medium() -> nn.Module:
     return GPTDecoder(vocab=50257, d_model=1024, heads=16, layers=24, seq_len=1024)
 
 
+def gpt2_medium_two_blocks() -> nn.Module:
+    """GPT-2 medium's widths with 2 of its 24 blocks: the ``--quick`` run's planner target (traces fast)."""
+    return GPTDecoder(vocab=50257, d_model=1024, heads=16, layers=2, seq_len=1024)
+
+
 @dataclass(frozen=True)
 class StepCounts:
     """Per step: module calls (forward), tensors autograd saves (all of them), parameters."""

@@ -110,9 +110,7 @@ def derive(
         "units": {
             "module_calls": calls,
             "kept_saved_tensors": kept_tensors,
-            "swapped_saved_tensors_per_step": Spread.of(swapped_tensors).as_dict()
-            if Spread.of(swapped_tensors)
-            else None,
+            "swapped_saved_tensors_per_step": _spread_dict(swapped_tensors),
             "parameters": parameters,
         },
     }

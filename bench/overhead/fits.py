@@ -185,7 +185,7 @@ def run_fit(
     torch.manual_seed(0)
     module = WorkloadModule(workload)
     batch = workload.make_batch(0)
-    loader = DataLoader([batch] * (warmup + steps), batch_size=None)
+    loader: DataLoader[Any] = DataLoader([batch] * (warmup + steps), batch_size=None)  # type: ignore[arg-type]
     with FullCollections() as collections:
         clock = StepClock(warmup, collections, device)
         trainer = pl.Trainer(

@@ -27,7 +27,7 @@ class Compile(Technique):
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> nn.Module:
         self.patch.__enter__()
         self.patched = True
-        return torch.compile(model, backend=self.backend)
+        return torch.compile(model, backend=self.backend)  # type: ignore[return-value]  # an OptimizedModule
 
     def teardown(self) -> None:
         if self.patched:

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.config import RunConfig, StrategySpec
 from bench.environment import REPO_ROOT, device_slug, environment, resolve_device
 from bench.measure import PEAK_RSS
 from bench.report import fmt_bytes, fmt_ms, matplotlib_or_reason, output_stem, raw_log, write_json
-from bench.strategies import RunConfig, StrategySpec, run_strategy
+from bench.runner import run_strategy
 from bench.workloads import blocks_for_depth, deep_resnet
 from lightning_accudnn.planner import Budget
 
@@ -104,7 +105,7 @@ def probe_row(
     kind = "accudnn" if strategy == "accudnn" else "capped"
     spec = StrategySpec(f"{strategy}-d{3 * blocks + 2}", kind, {"budget_bytes": budget_bytes})
     started = time.time()
-    row = run_strategy(workload, spec, config).row
+    row = run_strategy(workload, spec, config).row.as_dict()
     row["depth"], row["blocks"] = 3 * blocks + 2, blocks
     peak = row.get("peak_allocated_bytes")
     within = peak is not None and (row["peak_source"] == PEAK_RSS or peak <= budget_bytes)

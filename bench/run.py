@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.config import RunConfig, StrategySpec
 from bench.environment import REPO_ROOT, device_slug, environment, resolve_device
 from bench.measure import PEAK_CUDA, PEAK_LEDGER
 from bench.report import describe, fmt_bytes, markdown_table, output_stem, plot_rows, raw_log, write_json
-from bench.strategies import ROW_FIELDS, RunConfig, RunResult, StrategySpec, fill_lower_bound, run_strategy
+from bench.row import ResultRow
+from bench.runner import RunResult, fill_lower_bound, run_strategy
 from bench.workloads import WORKLOADS, Workload, make_workload
 from lightning_accudnn.planner import Budget
 from lightning_accudnn.profile import StepProfile
@@ -157,37 +159,34 @@ def specs_for(args: argparse.Namespace, oracle_peak: int | None, compile_backend
     return specs
 
 
-def oracle_peak_of(row: dict[str, Any]) -> tuple[int | None, str | None]:
+def oracle_peak_of(row: ResultRow) -> tuple[int | None, str | None]:
     """The oracle's peak that AccUDNN budgets divide: allocator bytes on CUDA, ledger bytes on CPU."""
-    if row["status"] != "ok":
+    if row.status != "ok":
         return None, None
-    if row["peak_source"] == PEAK_CUDA:
-        return row["peak_allocated_bytes"], PEAK_CUDA
-    if row.get("ledger_peak_bytes"):
-        return row["ledger_peak_bytes"], "engine_ledger (model state + saved activations, one untimed step)"
+    if row.peak_source == PEAK_CUDA:
+        return row.peak_allocated_bytes, PEAK_CUDA
+    if row.ledger_peak_bytes:
+        return row.ledger_peak_bytes, "engine_ledger (model state + saved activations, one untimed step)"
     return None, None
 
 
-def peak_reduction(oracle: dict[str, Any] | None, row: dict[str, Any]) -> float | None:
+def peak_reduction(oracle: ResultRow | None, row: ResultRow) -> float | None:
     """Oracle peak over this row's peak, counted the same way (``None`` if not comparable).
 
     Example:
-        >>> oracle = {"status": "ok", "peak_source": "cuda_allocator", "peak_allocated_bytes": 400}
-        >>> row = {"status": "ok", "peak_source": "cuda_allocator", "peak_allocated_bytes": 100}
+        >>> oracle = ResultRow("oracle", "oracle", status="ok", peak_source="cuda_allocator",
+        ...                    peak_allocated_bytes=400)
+        >>> row = ResultRow("accudnn-4x", "accudnn", status="ok", peak_source="cuda_allocator",
+        ...                 peak_allocated_bytes=100)
         >>> peak_reduction(oracle, row)
         4.0
     """
-    if (
-        oracle is None
-        or oracle["status"] != "ok"
-        or row["status"] != "ok"
-        or not row.get("peak_allocated_bytes")
-    ):
+    if oracle is None or oracle.status != "ok" or row.status != "ok" or not row.peak_allocated_bytes:
         return None
-    if row["peak_source"] == PEAK_CUDA and oracle["peak_source"] == PEAK_CUDA:
-        return oracle["peak_allocated_bytes"] / row["peak_allocated_bytes"]
-    if row["peak_source"] == PEAK_LEDGER and oracle.get("ledger_peak_bytes"):
-        return oracle["ledger_peak_bytes"] / row["peak_allocated_bytes"]
+    if row.peak_source == PEAK_CUDA and oracle.peak_source == PEAK_CUDA and oracle.peak_allocated_bytes:
+        return oracle.peak_allocated_bytes / row.peak_allocated_bytes
+    if row.peak_source == PEAK_LEDGER and oracle.ledger_peak_bytes:
+        return oracle.ledger_peak_bytes / row.peak_allocated_bytes
     return None  # resident-set deltas of rows run one after another in one process do not compare
 
 
@@ -266,7 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = environment(device)
         print(f"bench.run: {workload.name} {workload.params} on {env['device']} (torch {env['torch']})")
         print(f"bench.run: writing {stem}.*")
-        rows: list[dict[str, Any]] = []
+        rows: list[ResultRow] = []
         oracle_row = None
         if "oracle" in kinds or "accudnn" in kinds:
             oracle_row = _run_row(workload, StrategySpec("oracle", "oracle"), config).row
@@ -275,24 +274,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         reference: tuple[str, StepProfile] | None = None
         for spec in specs_for(args, oracle_peak, compile_backend):
             if spec.kind == "accudnn" and "budget_bytes" not in spec.params:
-                row = {**dict.fromkeys(ROW_FIELDS), "name": spec.name, "strategy": spec.kind}
-                row.update(
-                    params=spec.params,
-                    status="skipped",
-                    error="the oracle measured no peak to divide",
-                    notes=[],
+                rows.append(
+                    ResultRow(
+                        spec.name,
+                        spec.kind,
+                        params=spec.params,
+                        status="skipped",
+                        error="the oracle measured no peak to divide",
+                    )
                 )
-                rows.append(row)
                 continue
             result = _run_row(workload, spec, config)
             row, profile = result.row, result.profile
             rows.append(row)
-            if reference is None and profile is not None and row["status"] == "ok":
+            if reference is None and profile is not None and row.status == "ok":
                 reference = (spec.name, profile)
         for row in rows:
             if reference is not None:
                 fill_lower_bound(row, reference[0], reference[1], device)
-            row["peak_reduction"] = peak_reduction(oracle_row, row) if row is not oracle_row else None
+            row.peak_reduction = peak_reduction(oracle_row, row) if row is not oracle_row else None
+        row_data = [row.as_dict() for row in rows]
         result_data: dict[str, Any] = {
             "kind": "bench.run",
             "schema": 1,
@@ -319,7 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "oracle_peak_bytes": oracle_peak,
             "oracle_peak_source": oracle_source,
             "lower_bound_profile": reference[0] if reference else None,
-            "rows": rows,
+            "rows": row_data,
             "files": files,
         }
         png = stem.with_suffix(".png")
@@ -328,7 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             title = f"{workload.name} ({describe(workload.params)}) on {env['device']}"
             result_data["plot"] = plot_rows(
-                png, rows, title if device.type == "cuda" else f"{title} (CPU smoke run)"
+                png, row_data, title if device.type == "cuda" else f"{title} (CPU smoke run)"
             )
         if result_data["plot"]["written"]:
             files["png"] = png.name
@@ -349,8 +350,8 @@ def _run_row(workload: Workload, spec: StrategySpec, config: RunConfig) -> RunRe
     result = run_strategy(workload, spec, config)
     row = result.row
     print(
-        f"bench.run: {spec.name}: {row['status']}"
-        + (f" ({row['error_type']}: {row['error']})" if row["status"] != "ok" else "")
+        f"bench.run: {spec.name}: {row.status}"
+        + (f" ({row.error_type}: {row.error})" if row.status != "ok" else "")
         + f" in {time.time() - started:.1f} s",
         flush=True,
     )

@@ -18,7 +18,7 @@ import pytest
 
 from bench import deepest
 from bench.deepest import search_depth
-from bench.strategies import ROW_FIELDS
+from bench.row import ROW_FIELDS
 from bench.workloads import blocks_for_depth, stage_blocks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -193,7 +193,33 @@ def test_depth_arithmetic() -> None:
         blocks_for_depth(100)
 
 
-BENCH_MODULES = ["workloads", "measure", "environment", "report", "strategies", "deepest", "run"]
+BENCH_MODULES = [
+    "workloads",
+    "measure",
+    "environment",
+    "report",
+    "config",
+    "row",
+    "runner",
+    "techniques",
+    "techniques.base",
+    "techniques.accudnn",
+    "techniques.capped",
+    "techniques.save_on_cpu",
+    "techniques.torchtune_offload",
+    "techniques.checkpoint",
+    "techniques.compiled",
+    "deepest",
+    "run",
+    "gpu_check",
+    "overhead.models",
+    "overhead.spread",
+    "overhead.fits",
+    "overhead.floor",
+    "overhead.budgets",
+    "overhead.projection",
+    "overhead.figures",
+]
 
 
 @pytest.mark.parametrize("module", BENCH_MODULES)

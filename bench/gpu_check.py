@@ -1,0 +1,206 @@
+"""The one-command GPU check: CUDA tests, the same under the CUDA sanitizer, the benchmarks, one bundle.
+
+    python -m bench.gpu_check              # everything (hours on a big GPU: the benchmarks dominate)
+    python -m bench.gpu_check --steps cuda-tests,cuda-tests-sanitizer,overhead
+    python -m bench.gpu_check --list       # what it would run (works without a GPU)
+
+Each step runs as its own process (as a user would type it), its output going to a log.
+Then ``bench/results/<device>/<date>-gpu-check.json`` records the device name, torch, CUDA,
+cuDNN and driver versions, the git commit, and per step the command, exit status, wall time,
+log file and the result files it wrote (the benchmarks write theirs next to it, under the
+same ``bench/results/<device>/``). Logs go to ``bench/results/<device>/<date>-gpu-check/``.
+Commit the whole bundle as it is. Without CUDA it writes nothing and exits with status 2.
+
+Example:
+    >>> [step.name for step in STEPS][:2]
+    ['cuda-tests', 'cuda-tests-sanitizer']
+    >>> select_steps("overhead")[0].argv[:2]
+    ['-m', 'bench.overhead']
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.environment import REPO_ROOT
+
+EXIT_NO_CUDA = 2
+NO_CUDA_MESSAGE = (
+    "bench.gpu_check: no CUDA device is visible to torch {torch} (built with CUDA {cuda}), so there is "
+    "nothing to check here and nothing was written. Run it on a machine with an NVIDIA GPU, a CUDA build "
+    'of torch and its driver (`python -c "import torch; print(torch.cuda.is_available())"` must print '
+    "True); CUDA_VISIBLE_DEVICES must not hide the GPU."
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the check: its name, arguments after the interpreter, extra environment, time limit."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_seconds: int = 4 * 3600
+
+    def command(self) -> list[str]:
+        return [sys.executable, *self.argv]
+
+
+PYTEST = ["-m", "pytest", "-m", "cuda", "tests/gpu", "-q", "-rA", "-p", "no:cacheprovider"]
+
+#: Every step, in the order they run: the tests first (a failure there makes the figures suspect).
+STEPS = (
+    Step("cuda-tests", PYTEST, timeout_seconds=3600),
+    Step("cuda-tests-sanitizer", PYTEST, env={"TORCH_CUDA_SANITIZER": "1"}, timeout_seconds=3 * 3600),
+    Step("overhead", ["-m", "bench.overhead", "--device", "cuda"], timeout_seconds=3600),
+    Step("bench-resnet152-bf16", ["-m", "bench.run", "--workload", "resnet152", "--precision", "bf16"]),
+    Step("bench-resnet152-fp32", ["-m", "bench.run", "--workload", "resnet152", "--precision", "fp32"]),
+    Step("bench-gpt", ["-m", "bench.run", "--workload", "gpt"]),
+    Step(
+        "bench-deep-resnet-1001",
+        ["-m", "bench.run", "--workload", "deep_resnet", "--param", "depth=1001", "--batch-size", "16"],
+    ),
+    Step("bench-deepest-12GB", ["-m", "bench.deepest", "--budget", "12GB"]),
+)
+
+
+def select_steps(names: str | None) -> list[Step]:
+    """The steps named (comma-separated, in the check's order), or all of them.
+
+    Example:
+        >>> [step.name for step in select_steps("bench-gpt,cuda-tests")]
+        ['cuda-tests', 'bench-gpt']
+        >>> select_steps("nope")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        SystemExit: bench.gpu_check: unknown steps ['nope']; choose from cuda-tests, ...
+    """
+    if not names:
+        return list(STEPS)
+    wanted = {name.strip() for name in names.split(",") if name.strip()}
+    known = [step.name for step in STEPS]
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        raise SystemExit(f"bench.gpu_check: unknown steps {unknown}; choose from {', '.join(known)}")
+    return [step for step in STEPS if step.name in wanted]
+
+
+def _files_under(folder: Path) -> set[str]:
+    return {path.name for path in folder.iterdir() if path.is_file()} if folder.exists() else set()
+
+
+def run_step(step: Step, log_path: Path, results_folder: Path) -> dict[str, Any]:
+    """Run one step with its output in ``log_path``; what it did as plain data."""
+    before = _files_under(results_folder)
+    started = time.time()
+    environment = {**os.environ, **step.env}
+    print(f"bench.gpu_check: {step.name}: {' '.join(step.argv)} (log {log_path.name})", flush=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(f'{k}={v}' for k, v in step.env.items())} python {' '.join(step.argv)}\n")
+        log.flush()
+        try:
+            completed = subprocess.run(
+                step.command(),
+                cwd=REPO_ROOT,
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=step.timeout_seconds,
+                check=False,
+            )
+            returncode: int | None = completed.returncode
+            status = "passed" if returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            returncode, status = None, "timeout"
+    record = {
+        "name": step.name,
+        "command": f"python {' '.join(step.argv)}",
+        "env": step.env,
+        "status": status,
+        "returncode": returncode,
+        "wall_seconds": time.time() - started,
+        "log": f"{log_path.parent.name}/{log_path.name}",
+        "result_files": sorted(_files_under(results_folder) - before),
+    }
+    print(f"bench.gpu_check: {step.name}: {status} in {record['wall_seconds']:.0f} s", flush=True)
+    return record
+
+
+def _nvidia_smi() -> str:
+    try:
+        completed = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"nvidia-smi not available: {error}"
+    return completed.stdout + completed.stderr
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu_check",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    parser.add_argument(
+        "--steps", help="comma-separated subset of: " + ", ".join(step.name for step in STEPS)
+    )
+    parser.add_argument("--list", action="store_true", help="print the steps and exit (no GPU needed)")
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m bench.gpu_check``; returns the exit status (0: every step passed)."""
+    args = build_parser().parse_args(argv)
+    steps = select_steps(args.steps)
+    if args.list:
+        for step in steps:
+            env = "".join(f"{key}={value} " for key, value in step.env.items())
+            print(f"{step.name}: {env}python {' '.join(step.argv)}")
+        return 0
+    if not torch.cuda.is_available():
+        print(NO_CUDA_MESSAGE.format(torch=torch.__version__, cuda=torch.version.cuda), file=sys.stderr)
+        return EXIT_NO_CUDA
+    return _check(steps, args.results_dir)
+
+
+def _check(steps: list[Step], results_dir: Path) -> int:
+    from bench.environment import device_slug, environment
+    from bench.report import output_stem, write_json
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    stem = output_stem(results_dir, device_slug(device), "gpu-check")
+    logs = stem.parent / stem.name
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "nvidia-smi.log").write_text(_nvidia_smi(), encoding="utf-8")
+    summary: dict[str, Any] = {
+        "kind": "bench.gpu_check",
+        "schema": 1,
+        "environment": environment(device),
+        "argv": sys.argv[1:],
+        "logs": logs.name,
+        "steps": [],
+    }
+    started = time.time()
+    for step in steps:
+        summary["steps"].append(run_step(step, logs / f"{step.name}.log", stem.parent))
+        summary["wall_seconds"] = time.time() - started
+        write_json(stem.with_suffix(".json"), summary)  # after every step: a crash keeps what ran
+    failed = [record["name"] for record in summary["steps"] if record["status"] != "passed"]
+    print(
+        f"bench.gpu_check: wrote {stem}.json and {logs}/; "
+        + (f"failed: {failed}" if failed else "all passed")
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Budgets chosen from the planner's own report on a profile the strategy measured.
+
+Example:
+    >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+    >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1e-3, 2e-3) for i in range(8))
+    >>> choice = budget_swapping_half(StepProfile(layers, static_bytes=1000))
+    >>> 0.4 <= choice["planned_swapped_fraction"] <= 0.6
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_accudnn.planner import plan_swaps
+from lightning_accudnn.planner.plan import copying_out_limit
+from lightning_accudnn.profile import StepProfile
+
+
+def _planned_fraction(profile: StepProfile, budget: int) -> float:
+    plan = plan_swaps(profile, budget, 0, max_copying_out_bytes=copying_out_limit(budget))
+    return plan.swapped_bytes / profile.swappable_bytes
+
+
+def budget_swapping_half(
+    profile: StepProfile, tolerance: float = 0.05, max_plans: int = 12
+) -> dict[str, Any]:
+    """A budget at which the planner swaps about half of ``profile``'s swappable bytes.
+
+    Bisects between the planner's smallest budget (everything swapped) and the profile's
+    unconstrained peak (nothing swapped), planning as the strategy does (no reserve on the
+    CPU, the strategy's copy-out limit), until the planned swapped share is within
+    ``tolerance`` of one half. Returns the budget and how it was found.
+    """
+    if profile.swappable_bytes <= 0:
+        raise ValueError("the profile has nothing swappable: no budget swaps half of it")
+    low = plan_swaps(profile, profile.unconstrained_peak_bytes).min_budget_bytes  # swaps the most
+    high = profile.unconstrained_peak_bytes  # swaps nothing
+    budget, fraction, plans = high, 0.0, 0
+    while plans < max_plans:
+        budget = (low + high) // 2
+        fraction = _planned_fraction(profile, budget)
+        plans += 1
+        if abs(fraction - 0.5) <= tolerance:
+            break
+        if fraction > 0.5:
+            low = budget
+        else:
+            high = budget
+    return {
+        "budget_bytes": budget,
+        "planned_swapped_fraction": fraction,
+        "plans_tried": plans,
+        "how": (
+            "bisection between the planner's smallest budget (plan_swaps(...).min_budget_bytes) and the "
+            "profile's unconstrained peak, on the profile the strategy measured in a calibration fit, "
+            "planned as the strategy plans (reserve 0 on CPU, copy-out limit of the budget), until the "
+            f"plan swaps {0.5 - tolerance:.0%}-{0.5 + tolerance:.0%} of the swappable bytes"
+        ),
+    }

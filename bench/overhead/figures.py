@@ -1,0 +1,294 @@
+"""From timed fits to the benchmark's figures, and the markdown summary.
+
+Every figure is computed per interleaved round from the fits of that round (the strategy's
+step less the default strategy's step of the same workload, both measured in the round),
+then summarised over the rounds as a :class:`~bench.overhead.spread.Spread`:
+
+* per module call: (added time of ``adds`` - added time of ``base``) / module calls between them;
+* per kept saved tensor: (added time of ``tanhs`` - of ``adds``) / saved tensors between them
+  (the same module calls, one more saved tensor per module), less the floor's median;
+* per swapped saved tensor: the kept figure plus (added time of ``tanhs`` swapped - of
+  ``tanhs`` kept) / swapped tensors per step (from the strategy's swapped bytes), less the floor;
+* per parameter: (added time of ``params`` - of ``base``) / parameters between them.
+
+Example:
+    >>> fit = FitResult(step_seconds=[0.002, 0.003], full_collections=1)
+    >>> fit_dict(fit)["median_seconds"], collections_per_100_steps([fit, fit])
+    (0.0025, 50.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from bench.overhead.fits import FitResult
+from bench.overhead.floor import Floor
+from bench.overhead.spread import Spread
+
+Fits = dict[str, list[FitResult]]
+
+
+def fit_dict(fit: FitResult) -> dict[str, Any]:
+    return {"median_seconds": fit.median_seconds, **asdict(fit)}
+
+
+def floor_dict(floor: Floor) -> dict[str, Any]:
+    return {
+        "what": "a bare saved_tensors_hooks identity pair around forward, plain PyTorch loop, same model "
+        "as 'tanhs': (hooked step - plain step) / saved tensors",
+        "saved_tensors": floor.saved_tensors,
+        "us_per_saved_tensor": floor.per_saved_tensor_seconds.scaled(1e6).as_dict(),
+        "plain_step_ms": floor.plain_step_seconds.scaled(1e3).as_dict(),
+        "hooked_step_ms": floor.hooked_step_seconds.scaled(1e3).as_dict(),
+    }
+
+
+def collections_per_100_steps(fits: list[FitResult]) -> float | None:
+    steps = sum(len(fit.step_seconds) for fit in fits)
+    return 100.0 * sum(fit.full_collections for fit in fits) / steps if steps else None
+
+
+def _per_round(fits: Fits, *names: str) -> list[list[FitResult]]:
+    """The fits of ``names`` round by round (one list per round)."""
+    return [list(round_fits) for round_fits in zip(*(fits[name] for name in names), strict=True)]
+
+
+def _added(fits: Fits, workload: str, variant: str = "accudnn") -> list[float | None]:
+    """Per round: the strategy's median step less the default strategy's, same workload."""
+    added: list[float | None] = []
+    for default, strategy in _per_round(fits, f"{workload}/default", f"{workload}/{variant}"):
+        if default.median_seconds is None or strategy.median_seconds is None:
+            added.append(None)
+        else:
+            added.append(strategy.median_seconds - default.median_seconds)
+    return added
+
+
+def _combine(function: Callable[..., float | None], *series: list[Any]) -> list[float | None]:
+    return [
+        None if any(value is None for value in values) else function(*values)
+        for values in zip(*series, strict=True)
+    ]
+
+
+def _spread_dict(values: list[float | None], factor: float = 1.0) -> dict[str, Any] | None:
+    spread = Spread.of(values)
+    return spread.scaled(factor).as_dict() if spread is not None else None
+
+
+def derive(
+    fits: Fits, counts: dict[str, dict[str, int]], floor: Floor, projections: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The per-unit costs, the deep narrow ratios, the structured models' added time and shares."""
+    floor_seconds = floor.per_saved_tensor_seconds.median
+    added = {name: _added(fits, name) for name in ("base", "adds", "tanhs", "params")}
+    added_swapped = _added(fits, "tanhs", "accudnn-swapped")
+    calls = counts["adds"]["module_calls"] - counts["base"]["module_calls"]
+    kept_tensors = counts["tanhs"]["saved_tensors"] - counts["adds"]["saved_tensors"]
+    parameters = counts["params"]["parameters"] - counts["base"]["parameters"]
+    per_call = _combine(lambda a, b: (a - b) / calls, added["adds"], added["base"])
+    per_kept = _combine(lambda a, b: (a - b) / kept_tensors, added["tanhs"], added["adds"])
+    swapped_tensors = [_swapped_tensors(fit) for fit in fits["tanhs/accudnn-swapped"]]
+    per_swapped = _combine(
+        lambda kept, swap, keep, n: kept + (swap - keep) / n if n else None,
+        per_kept,
+        added_swapped,
+        added["tanhs"],
+        swapped_tensors,
+    )
+    per_parameter = _combine(lambda a, b: (a - b) / parameters, added["params"], added["base"])
+    per_unit = {
+        "module_call_us": _spread_dict(per_call, 1e6),
+        "kept_saved_tensor_us_above_floor": _spread_dict(_minus(per_kept, floor_seconds), 1e6),
+        "swapped_saved_tensor_us_above_floor": _spread_dict(_minus(per_swapped, floor_seconds), 1e6),
+        "parameter_us": _spread_dict(per_parameter, 1e6),
+        "kept_saved_tensor_us_total": _spread_dict(per_kept, 1e6),
+        "swapped_saved_tensor_us_total": _spread_dict(per_swapped, 1e6),
+        "floor_us_per_saved_tensor": floor_seconds * 1e6,
+        "units": {
+            "module_calls": calls,
+            "kept_saved_tensors": kept_tensors,
+            "swapped_saved_tensors_per_step": _spread_dict(swapped_tensors),
+            "parameters": parameters,
+        },
+    }
+    return {
+        "per_unit": per_unit,
+        "full_collections_per_100_steps": {
+            name: collections_per_100_steps(runs) for name, runs in fits.items()
+        },
+        "measured_steps_per_variant": {
+            name: sum(len(f.step_seconds) for f in runs) for name, runs in fits.items()
+        },
+        "deep_narrow": _deep_narrow(fits),
+        "structured": {
+            name: _structured(fits, name, counts[name], projections[name], per_call, per_kept, per_parameter)
+            for name in ("resnet152", "gpt2_medium")
+        },
+    }
+
+
+def _minus(values: list[float | None], constant: float) -> list[float | None]:
+    return [None if value is None else value - constant for value in values]
+
+
+def _swapped_tensors(fit: FitResult) -> float | None:
+    """Saved tensors swapped per step in the ``tanhs`` model: swapped bytes over one tensor's bytes."""
+    if fit.swapped_bytes_per_step is None or fit.plan is None:
+        return None
+    layers = fit.plan["layers"]  # one saved tensor per layer, all of one size
+    return fit.swapped_bytes_per_step / (fit.plan["saved_bytes"] / layers) if layers else None
+
+
+def _ratio(fits: Fits, variant: str) -> list[float | None]:
+    ratios: list[float | None] = []
+    for default, strategy in _per_round(fits, "deep_narrow/default", f"deep_narrow/{variant}"):
+        if default.median_seconds and strategy.median_seconds is not None:
+            ratios.append(strategy.median_seconds / default.median_seconds)
+        else:
+            ratios.append(None)
+    return ratios
+
+
+def _deep_narrow(fits: Fits) -> dict[str, Any]:
+    half = fits["deep_narrow/accudnn-half"]
+    fractions = [
+        fit.swapped_bytes_per_step / fit.plan["swappable_bytes"]
+        for fit in half
+        if fit.swapped_bytes_per_step is not None and fit.plan and fit.plan["swappable_bytes"]
+    ]
+    return {
+        "ratio_nothing_swapped": _spread_dict(_ratio(fits, "accudnn")),
+        "ratio_half_swapped": _spread_dict(_ratio(fits, "accudnn-half")),
+        "measured_swapped_fraction": _spread_dict(list(fractions)),
+        "step_ms": {
+            variant: _spread_dict([fit.median_seconds for fit in fits[f"deep_narrow/{variant}"]], 1e3)
+            for variant in ("default", "accudnn", "accudnn-half")
+        },
+        "errors": sorted(
+            {fit.error for name in fits if name.startswith("deep_narrow/") for fit in fits[name] if fit.error}
+        ),
+    }
+
+
+def _structured(
+    fits: Fits,
+    name: str,
+    counts: dict[str, int],
+    projection: dict[str, Any],
+    per_call: list[float | None],
+    per_kept: list[float | None],
+    per_parameter: list[float | None],
+) -> dict[str, Any]:
+    added = _added(fits, name)
+    h100 = projection["predicted_step_seconds"]
+    from_units = _combine(
+        lambda call, kept, parameter: (
+            counts["module_calls"] * call + counts["saved_tensors"] * kept + counts["parameters"] * parameter
+        ),
+        per_call,
+        per_kept,
+        per_parameter,
+    )
+    return {
+        "host_ms_added": _spread_dict(added, 1e3),
+        "share_of_h100_step": _spread_dict(_combine(lambda a: a / h100, added)),
+        "h100": projection,
+        "step_ms": {
+            variant: _spread_dict([fit.median_seconds for fit in fits[f"{name}/{variant}"]], 1e3)
+            for variant in ("default", "accudnn")
+        },
+        "host_ms_from_unit_costs": _spread_dict(from_units, 1e3),
+        "errors": sorted(
+            {fit.error for key in fits if key.startswith(f"{name}/") for fit in fits[key] if fit.error}
+        ),
+    }
+
+
+# -- markdown -----------------------------------------------------------------------------------
+
+
+def _text(spread: dict[str, Any] | None, digits: int = 2, unit: str = "") -> str:
+    if spread is None:
+        return "-"
+    return Spread(spread["median"], spread["low"], spread["high"], spread["n"]).text(digits, unit)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The summary table of a result (what ``python -m bench.overhead`` prints)."""
+    env = result["environment"]
+    git = env["git"]
+    unit = result["per_unit"]
+    deep = result["deep_narrow"]
+    settings = result["settings"]
+    lines = [
+        f"# Host overhead of the AccUDNN strategy on {env['cpu']} ({env['date_utc'][:10]})",
+        "",
+        f"**{result['label']}**",
+        "",
+        f"- machine: {env['platform']}, {env['cpu_count']} CPUs; torch {env['torch']}, lightning "
+        f"{env['lightning']}, Python {env['python']}",
+        f"- commit: {git['commit']}"
+        + (f" (working tree differs: {', '.join(git['dirty_paths'])})" if git["dirty"] else " (clean)"),
+        f"- {settings['repeats']} interleaved rounds of {settings['warmup']} warm-up + {settings['steps']} "
+        f"measured steps per fit; min_swap_bytes 0; ample budget {settings['ample_budget']}",
+        f"- load average (1, 5, 15 min) before {result['load_average']['before']}, after "
+        f"{result['load_average']['after']}: other processes share the CPUs, absolute times scale with it, "
+        "ratios much less",
+        "",
+        "Figures: median [lowest, highest] over the rounds.",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        "| floor: bare saved_tensors_hooks pair, µs per saved tensor | "
+        f"{_text(result['floor']['us_per_saved_tensor'])} |",
+        f"| µs per module call | {_text(unit['module_call_us'])} |",
+        f"| µs per kept saved tensor above the floor | {_text(unit['kept_saved_tensor_us_above_floor'])} |",
+        "| µs per swapped saved tensor above the floor | "
+        f"{_text(unit['swapped_saved_tensor_us_above_floor'])} |",
+        f"| µs per parameter per step | {_text(unit['parameter_us'])} |",
+        f"| deep narrow ({result['workloads']['deep_narrow']['params']['layers']} x Linear/LayerNorm/ReLU, "
+        f"batch 4): step vs default strategy, nothing swapped | {_text(deep['ratio_nothing_swapped'])}x |",
+        f"| deep narrow: step vs default strategy, about half swapped (measured "
+        f"{_text(deep['measured_swapped_fraction'])}) | {_text(deep['ratio_half_swapped'])}x |",
+    ]
+    for name, title in (("resnet152", "ResNet-152"), ("gpt2_medium", "GPT-2 medium")):
+        item = result["structured"][name]
+        h100 = item["h100"]
+        lines += [
+            f"| {title}-structured (tiny): host ms added per step | {_text(item['host_ms_added'])} |",
+            f"| ... as a share of the planner's H100 step for {h100['target']} "
+            f"({h100['predicted_step_seconds'] * 1e3:.3g} ms, datasheet estimate) | "
+            f"{_text(item['share_of_h100_step'], 2)} |",
+        ]
+    collections = result["full_collections_per_100_steps"]
+    lines += [
+        "",
+        "Full (generation 2) garbage collections per 100 measured steps:",
+        "",
+        "| workload | default strategy | AccUDNN |",
+        "| --- | --- | --- |",
+    ]
+    for name in ("tanhs", "deep_narrow", "resnet152", "gpt2_medium"):
+        lines.append(
+            f"| {name} | {_number(collections.get(f'{name}/default'))} | "
+            f"{_number(collections.get(f'{name}/accudnn'))} |"
+        )
+    lines += [
+        "",
+        f"Budgets: swapped micro model {result['budgets']['tanhs_swap_all']['budget_bytes']} B "
+        f"({result['budgets']['tanhs_swap_all']['how']}); deep narrow half "
+        f"{result['budgets']['deep_narrow_half']['budget_bytes']} B (planned share "
+        f"{result['budgets']['deep_narrow_half']['planned_swapped_fraction']:.2f}: "
+        f"{result['budgets']['deep_narrow_half']['how']}).",
+        "",
+        f"Raw log: {result['files']['log']}. How each figure is obtained: bench/README.md (Host overhead).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -1,0 +1,87 @@
+"""The floor: what a bare ``torch.autograd.graph.saved_tensors_hooks`` pair costs per saved tensor.
+
+A plain PyTorch loop (no Lightning, no strategy) trains the same model with and without an
+identity pack/unpack pair around forward; the difference of the two step times, over the
+tensors autograd saved, is the least any saved-tensor hook can cost. Runs alternate and
+each repeat pairs one run of each, so a slow moment of a shared machine hits both.
+
+Example:
+    >>> from bench.overhead.models import tanhs
+    >>> floor = measure_floor(tanhs(units=50), repeats=2, warmup=1, steps=3)
+    >>> floor.saved_tensors, floor.per_saved_tensor_seconds.n
+    (53, 2)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bench.overhead.models import count_step
+from bench.overhead.spread import Spread
+from bench.workloads import Workload
+
+CPU = torch.device("cpu")
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_step(workload: Workload, hooked: bool, warmup: int, steps: int, device: torch.device) -> float:
+    torch.manual_seed(0)
+    model = workload.build().to(device)
+    optimizer = workload.optimizer(model)
+    inputs, targets = workload.make_batch(0)
+    batch = (inputs.to(device), targets.to(device))
+    seconds = []
+    for index in range(warmup + steps):
+        _synchronize(device)
+        started = time.perf_counter()
+        if hooked:
+            with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
+                loss = workload.loss(model, batch)
+        else:
+            loss = workload.loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _synchronize(device)
+        if index >= warmup:
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Seconds per saved tensor of a bare hook pair, and the plain and hooked step times."""
+
+    saved_tensors: int
+    per_saved_tensor_seconds: Spread
+    plain_step_seconds: Spread
+    hooked_step_seconds: Spread
+
+
+def measure_floor(
+    workload: Workload, repeats: int, warmup: int, steps: int, device: torch.device = CPU
+) -> Floor:
+    """Median over ``repeats`` paired runs of (hooked - plain) step time per saved tensor."""
+    saved = count_step(workload).saved_tensors
+    plain, hooked, per_tensor = [], [], []
+    for repeat in range(repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        times = {flag: _median_step(workload, flag, warmup, steps, device) for flag in order}
+        plain.append(times[False])
+        hooked.append(times[True])
+        per_tensor.append((times[True] - times[False]) / saved)
+    spreads = [Spread.of(values) for values in (per_tensor, plain, hooked)]
+    assert all(spread is not None for spread in spreads)
+    return Floor(saved, *spreads)  # type: ignore[arg-type]

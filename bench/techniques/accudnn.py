@@ -1,0 +1,84 @@
+"""lightning-accudnn itself: the offload controller ``AccUDNNStrategy`` drives, driven the same way.
+
+Example:
+    >>> from bench.config import RunConfig
+    >>> technique = AccUDNN(2_000_000, RunConfig(torch.device("cpu")))
+    >>> technique.plan is None
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.config import RunConfig
+from bench.measure import StepMemory
+from bench.techniques.base import Technique
+from bench.workloads import Batch
+from lightning_accudnn.planner import Plan
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.strategy import OffloadController
+
+
+class AccUDNN(Technique):
+    """lightning-accudnn's controller under ``budget_bytes`` (what ``AccUDNNStrategy`` runs)."""
+
+    def __init__(self, budget_bytes: int, config: RunConfig) -> None:
+        min_swap = DEFAULT_MIN_SWAP_BYTES if config.min_swap_bytes is None else config.min_swap_bytes
+        self.controller = OffloadController(
+            budget=budget_bytes,
+            min_swap_bytes=min_swap,
+            host_memory_limit=config.host_memory_limit,
+            reserve_bytes=config.reserve_bytes,
+        )
+        self.device = config.device
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> nn.Module:
+        self.controller.setup(device)
+        return model
+
+    def forward_context(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
+    ) -> contextlib.AbstractContextManager:
+        return self.controller.forward(model, [optimizer], batch)
+
+    def backward(self, loss: torch.Tensor) -> StepMemory | None:
+        self.controller.begin_backward()
+        try:
+            loss.backward()
+        except BaseException:
+            self.controller.abort()
+            raise
+        stats = self.controller.end_step()
+        if stats is None or self.device.type != "cuda":
+            return None
+        # end_step read the allocator's peak of forward and backward, then reset it.
+        return StepMemory(stats.peak_device_bytes, stats.peak_reserved_bytes)
+
+    def step_figures(self) -> dict[str, Any]:
+        stats = self.controller.stats
+        if stats is None:
+            return {}
+        return {
+            "bytes_swapped_out": stats.bytes_swapped_out,
+            "bytes_swapped_in": stats.bytes_swapped_in,
+            "wait_seconds": stats.wait_seconds,
+            "ledger_peak_bytes": stats.ledger_peak_bytes,
+            "engine_peak_bytes": stats.peak_device_bytes,
+            "engine_step_seconds": stats.step_seconds,
+            "profiling": stats.profiling,
+            "predicted_peak_bytes": stats.predicted_peak_bytes,
+            "predicted_step_seconds": stats.predicted_step_seconds,
+            "plan_id": id(self.controller.plan),
+        }
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.controller.plan
+
+    def teardown(self) -> None:
+        self.controller.teardown()

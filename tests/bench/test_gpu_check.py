@@ -1,0 +1,62 @@
+"""The one-command GPU check: it refuses clearly without CUDA, and its steps name real commands."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_check
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_without_cuda_it_says_so_exits_nonzero_and_writes_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--results-dir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == gpu_check.EXIT_NO_CUDA, completed.stdout + completed.stderr
+    assert "no CUDA device is visible" in completed.stderr and "nothing was written" in completed.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_list_names_every_step(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_check.main(["--list"]) == 0
+    printed = capsys.readouterr().out
+    for step in gpu_check.STEPS:
+        assert f"{step.name}: " in printed
+    assert "TORCH_CUDA_SANITIZER=1 python -m pytest -m cuda tests/gpu" in printed
+
+
+def test_steps_run_existing_modules_and_tests() -> None:
+    for step in gpu_check.STEPS:
+        assert step.argv[0] == "-m"
+        importlib.import_module(step.argv[1])
+        if step.argv[1] == "pytest":
+            assert (REPO_ROOT / "tests" / "gpu").is_dir()
+    with pytest.raises(SystemExit, match="unknown steps"):
+        gpu_check.select_steps("cuda-tests,typo")
+
+
+def test_a_step_is_logged_with_its_status(tmp_path: Path) -> None:
+    results = tmp_path / "device"
+    results.mkdir()
+    script = f"open({str(results / 'made.json')!r}, 'w').write('{{}}'); print('hello from the step')"
+    passed = gpu_check.run_step(gpu_check.Step("ok", ["-c", script]), tmp_path / "ok.log", results)
+    assert passed["status"] == "passed" and passed["returncode"] == 0
+    assert passed["result_files"] == ["made.json"]
+    assert "hello from the step" in (tmp_path / "ok.log").read_text()
+    failed = gpu_check.run_step(
+        gpu_check.Step("bad", ["-c", "raise SystemExit(3)"]), tmp_path / "bad.log", results
+    )
+    assert failed["status"] == "failed" and failed["returncode"] == 3 and failed["result_files"] == []

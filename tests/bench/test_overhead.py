@@ -1,0 +1,98 @@
+"""``python -m bench.overhead --quick`` end to end on the CPU: every figure present, the files written.
+
+No timing is asserted (the figures are wall-clock times of a shared machine); what is
+checked is that each figure was measured, the swaps the benchmark relies on happened, and
+the result records where it was measured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.overhead import cli
+from bench.overhead.spread import Spread
+
+SPREAD_KEYS = {"median", "low", "high", "n"}
+PER_UNIT = (
+    "module_call_us",
+    "kept_saved_tensor_us_above_floor",
+    "swapped_saved_tensor_us_above_floor",
+    "parameter_us",
+    "kept_saved_tensor_us_total",
+    "swapped_saved_tensor_us_total",
+)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    results = tmp_path_factory.mktemp("results")
+    data = cli.main(["--quick", "--results-dir", str(results)])
+    return data, results / "cpu"
+
+
+def _is_spread(value: object, rounds: int) -> bool:
+    return isinstance(value, dict) and set(value) == SPREAD_KEYS and value["n"] == rounds
+
+
+def test_every_figure_is_measured(quick: tuple[dict, Path]) -> None:
+    data, _ = quick
+    rounds = cli.QUICK.repeats
+    assert data["kind"] == "bench.overhead" and data["quick"] is True
+    for key in PER_UNIT:
+        assert _is_spread(data["per_unit"][key], rounds), key
+    assert _is_spread(data["floor"]["us_per_saved_tensor"], cli.QUICK.floor_repeats)
+    deep = data["deep_narrow"]
+    for key in ("ratio_nothing_swapped", "ratio_half_swapped", "measured_swapped_fraction"):
+        assert _is_spread(deep[key], rounds), key
+    assert deep["errors"] == []
+    for name in ("resnet152", "gpt2_medium"):
+        item = data["structured"][name]
+        assert _is_spread(item["host_ms_added"], rounds) and _is_spread(item["share_of_h100_step"], rounds)
+        assert item["h100"]["predicted_step_seconds"] > 0 and "datasheet" in item["h100"]["source"]
+        assert item["h100"]["command"].startswith("python -m lightning_accudnn plan ")
+        assert item["errors"] == []
+    for name, value in data["full_collections_per_100_steps"].items():
+        assert value is not None and value >= 0, name
+
+
+def test_the_swaps_the_figures_rely_on_happened(quick: tuple[dict, Path]) -> None:
+    data, _ = quick
+    fits = data["fits"]
+    assert all(len(runs) == cli.QUICK.repeats for runs in fits.values())
+    for name, runs in fits.items():
+        for fit in runs:
+            assert fit["error"] is None, (name, fit["error"])
+            assert len(fit["step_seconds"]) == cli.QUICK.steps
+            if "/accudnn" in name:
+                assert fit["profiling_steps"] == 0, name  # the warm-up reached the planned steps
+    assert all(fit["swapped_bytes_per_step"] == 0 for fit in fits["tanhs/accudnn"])
+    assert all(fit["swapped_bytes_per_step"] > 0 for fit in fits["tanhs/accudnn-swapped"])
+    fraction = data["deep_narrow"]["measured_swapped_fraction"]
+    assert 0 < fraction["low"] <= fraction["high"] < 1
+    planned = data["budgets"]["deep_narrow_half"]["planned_swapped_fraction"]
+    assert 0.45 <= planned <= 0.55
+    counts = data["workloads"]
+    assert counts["tanhs"]["module_calls"] == counts["adds"]["module_calls"]
+    assert counts["tanhs"]["saved_tensors"] - counts["adds"]["saved_tensors"] == cli.QUICK.units
+
+
+def test_files_label_and_environment(quick: tuple[dict, Path]) -> None:
+    data, folder = quick
+    files = data["files"]
+    assert json.loads((folder / files["json"]).read_text())["per_unit"] == json.loads(
+        json.dumps(data["per_unit"])
+    )
+    markdown = (folder / files["markdown"]).read_text()
+    assert "µs per module call" in markdown and "--quick run" in markdown and "CPU" in markdown
+    assert "calibration fits" in (folder / files["log"]).read_text()
+    env = data["environment"]
+    assert env["device"] == "cpu" and env["torch"] and env["lightning"]
+    assert env["git"]["commit"] and isinstance(env["git"]["dirty"], bool)
+
+
+def test_spread() -> None:
+    assert Spread.of([None, 2.0, 1.0, 3.0]) == Spread(2.0, 1.0, 3.0, 3)
+    assert Spread.of([None]) is None

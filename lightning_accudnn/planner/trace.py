@@ -180,6 +180,10 @@ class LayerTrace:
         """Bytes in storages large enough for the engine to swap."""
         return sum(size for size in self.saved if size >= min_swap_bytes)
 
+    def small_storages(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[int, ...]:
+        """Sizes of the (non-empty) storages too small for the engine to swap."""
+        return tuple(size for size in self.saved if 0 < size < min_swap_bytes)
+
 
 @dataclass(frozen=True)
 class StepTrace:
@@ -277,6 +281,7 @@ class StepTrace:
                 swappable_bytes=layer.swappable_bytes(min_swap_bytes),
                 forward_seconds=seconds[layer.name][0],
                 backward_seconds=seconds[layer.name][1],
+                small_storages=layer.small_storages(min_swap_bytes),
             )
             for layer in self.layers
         )

@@ -30,11 +30,11 @@ from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
+from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
 from lightning_accudnn.planner.trace import (
     DEFAULT_MIN_SWAP_BYTES,
     DTYPES,
-    OPTIMIZER_STATE_FACTORS,
     StepTrace,
     trace_step,
 )
@@ -202,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp32, or bf16/fp16 mixed precision (autocast, fp32 parameters, as Lightning's '16-mixed')",
     )
     plan.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZER_STATE_FACTORS), default="adam", help="optimizer state"
+        "--optimizer",
+        choices=sorted(NAMED_OPTIMIZERS),
+        default="adam",
+        help="optimizer state: adam/adamw two copies of the parameters, sgd none, sgd-momentum one",
     )
     plan.add_argument(
         "--min-swap-bytes",

@@ -68,13 +68,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from lightning_accudnn.planner.gpus import GpuSpec
+from lightning_accudnn.planner.static_memory import named_state_copies
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile, StepProfile
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPTIMIZER_STATE_FACTORS = {"adam": 2, "adamw": 2, "sgd": 1, "none": 0}
 
 _aten = torch.ops.aten
 # Kernels that move no data (allocation only) or are bookkeeping.
@@ -98,9 +98,34 @@ def _cpu_flash_backward_flops(grad_out, query, key, value, *args, out_val=None, 
     return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
 
 
-#: ``flop_counter``'s formulas plus the CPU flash attention kernels it has none for.
+def _convolution_backward_flops(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: object,
+    stride: object,
+    padding: object,
+    dilation: object,
+    transposed: bool,
+    output_padding: object,
+    groups: int,
+    output_mask: list[bool],
+    *args: object,
+    out_val: object = None,
+    **kwargs: object,
+) -> int:
+    """The input gradient and the weight gradient each take as many multiply-adds as the
+    forward. (``flop_counter`` counts the weight gradient as a convolution over every input
+    channel, ``groups`` times too many: 8x to 19x the forward for depthwise convolutions.)"""
+    forward = conv_flop_count(list(input.shape), list(weight.shape), list(grad_out.shape), transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
+#: ``flop_counter``'s formulas, with grouped convolutions' backward corrected, plus the CPU
+#: flash attention kernels it has none for.
 _FLOP_FORMULAS = {
     **flop_registry,
+    _aten.convolution_backward: _convolution_backward_flops,
     _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
     _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
 }
@@ -196,7 +221,7 @@ class StepTrace:
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
         ...                   trainable_param_bytes=40, buffer_bytes=0)
-        >>> trace.saved_bytes, trace.static_bytes("sgd")
+        >>> trace.saved_bytes, trace.static_bytes("sgd-momentum")
         (8, 120)
     """
 
@@ -224,20 +249,16 @@ class StepTrace:
     def static_bytes(self, optimizer: str = "adam") -> int:
         """Parameters, gradients, optimizer state and buffers.
 
-        ``optimizer``: ``"adam"``/``"adamw"`` keep two moments per trainable parameter,
-        ``"sgd"`` one momentum buffer, ``"none"`` nothing.
+        ``optimizer`` is one of :data:`~lightning_accudnn.planner.static_memory.NAMED_OPTIMIZERS`
+        (``"adam"``/``"adamw"``: two moments per trainable parameter, ``"sgd"``: none,
+        ``"sgd-momentum"``: one buffer, ``"none"``), sized by the one optimizer-state model.
 
         Example:
             >>> trace = StepTrace((), (), param_bytes=100, trainable_param_bytes=100, buffer_bytes=4)
             >>> trace.static_bytes("adam")
             404
         """
-        key = optimizer.lower()
-        if key not in OPTIMIZER_STATE_FACTORS:
-            raise ValueError(
-                f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATE_FACTORS)}"
-            )
-        state = OPTIMIZER_STATE_FACTORS[key] * self.trainable_param_bytes
+        state = named_state_copies(optimizer) * self.trainable_param_bytes
         return self.param_bytes + self.trainable_param_bytes + state + self.buffer_bytes
 
     def layer_seconds(self, gpu: GpuSpec) -> dict[str, tuple[float, float]]:

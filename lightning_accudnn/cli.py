@@ -31,13 +31,10 @@ from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_byte
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
 from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
+from lightning_accudnn.planner.roofline import StepTrace
 from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
-from lightning_accudnn.planner.trace import (
-    DEFAULT_MIN_SWAP_BYTES,
-    DTYPES,
-    StepTrace,
-    trace_step,
-)
+from lightning_accudnn.planner.trace import DTYPES, trace_step
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1

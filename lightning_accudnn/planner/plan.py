@@ -189,7 +189,9 @@ class Plan:
                 f"{layer.backward_seconds * 1e3:>9.3f}  {'swap' if swapped else 'keep'}"
             )
         usable = self.budget_bytes - self.reserve_bytes
-        swapped = f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
+        swapped_text = (
+            f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
+        )
         lines += [
             "",
             f"predicted peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(usable)} usable "
@@ -197,14 +199,14 @@ class Plan:
             f"least budget that fits {format_bytes(self.min_budget_bytes)})",
             f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms, lower bound "
             f"{self.lower_bound_seconds * 1e3:.3f} ms, bound ratio {self.bound_ratio:.3f}",
-            f"swapped {swapped}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
+            f"swapped {swapped_text}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
             f"compute waits {self.compute_wait_seconds * 1e3:.3f} ms ({self.search} search)",
         ]
         if self.timeline is not None:
             lines.append(f"peak at {self.timeline.peak_cause}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """Plain data for JSON (infinite bandwidths become ``None``).
 
         Example:

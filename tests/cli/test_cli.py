@@ -244,7 +244,7 @@ def test_plot_writes_a_png(tmp_path, capsys) -> None:
 
 
 def test_gpu_spec_feeds_the_profile_bandwidths() -> None:
-    from lightning_accudnn.planner.trace import StepTrace
+    from lightning_accudnn.planner.roofline import StepTrace
 
     profile = StepTrace((), (), 0, 0, 0).to_profile(get_gpu("h100"))
     assert (

@@ -270,7 +270,7 @@ def test_plan_properties():
 # -- the planner room imports torch and the standard library only -----------------------------
 
 
-@pytest.mark.parametrize("module", ["timeline.py", "search.py", "plan.py"])
+@pytest.mark.parametrize("module", ["timeline.py", "search.py", "plan.py", "roofline.py", "trace.py"])
 def test_imports_neither_lightning_nor_ops(module):
     source = Path(__file__).resolve().parents[2] / "lightning_accudnn" / "planner" / module
     for node in ast.walk(ast.parse(source.read_text())):

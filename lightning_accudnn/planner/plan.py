@@ -332,11 +332,17 @@ def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0) -> int:
 def _smaller_min_swap_bytes(
     profile: StepProfile, min_budget: int, reserve_bytes: int
 ) -> tuple[int, int] | None:
-    """(threshold, smallest budget) with every listed small storage swappable, if that saves at
-    least 1% of the smallest budget (``min_swap_bytes`` then limits it)."""
+    """(threshold, smallest budget) for the largest ``min_swap_bytes`` that gets within 1% of
+    making every listed small storage swappable, if that saves at least 1% of the smallest
+    budget (``min_swap_bytes`` then limits it)."""
     small = profile.small_storages
     if not small:
         return None
-    threshold = min(small)
-    smaller = min_budget_bytes(profile.with_min_swap_bytes(threshold), reserve_bytes)
-    return (threshold, smaller) if 100 * (min_budget - smaller) >= min_budget else None
+    best = min_budget_bytes(profile.with_min_swap_bytes(min(small)), reserve_bytes)
+    if 100 * (min_budget - best) < min_budget:
+        return None
+    for threshold in sorted(set(small), reverse=True):
+        smaller = min_budget_bytes(profile.with_min_swap_bytes(threshold), reserve_bytes)
+        if 100 * (smaller - best) <= best:
+            return threshold, smaller
+    return min(small), best  # pragma: no cover - the smallest threshold always qualifies

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 import time
@@ -145,6 +146,19 @@ def test_infeasible_budget_exits_1_with_the_smallest_budget_that_fits(capsys) ->
     assert "smallest budget that fits" in captured.err and str(need) in captured.err
     assert main(["plan", *SMALL, "--budget", str(need), "--json"]) == 0
     check_plan_json(json.loads(capsys.readouterr().out), need)
+
+
+def test_small_model_is_told_that_min_swap_bytes_limits_the_smallest_budget(capsys) -> None:
+    """At the 1 MiB default the small ResNet swaps nothing; the error names a threshold that
+    lowers the smallest budget, and that budget plans with that threshold."""
+    assert main(["plan", *SMALL, "--budget", "1000"]) == 1
+    err = capsys.readouterr().err
+    assert "limited by min_swap_bytes" in err
+    threshold = int(err.split("with min_swap_bytes=")[1].split()[0])
+    assert main(["plan", *SMALL, "--budget", "1000", "--min-swap-bytes", str(threshold), "--json"]) == 1
+    need = json.loads(capsys.readouterr().out)["min_budget_bytes"]
+    assert f"would be {math.ceil(need / 1e4) / 100:.2f}MB" in err  # rounded up, as the error rounds
+    assert main(["plan", *SMALL, "--budget", str(need), "--min-swap-bytes", str(threshold)]) == 0
 
 
 @pytest.mark.parametrize("budget", ["12_000_000_000", "12000000000", "12GB", "12000MB"])

@@ -30,8 +30,8 @@ from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
-from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.planner.roofline import StepTrace
+from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
 from lightning_accudnn.planner.trace import DTYPES, trace_step
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES

@@ -29,16 +29,12 @@ from torch import nn
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
-from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, copying_out_limit, plan_swaps
-from lightning_accudnn.planner.timeline import Timeline, simulate
-from lightning_accudnn.planner.trace import (
-    DEFAULT_MIN_SWAP_BYTES,
-    DTYPES,
-    OPTIMIZER_STATE_FACTORS,
-    StepTrace,
-    trace_step,
-)
-from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
+from lightning_accudnn.planner.roofline import StepTrace
+from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
+from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
+from lightning_accudnn.planner.trace import DTYPES, trace_step
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
@@ -203,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp32, or bf16/fp16 mixed precision (autocast, fp32 parameters, as Lightning's '16-mixed')",
     )
     plan.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZER_STATE_FACTORS), default="adam", help="optimizer state"
+        "--optimizer",
+        choices=sorted(NAMED_OPTIMIZERS),
+        default="adam",
+        help="optimizer state: adam/adamw two copies of the parameters, sgd none, sgd-momentum one",
     )
     plan.add_argument(
         "--min-swap-bytes",
@@ -236,18 +235,6 @@ def _reserve_bytes(text: str) -> int:
     if text.strip() in {"0", ""}:
         return 0
     return Budget.parse(_size_spec(text)).resolve(2**63)
-
-
-def unconstrained_seconds(profile: StepProfile) -> float:
-    """Step time on a GPU with enough memory: nothing swapped, no copies.
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile
-        >>> unconstrained_seconds(StepProfile((LayerProfile("a", 1, 1, 0.5, 1.0),), static_bytes=0))
-        1.5
-    """
-    unlimited = StepProfile(profile.layers, profile.static_bytes)  # free copies, nothing swapped
-    return simulate(unlimited, [False] * len(profile.layers), prefetch_window_bytes=0).step_seconds
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -317,12 +304,7 @@ def plan_command(args: argparse.Namespace) -> int:
         "trace_seconds": trace_seconds,
     }
     try:
-        plan = plan_swaps(
-            profile,
-            budget_bytes,
-            reserve_bytes=reserve,
-            max_copying_out_bytes=copying_out_limit(budget_bytes),
-        )
+        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve)
     except BudgetTooSmallError as error:
         need = error.min_budget_bytes
         if args.json:
@@ -336,9 +318,9 @@ def plan_command(args: argparse.Namespace) -> int:
     report = {**header, "feasible": True, **plan.to_dict()}
     report["overhead_vs_unconstrained"] = plan.predicted_step_seconds / baseline - 1 if baseline > 0 else 0.0
     if args.plot:
-        timeline = plan.timeline or simulate(profile, plan.swap, plan.prefetch_window_bytes)
+        assert plan.timeline is not None  # plan_swaps always simulates the plan it returns
         title = f"{args.model} batch {args.batch_size} on {gpu.name}, budget {format_bytes(budget_bytes)}"
-        save_memory_plot(profile, timeline, args.plot, title=title, budget_bytes=budget_bytes)
+        save_memory_plot(plan.timeline, args.plot, title=title, budget_bytes=budget_bytes)
         report["plot"] = args.plot
     if args.json:
         print(json.dumps(report))
@@ -391,53 +373,18 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
     return "\n".join([str(plan), "", *(f"{label:<18} {value}" for label, value in rows)])
 
 
-def memory_curve(profile: StepProfile, timeline: Timeline) -> tuple[list[float], list[int]]:
-    """Device bytes over a simulated step, as a step function (times, bytes after each time).
-
-    Static memory, plus each layer's saved bytes from the start of its forward; a swapped
-    layer's swappable bytes leave when its copy out ends and return when its copy in starts;
-    everything a layer saved is freed when its backward ends.
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile
-        >>> from lightning_accudnn.planner.timeline import simulate
-        >>> profile = StepProfile((LayerProfile("a", 100, 100, 1.0, 1.0),), static_bytes=10)
-        >>> memory_curve(profile, simulate(profile, [False], 0))
-        ([0.0, 2.0], [110, 10])
-    """
-    deltas: dict[float, int] = {}
-
-    def add(at: float, nbytes: int) -> None:
-        deltas[at] = deltas.get(at, 0) + nbytes
-
-    for layer, timing in zip(profile.layers, timeline.layers, strict=True):
-        add(timing.forward_start, layer.saved_bytes)
-        add(timing.backward_end, -layer.saved_bytes)
-        if timing.swapped:
-            add(timing.copy_out_end, -layer.swappable_bytes)
-            add(timing.copy_in_start, layer.swappable_bytes)
-    times, values, level = [], [], profile.static_bytes
-    for at in sorted(deltas):
-        level += deltas[at]
-        times.append(at)
-        values.append(level)
-    return times, values
-
-
-def save_memory_plot(
-    profile: StepProfile, timeline: Timeline, path: str, title: str = "", budget_bytes: int | None = None
-) -> None:
+def save_memory_plot(timeline: Timeline, path: str, title: str = "", budget_bytes: int | None = None) -> None:
     """Draw the predicted device memory over one step into ``path`` (needs matplotlib).
 
     Example:
-        >>> save_memory_plot(profile, timeline, "memory.png")  # doctest: +SKIP
+        >>> save_memory_plot(plan.timeline, "memory.png")  # doctest: +SKIP
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    times, values = memory_curve(profile, timeline)
+    times, values = timeline.memory_curve()
     figure, axes = plt.subplots(figsize=(10, 4))
     axes.step(
         [t * 1e3 for t in times], [v / 1e9 for v in values], where="post", label="predicted device memory"

@@ -8,7 +8,7 @@ standard library, so both ``ops`` and ``planner`` may import it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 #: The layer that owns work done outside every submodule (the loss in ``training_step``).
 ROOT_LAYER = "(root)"
@@ -23,7 +23,9 @@ class LayerProfile:
 
     ``saved_bytes`` counts every activation the layer saves for backward (deduplicated by
     storage); ``swappable_bytes`` is the part the engine may move to the host (the rest is
-    too small or opted out and always stays on the device).
+    too small or opted out and always stays on the device). ``small_storages`` lists the
+    sizes of the storages that stay only because they are below ``min_swap_bytes`` (empty
+    when unknown), so that the planner can say what a smaller threshold would save.
 
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
@@ -36,12 +38,18 @@ forward_seconds=0.0, backward_seconds=0.0)
     swappable_bytes: int
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
+    small_storages: tuple[int, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
             raise ValueError(
                 f"layer {self.name!r}: swappable_bytes ({self.swappable_bytes}) must lie in "
                 f"[0, saved_bytes={self.saved_bytes}]"
+            )
+        if any(size <= 0 for size in self.small_storages) or sum(self.small_storages) > self.resident_bytes:
+            raise ValueError(
+                f"layer {self.name!r}: small_storages must be positive sizes summing to at most "
+                f"the resident bytes ({self.resident_bytes}), got {self.small_storages}"
             )
 
     @property
@@ -85,6 +93,32 @@ class StepProfile:
     @property
     def swappable_bytes(self) -> int:
         return sum(layer.swappable_bytes for layer in self.layers)
+
+    def with_min_swap_bytes(self, min_swap_bytes: int) -> StepProfile:
+        """This profile as if ``min_swap_bytes`` were lower: the listed small storages of at
+        least that size become swappable.
+
+        Example:
+            >>> layer = LayerProfile("a", 100, 60, small_storages=(30, 10))
+            >>> StepProfile((layer,), 0).with_min_swap_bytes(20).layers[0].swappable_bytes
+            90
+        """
+        layers = []
+        for layer in self.layers:
+            moved = tuple(size for size in layer.small_storages if size >= min_swap_bytes)
+            layers.append(
+                replace(
+                    layer,
+                    swappable_bytes=layer.swappable_bytes + sum(moved),
+                    small_storages=tuple(size for size in layer.small_storages if size < min_swap_bytes),
+                )
+            )
+        return replace(self, layers=tuple(layers))
+
+    @property
+    def small_storages(self) -> tuple[int, ...]:
+        """Sizes of every storage kept only for being below ``min_swap_bytes``."""
+        return tuple(size for layer in self.layers for size in layer.small_storages)
 
     @property
     def unconstrained_peak_bytes(self) -> int:

@@ -1,8 +1,26 @@
 """The performance model: profiles in, swap plans out. Imports torch only, never ``ops``."""
 
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
-from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, lower_bound_seconds, plan_swaps
-from lightning_accudnn.planner.timeline import LayerTiming, Timeline, prefetch_window_candidates, simulate
+from lightning_accudnn.planner.plan import (
+    BudgetTooSmallError,
+    Plan,
+    lower_bound_seconds,
+    min_budget_bytes,
+    plan_swaps,
+)
+from lightning_accudnn.planner.timeline import (
+    LayerTiming,
+    MemoryEstimate,
+    PlanChoice,
+    SimulationResult,
+    Simulator,
+    StepTimes,
+    Timeline,
+    limit_candidates,
+    prefetch_window_candidates,
+    simulate,
+    unconstrained_seconds,
+)
 from lightning_accudnn.profile import LayerProfile, StepProfile
 
 __all__ = [
@@ -11,12 +29,20 @@ __all__ = [
     "BudgetTooSmallError",
     "LayerProfile",
     "LayerTiming",
+    "MemoryEstimate",
     "Plan",
+    "PlanChoice",
+    "SimulationResult",
+    "Simulator",
     "StepProfile",
+    "StepTimes",
     "Timeline",
     "format_bytes",
+    "limit_candidates",
     "lower_bound_seconds",
+    "min_budget_bytes",
     "plan_swaps",
     "prefetch_window_candidates",
     "simulate",
+    "unconstrained_seconds",
 ]

@@ -10,6 +10,7 @@ import functools
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,13 +72,14 @@ def _measure(kind: str, index: int) -> HostLink:
     return link
 
 
-def _cuda_copy_rate(copy, device: torch.device, repeats: int = 3) -> float:
-    stream = torch.cuda.Stream(device)
+def _cuda_copy_rate(copy: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     best = float("inf")
     with torch.cuda.stream(stream):
         copy()  # warm-up
         for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record(stream)
             copy()
             end.record(stream)
@@ -104,7 +106,7 @@ def _pcie_link(index: int) -> tuple[int | None, int | None]:
     link down to save power, so the current figures read low outside a copy.
     """
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
 
         pynvml.nvmlInit()
         try:

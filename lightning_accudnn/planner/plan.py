@@ -12,17 +12,26 @@ from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
 from lightning_accudnn.planner.search import search
-from lightning_accudnn.planner.timeline import Timeline, _Prepared, _timeline
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline
 from lightning_accudnn.profile import StepProfile
 
-__all__ = ["BudgetTooSmallError", "Plan", "copying_out_limit", "lower_bound_seconds", "plan_swaps"]
+__all__ = [
+    "BudgetTooSmallError",
+    "Plan",
+    "copying_out_limit",
+    "lower_bound_seconds",
+    "min_budget_bytes",
+    "plan_swaps",
+]
 
 
 def copying_out_limit(budget_bytes: int) -> int:
-    """The device bytes the strategy lets wait for their copy out: an eighth of the budget.
+    """An eighth of the budget: a cap a caller may put on the copy-out limit the plan chooses.
 
-    When the host link cannot keep up with the forward pass, the engine makes the forward
-    wait past this bound instead of piling activations up, and the planner simulates it.
+    Kept for callers written when the limit derived from the budget. The limit is now a plan
+    choice (:attr:`Plan.max_copying_out_bytes`, searched like the window); passing this as
+    ``plan_swaps(..., max_copying_out_bytes=...)`` only bounds the search and changes neither
+    the smallest budget nor feasibility. New code passes nothing.
 
     Example:
         >>> copying_out_limit(8_000_000_000)
@@ -33,7 +42,13 @@ def copying_out_limit(budget_bytes: int) -> int:
 
 class BudgetTooSmallError(ValueError):
     """No plan fits the budget. ``min_budget_bytes`` is the smallest budget (reserve included)
-    at which :func:`plan_swaps` succeeds for this profile.
+    at which :func:`plan_swaps` succeeds for this profile: the least peak of any plan plus the
+    reserve, the same whatever budget was asked and whatever the timings.
+
+    When saved tensors below ``min_swap_bytes`` stay on the device and a smaller threshold
+    would lower the smallest budget by at least 1%, ``smaller_min_swap_bytes`` is
+    ``(threshold, smallest budget with it)`` (``None`` otherwise, or when the profile does not
+    list them).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -45,18 +60,33 @@ class BudgetTooSmallError(ValueError):
         1100
     """
 
-    def __init__(self, min_budget_bytes: int, budget_bytes: int, reserve_bytes: int) -> None:
+    def __init__(
+        self,
+        min_budget_bytes: int,
+        budget_bytes: int,
+        reserve_bytes: int,
+        smaller_min_swap_bytes: tuple[int, int] | None = None,
+    ) -> None:
         self.min_budget_bytes = min_budget_bytes
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
+        self.smaller_min_swap_bytes = smaller_min_swap_bytes
         needed = _rounded_up(min_budget_bytes)  # rounded up: that much is enough
         reserve = f" (including the {format_bytes(reserve_bytes)} reserve)" if reserve_bytes else ""
-        super().__init__(
+        message = (
             f"memory budget {format_bytes(budget_bytes)} is too small for this training step: even the "
             f"least memory-hungry swap plan needs {needed} ({min_budget_bytes} bytes){reserve}. "
             f"Raise the budget to at least {needed}, or lower the batch size so that the "
             "activations shrink."
         )
+        if smaller_min_swap_bytes is not None:
+            threshold, smaller = smaller_min_swap_bytes
+            message += (
+                f" The smallest budget is limited by min_swap_bytes: saved tensors below it stay on "
+                f"the device; with min_swap_bytes={threshold} the smallest budget would be "
+                f"{_rounded_up(smaller)} ({format_bytes(min_budget_bytes - smaller)} less)."
+            )
+        super().__init__(message)
 
 
 def _rounded_up(nbytes: int) -> str:
@@ -106,7 +136,7 @@ class Plan:
         >>> layers = tuple(LayerProfile(name, 100, 100, 1e-3, 2e-3) for name in "abc")
         >>> plan = plan_swaps(StepProfile(layers, static_bytes=0), budget_bytes=250)
         >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.bound_ratio
-        (['a', 'b'], 200, 1.0)
+        (['a', 'b', 'c'], 200, 1.0)
     """
 
     profile: StepProfile = field(repr=False)
@@ -159,7 +189,9 @@ class Plan:
                 f"{layer.backward_seconds * 1e3:>9.3f}  {'swap' if swapped else 'keep'}"
             )
         usable = self.budget_bytes - self.reserve_bytes
-        swapped = f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
+        swapped_text = (
+            f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
+        )
         lines += [
             "",
             f"predicted peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(usable)} usable "
@@ -167,14 +199,14 @@ class Plan:
             f"least budget that fits {format_bytes(self.min_budget_bytes)})",
             f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms, lower bound "
             f"{self.lower_bound_seconds * 1e3:.3f} ms, bound ratio {self.bound_ratio:.3f}",
-            f"swapped {swapped}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
+            f"swapped {swapped_text}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
             f"compute waits {self.compute_wait_seconds * 1e3:.3f} ms ({self.search} search)",
         ]
         if self.timeline is not None:
             lines.append(f"peak at {self.timeline.peak_cause}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """Plain data for JSON (infinite bandwidths become ``None``).
 
         Example:
@@ -224,30 +256,24 @@ def plan_swaps(
 ) -> Plan:
     """The fastest predicted plan whose predicted peak is at most ``budget_bytes - reserve_bytes``.
 
-    ``max_copying_out_bytes`` is the engine's bound on bytes waiting for their copy out
-    (the forward waits past it); the plan is simulated under it and carries it.
+    Chooses keep/swap per layer, the copy-out limit (the engine's ``max_copying_out_bytes``,
+    carried by the plan) and the prefetch window, scoring each candidate with the
+    :class:`~lightning_accudnn.planner.timeline.Simulator`: memory in issue order (a function
+    of the plan only), time on two streams. ``max_copying_out_bytes``, if given, caps the
+    limits considered (it changes neither the smallest budget nor feasibility). If nothing
+    needs swapping, nothing is swapped. Among equally fast plans it prefers fewer bytes
+    copied, then the lower peak, then the smaller window and limit.
 
-    Chooses keep/swap per layer and the prefetch window, scoring each candidate with
-    :func:`~lightning_accudnn.planner.timeline.simulate`. If nothing needs swapping, nothing
-    is swapped. Among equally fast plans it prefers fewer bytes copied, then the lower peak,
-    then the smaller window.
-
-    The search is **exhaustive** (all swap sets, every window that behaves differently) when
-    the profile has at most 10 swappable layers and ``2**swappable * layers <= 16384``; this
-    covers every profile of up to 8 layers, and the result is then the exact optimum of the
-    model. Beyond that it is a **heuristic** with a bounded number of simulations (a descent
-    towards the least peak from swapping everything, forward prefixes of the swappable
-    layers, the largest window found to fit by bisection, then a bounded greedy refinement).
-    The heuristic plan always fits, is never slower than swapping everything (which it
-    evaluates, with window 0 and the largest window that fits), and it finds a plan
-    whenever swapping everything with window 0 fits. Choosing the swap set exactly is
-    subset-sum-like, hence no exact fast method.
+    The search is **exhaustive** (all swap sets, every limit and window that behave
+    differently) when the profile has at most 10 swappable layers and
+    ``2**swappable * layers <= 16384``: the result is then the exact optimum of the model.
+    Beyond that it is a **heuristic** with a bounded number of simulations (forward prefixes
+    of the swappable layers, the largest limit and window found to fit by bisection, then a
+    bounded greedy refinement); it always includes swapping everything.
 
     Raises :class:`BudgetTooSmallError` when no plan fits; its ``min_budget_bytes`` is the
-    least peak over all plans plus the reserve (exhaustive search) or, for the heuristic, the
-    peak of the budget-independent least-peak descent plus the reserve (an upper bound: when
-    the copy stream falls behind the forward pass, a cleverer choice of layers may fit in a
-    little less). Either way the planner succeeds with a budget of ``min_budget_bytes``.
+    least peak of any plan (swap everything swappable, limit and window 0) plus the reserve,
+    and the planner succeeds with any budget of at least that much.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -255,22 +281,29 @@ def plan_swaps(
         >>> profile = StepProfile(layers, static_bytes=1_000, d2h_bytes_per_second=1e6,
         ...                       h2d_bytes_per_second=1e6)
         >>> plan = plan_swaps(profile, budget_bytes=1_300)
-        >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.compute_wait_seconds
-        (['l0', 'l2'], 1300, 0.0)
+        >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.max_copying_out_bytes
+        (['l0', 'l2', 'l3'], 1300, 0)
     """
     if reserve_bytes < 0:
         raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
-    prep = _Prepared(profile, max_copying_out_bytes)
-    result = search(prep, budget_bytes - reserve_bytes)
+    if max_copying_out_bytes is not None and max_copying_out_bytes < 0:
+        raise ValueError(f"max_copying_out_bytes must be >= 0, got {max_copying_out_bytes}")
+    simulator = Simulator(profile)
+    result = search(simulator, budget_bytes - reserve_bytes, max_copying_out_bytes)
     min_budget = result.min_peak_bytes + reserve_bytes
     if result.best is None:
-        raise BudgetTooSmallError(min_budget, budget_bytes, reserve_bytes)
-    best = result.best
-    timeline = _timeline(prep, best.swap, best.window)
+        raise BudgetTooSmallError(
+            min_budget,
+            budget_bytes,
+            reserve_bytes,
+            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes),
+        )
+    choice = result.best.choice
+    timeline = simulator.timeline(choice)
     return Plan(
         profile=profile,
-        swap=best.swap,
-        prefetch_window_bytes=best.window,
+        swap=timeline.swap,
+        prefetch_window_bytes=choice.prefetch_window_bytes,
         budget_bytes=budget_bytes,
         reserve_bytes=reserve_bytes,
         predicted_peak_bytes=timeline.peak_bytes,
@@ -278,6 +311,38 @@ def plan_swaps(
         lower_bound_seconds=lower_bound_seconds(profile, budget_bytes),
         min_budget_bytes=min_budget,
         search=result.method,
-        max_copying_out_bytes=max_copying_out_bytes,
+        max_copying_out_bytes=choice.max_copying_out_bytes,
         timeline=timeline,
     )
+
+
+def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0) -> int:
+    """The smallest budget at which :func:`plan_swaps` succeeds: the least peak plus the reserve.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = (LayerProfile("a", 100, 100), LayerProfile("b", 100, 100))
+        >>> min_budget_bytes(StepProfile(layers, static_bytes=10), reserve_bytes=5)
+        215
+    """
+    simulator = Simulator(profile)
+    return simulator.memory(PlanChoice(simulator.swap_everything(), 0, 0)).peak_bytes + reserve_bytes
+
+
+def _smaller_min_swap_bytes(
+    profile: StepProfile, min_budget: int, reserve_bytes: int
+) -> tuple[int, int] | None:
+    """(threshold, smallest budget) for the largest ``min_swap_bytes`` that gets within 1% of
+    making every listed small storage swappable, if that saves at least 1% of the smallest
+    budget (``min_swap_bytes`` then limits it)."""
+    small = profile.small_storages
+    if not small:
+        return None
+    best = min_budget_bytes(profile.with_min_swap_bytes(min(small)), reserve_bytes)
+    if 100 * (min_budget - best) < min_budget:
+        return None
+    for threshold in sorted(set(small), reverse=True):
+        smaller = min_budget_bytes(profile.with_min_swap_bytes(threshold), reserve_bytes)
+        if 100 * (smaller - best) <= best:
+            return threshold, smaller
+    return min(small), best  # pragma: no cover - the smallest threshold always qualifies

@@ -51,25 +51,72 @@ def model_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimiz
     return total
 
 
-def expected_state_copies(optimizer: torch.optim.Optimizer) -> int:
-    """Parameter-sized state tensors ``optimizer`` keeps per parameter once it has stepped.
+#: Optimizers by name (the ``accudnn plan --optimizer`` choices) and the settings that size
+#: their state, for :func:`state_copies`.
+NAMED_OPTIMIZERS: dict[str, tuple[str, dict[str, bool]]] = {
+    "adam": ("adam", {}),
+    "adamw": ("adam", {}),
+    "sgd": ("sgd", {}),
+    "sgd-momentum": ("sgd", {"momentum": True}),
+    "none": ("none", {}),
+}
 
-    Known optimizers are read from their settings (SGD: one if momentum is used; Adam and
-    AdamW: two, three with amsgrad; RMSprop: one, plus one each for momentum and centered;
-    Adagrad: one). Any other optimizer is assumed Adam-like (two), which errs on the safe
-    side for most.
+
+def state_copies(kind: str, *, momentum: bool = False, amsgrad: bool = False, centered: bool = False) -> int:
+    """Parameter-sized state tensors an optimizer keeps per trainable parameter: the one model.
+
+    ``kind``: ``"sgd"`` (one momentum buffer if ``momentum``, else none), ``"adam"`` (two
+    moments, three with ``amsgrad``), ``"rmsprop"`` (one, plus one each for ``momentum`` and
+    ``centered``), ``"adagrad"`` (one), ``"none"``; anything else is assumed Adam-like (two),
+    which errs on the safe side for most.
+
+    Example:
+        >>> state_copies("sgd"), state_copies("sgd", momentum=True), state_copies("adam")
+        (0, 1, 2)
+    """
+    if kind == "sgd":
+        return int(momentum)
+    if kind == "adam":
+        return 2 + int(amsgrad)
+    if kind == "rmsprop":
+        return 1 + int(momentum) + int(centered)
+    if kind == "adagrad":
+        return 1
+    if kind == "none":
+        return 0
+    return 2
+
+
+def named_state_copies(name: str) -> int:
+    """:func:`state_copies` of a named optimizer (:data:`NAMED_OPTIMIZERS`).
+
+    Example:
+        >>> named_state_copies("sgd-momentum")
+        1
+    """
+    key = name.lower()
+    if key not in NAMED_OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(NAMED_OPTIMIZERS)}")
+    kind, settings = NAMED_OPTIMIZERS[key]
+    return state_copies(kind, **settings)
+
+
+def expected_state_copies(optimizer: torch.optim.Optimizer) -> int:
+    """Parameter-sized state tensors ``optimizer`` keeps per parameter once it has stepped,
+    read from its settings (:func:`state_copies`).
 
     Example:
         >>> expected_state_copies(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9))
         1
     """
     defaults = optimizer.defaults
+    momentum = bool(defaults.get("momentum", 0))
     if isinstance(optimizer, torch.optim.SGD):
-        return int(bool(defaults.get("momentum", 0)))
+        return state_copies("sgd", momentum=momentum)
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        return 3 if defaults.get("amsgrad") else 2
+        return state_copies("adam", amsgrad=bool(defaults.get("amsgrad")))
     if isinstance(optimizer, torch.optim.RMSprop):
-        return 1 + int(bool(defaults.get("momentum", 0))) + int(bool(defaults.get("centered")))
+        return state_copies("rmsprop", momentum=momentum, centered=bool(defaults.get("centered")))
     if isinstance(optimizer, torch.optim.Adagrad):
-        return 1
-    return 2
+        return state_copies("adagrad")
+    return state_copies(type(optimizer).__name__.lower())

@@ -1,55 +1,54 @@
-"""Two-stream timeline simulator: what a swap plan costs in memory and time.
+"""What a swap plan costs: memory in issue order (deterministic), time on two streams.
 
-The model (see "The performance model" in DESIGN.md) has one compute stream and one copy
-stream, and follows what the offload engine (``lightning_accudnn.ops``) does. Layers
-``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. For a plan (keep or swap per
-layer, and a prefetch window):
+This module follows the engine/planner memory contract: device memory is accounted in the
+order the CPU *issues* work and every release is stream-ordered, so the predicted peak is a
+function of (profile, plan) only, never of timings. Time is what the two-stream simulation
+gives. A plan (:class:`PlanChoice`) is a keep/swap flag per layer, a prefetch window ``w``
+and a copy-out limit ``L`` (the engine's ``max_copying_out_bytes``; ``None``: no limit).
 
-* static memory ``M`` is resident all step;
-* layer ``i``'s ``saved_bytes`` become resident when ``F_i`` starts. Its
-  ``resident_bytes`` (the non-swappable part), and all of it when kept, stay until ``B_i``
-  ends;
-* a swapped layer's ``swappable_bytes`` are copied out on the copy stream (FIFO, one copy at
-  a time, ``bytes / d2h_bytes_per_second``) starting no earlier than the end of ``F_i``; they
-  stay resident until that copy ends. With a copy-out limit (the engine's
-  ``max_copying_out_bytes``), when more bytes than the limit wait for their copy out after
-  ``F_i``, the compute stream waits for the oldest copies to end before ``F_{i+1}``
-  (counted in ``compute_wait_seconds``); one copy is always allowed in flight;
-* prefetch: at the end of ``F_k`` and whenever a swapped layer is consumed (end of its
-  ``B_j``), swapped layers are admitted in reverse layer order while the swappable bytes
-  admitted and not yet consumed plus the layer's own fit the prefetch window, or when
-  nothing admitted is waiting (one layer is always allowed, even if larger than the
-  window). An admitted layer's bytes are allocated at once and stay until the end of its
-  ``B_j``; its copy in (``bytes / h2d_bytes_per_second``) follows on the same FIFO stream,
-  after every copy out and earlier copy in. A layer whose copy out has not finished when it
-  is admitted keeps its device copy instead: no copy in, its bytes simply stay;
-* ``B_j`` of a swapped layer starts no earlier than the end of its copy in; the compute
-  stream waits meanwhile (``compute_wait_seconds``);
-* the engine moves saved tensors one at a time, so while the next layer is held back by the
-  window, part of it (up to the room left in the window) may already be on the device: the
-  peak counts that part at those moments (conservative; it does not change the times).
+Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is layer
+``i``'s swappable bytes when it is swapped (0 when kept), ``S_i`` its saved bytes.
 
-A layer marked swapped whose ``swappable_bytes`` is 0 has nothing to copy: it is simulated
-as kept (no copies, no ordering constraint), and reported as not swapped.
+**Memory (an upper bound on the engine's ledger, whatever the CPU's lead).**
 
-**Instants and ties.** Time is a pair (seconds, ticks): every compute op (``F_i`` or ``B_i``)
-lasts its seconds plus one tick, copies last their seconds and no tick, and pairs compare
-lexicographically. So a zero-second op still comes after the one before it, and a copy
-with infinite bandwidth (zero seconds) is shorter than any compute op: profiles with zero
-times and the default infinite bandwidths simulate exactly, in program order. (Equally, a
-copy and a compute op that start together and take the same seconds: the copy ends first.)
-At one instant (equal pairs):
+* Static memory ``M`` is held all step. At the start of ``F_i`` layer ``i``'s ``S_i`` bytes are
+  counted at once.
+* Forward in-flight FIFO: a swapped layer's ``W_i`` is pushed when ``F_i`` ends; then, while
+  the FIFO holds more than ``L`` bytes and more than one entry, bytes are retired from the
+  oldest entry (their device memory goes back). The planner does not know how a layer's
+  bytes split into storages, so it takes the worst split the engine (which retires whole
+  storages) could meet: older entries retire byte by byte, the newest entry is one storage.
+  After layer ``i`` the FIFO therefore holds ``max(W_last, min(L, P))`` bytes, ``P`` being all
+  bytes pushed so far and ``W_last`` the newest entry; every engine FIFO is a suffix of it.
+* Peak in forward, at the start of ``F_i``: ``M`` + every byte of earlier layers that is not
+  swapped (kept layers and non-swappable parts) + the FIFO + ``S_i``.
+* End of forward: what is still in the FIFO stays on the device until the layer is consumed
+  (leftover ``V_j``, no copy back). The rest, ``R_j = W_j - V_j``, is on the host.
+* Backward: retired bytes come back in reverse layer order into memory allocated on the
+  compute stream, at most ``w`` bytes brought back and not consumed (one storage always
+  allowed); a layer is consumed (everything it holds is freed) when ``B_j`` ends. While
+  ``B_i`` runs (from the moment ``B_{i+1}`` has freed its bytes until ``B_i`` has) the device
+  holds ``M + sum_{j<=i} (S_j - R_j)`` plus the window's content, counted as
+  ``max(R_i, R_n, min(w, sum_{j<=i} R_j))`` where ``n`` is the next layer below ``i`` with
+  ``R_n > 0``: the engine may consume ``i``'s storages one by one and refill the window with
+  later ones before ``B_i`` ends, or hold one storage of ``n`` alone.
 
-* the end of ``B_j`` frees its bytes *before* any allocation at that instant (the window
-  sees the bytes consumed at that instant as gone);
-* the end of a copy out frees its bytes *after* any allocation at that instant
-  (conservative: a copy out that finishes exactly when ``F_{i+1}`` starts still counts
-  then). With infinite bandwidth this means the previous layer's swapped bytes are counted
-  at the start of the next layer, and never later. A layer admitted at the very instant
-  its own copy out ends counts as still copying out: it keeps its device copy.
+So the peak never increases when a layer is swapped, nor when ``L`` or ``w`` shrink: the least
+peak of any plan is swapping every swappable layer with ``L = w = 0``.
 
-The peak is taken at allocation moments (starts of ``F_i``, admissions, and the moments the
-window frees room), which is where the maximum of ``M + resident`` over time is reached.
+**Time (two streams).** Each compute op runs for its seconds. A swapped layer's copy out
+(``W_i / d2h``) starts when ``F_i`` has ended and the copy stream is free (one FIFO copy
+stream). After the push, while more than ``L`` bytes of whole layers wait in the FIFO and it
+holds more than one layer, the oldest layer is retired: the compute stream waits for the end
+of its copy (``compute_wait_seconds``). Layers still in the FIFO at the end of forward are
+not copied back; the compute stream waits for the end of their copy out after their ``B_j``
+(before the reference is dropped). Retired layers are prefetched in reverse order at the end
+of forward and whenever one is consumed, while the bytes admitted and not consumed plus the
+next layer's fit ``w`` (or nothing admitted waits); a copy in starts when admitted and the
+copy stream is free, and ``B_j`` waits for it.
+
+A layer marked swapped whose swappable bytes are 0 has nothing to copy: it is kept (and
+reported as not swapped).
 """
 
 from __future__ import annotations
@@ -61,23 +60,118 @@ from dataclasses import dataclass
 from lightning_accudnn.planner.budget import format_bytes
 from lightning_accudnn.profile import StepProfile
 
-__all__ = ["LayerTiming", "Timeline", "prefetch_window_candidates", "simulate"]
+__all__ = [
+    "LayerTiming",
+    "MemoryEstimate",
+    "PlanChoice",
+    "SimulationResult",
+    "Simulator",
+    "StepTimes",
+    "Timeline",
+    "limit_candidates",
+    "prefetch_window_candidates",
+    "simulate",
+    "unconstrained_seconds",
+]
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """What a plan chooses: swap flags per layer, the prefetch window and the copy-out limit.
+
+    ``max_copying_out_bytes`` is ``None`` for no limit (nothing is retired in forward).
+
+    Example:
+        >>> PlanChoice((True, False), prefetch_window_bytes=0, max_copying_out_bytes=0).swap
+        (True, False)
+    """
+
+    swap: tuple[bool, ...]
+    prefetch_window_bytes: int = 0
+    max_copying_out_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefetch_window_bytes < 0:
+            raise ValueError(f"prefetch_window_bytes must be >= 0, got {self.prefetch_window_bytes}")
+        if self.max_copying_out_bytes is not None and self.max_copying_out_bytes < 0:
+            raise ValueError(f"max_copying_out_bytes must be >= 0, got {self.max_copying_out_bytes}")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The predicted peak of a plan and where it happens; ``levels`` has one entry per compute op.
+
+    ``peak_event`` is ``"static"`` (no layers), ``"forward"`` (at the start of ``F`` of
+    ``peak_layer``) or ``"backward"`` (while ``B`` of ``peak_layer`` runs). ``forward_levels[i]``
+    and ``backward_levels[i]`` are the bytes counted at ``F_i`` and during ``B_i``.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile((LayerProfile("a", 10, 10),), static_bytes=5)
+        >>> Simulator(profile).memory(PlanChoice((False,))).peak_bytes
+        15
+    """
+
+    peak_bytes: int
+    peak_event: str
+    peak_index: int
+    forward_levels: tuple[int, ...]
+    backward_levels: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The simulated step time, when the forward ends and how long compute waited for copies.
+
+    Example:
+        >>> StepTimes(step_seconds=3.0, forward_seconds=1.0, compute_wait_seconds=0.0).step_seconds
+        3.0
+    """
+
+    step_seconds: float
+    forward_seconds: float
+    compute_wait_seconds: float
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Memory and time of one plan: what the search compares.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile((LayerProfile("a", 10, 10, 1.0, 2.0),), static_bytes=0)
+        >>> result = Simulator(profile).run(PlanChoice((False,)))
+        >>> result.peak_bytes, result.step_seconds
+        (10, 3.0)
+    """
+
+    choice: PlanChoice
+    memory: MemoryEstimate
+    times: StepTimes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+    @property
+    def step_seconds(self) -> float:
+        return self.times.step_seconds
 
 
 @dataclass(frozen=True)
 class LayerTiming:
     """When one layer's compute and copies happen in a simulated step (seconds from start).
 
-    Copy times are ``None`` for a layer that is not swapped. ``prefetch_start`` is when a
-    swapped layer's bytes are allocated again (admitted by the prefetch window); its copy in
-    times are ``None`` when it kept its device copy (still copying out when admitted).
+    Copy times are ``None`` for a layer that is not swapped. ``retired`` says whether its
+    bytes left the device in forward (else it stayed in the in-flight FIFO and is used in
+    place in backward: no prefetch, no copy in).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile((LayerProfile("a", 10, 10, 1.0, 2.0),), static_bytes=0)
         >>> simulate(profile, [False], 0).layers[0]
         LayerTiming(name='a', swapped=False, forward_start=0.0, forward_end=1.0, \
-backward_start=1.0, backward_end=3.0, copy_out_start=None, copy_out_end=None, \
+backward_start=1.0, backward_end=3.0, copy_out_start=None, copy_out_end=None, retired=False, \
 prefetch_start=None, copy_in_start=None, copy_in_end=None)
     """
 
@@ -89,6 +183,7 @@ prefetch_start=None, copy_in_start=None, copy_in_end=None)
     backward_end: float
     copy_out_start: float | None = None
     copy_out_end: float | None = None
+    retired: bool = False
     prefetch_start: float | None = None
     copy_in_start: float | None = None
     copy_in_end: float | None = None
@@ -96,69 +191,90 @@ prefetch_start=None, copy_in_start=None, copy_in_end=None)
 
 @dataclass(frozen=True)
 class Timeline:
-    """The simulated step: peak memory, when and why it happens, and the step time.
+    """The simulated step: peak memory (issue order), its cause, and the two-stream times.
 
-    ``peak_event`` is ``"static"`` (only static memory: no layers), ``"forward"`` (the peak is
-    reached when ``F`` of ``peak_layer`` starts) or ``"prefetch"`` (when ``peak_layer`` is
-    admitted by the prefetch window, or partly brought in). ``swap`` is the effective plan
-    (layers with nothing swappable are reported as kept).
+    ``swap`` is the effective plan (layers with nothing swappable are reported as kept).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile(
         ...     (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0)),
         ...     static_bytes=1_000, d2h_bytes_per_second=100.0, h2d_bytes_per_second=100.0)
-        >>> timeline = simulate(profile, [True, False], prefetch_window_bytes=0)
+        >>> timeline = simulate(profile, [True, False], 0, max_copying_out_bytes=0)
         >>> timeline.peak_bytes, timeline.step_seconds, timeline.compute_wait_seconds
         (1200, 4.0, 0.0)
         >>> timeline.peak_cause
-        "forward of 'b' at 1 s: 1.20 KB"
+        "forward of 'b': 1.20 KB"
     """
 
     peak_bytes: int
-    peak_seconds: float
     peak_event: str
     peak_layer: str | None
     step_seconds: float
     forward_seconds: float
     compute_wait_seconds: float
     prefetch_window_bytes: int
+    max_copying_out_bytes: int | None
     swap: tuple[bool, ...]
     layers: tuple[LayerTiming, ...]
+    memory: MemoryEstimate
+    static_bytes: int
 
     @property
     def peak_cause(self) -> str:
-        """A one-line account of the peak, e.g. ``"prefetch of 'conv3' at 0.012 s: 7.20 GB"``."""
+        """A one-line account of the peak, e.g. ``"backward of 'conv3': 7.20 GB"``."""
         if self.peak_event == "static":
             return f"static memory: {format_bytes(self.peak_bytes)}"
-        moment = f"{self.peak_event} of {self.peak_layer!r} at {self.peak_seconds:.3g} s"
-        return f"{moment}: {format_bytes(self.peak_bytes)}"
+        return f"{self.peak_event} of {self.peak_layer!r}: {format_bytes(self.peak_bytes)}"
+
+    def memory_curve(self) -> tuple[list[float], list[int]]:
+        """Predicted device bytes over the step as a step function: (times, bytes from each time).
+
+        Each compute op's level is drawn from its start; the step ends with static memory.
+
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile
+            >>> profile = StepProfile((LayerProfile("a", 100, 100, 1.0, 1.0),), static_bytes=10)
+            >>> simulate(profile, [False], 0).memory_curve()
+            ([0.0, 1.0, 2.0], [110, 110, 10])
+        """
+        times: list[float] = []
+        values: list[int] = []
+        for timing, level in zip(self.layers, self.memory.forward_levels, strict=True):
+            times.append(timing.forward_start)
+            values.append(level)
+        for timing, level in zip(reversed(self.layers), reversed(self.memory.backward_levels), strict=True):
+            times.append(timing.backward_start)
+            values.append(level)
+        end = self.layers[0].backward_end if self.layers else 0.0
+        times.append(max(end, self.step_seconds))
+        values.append(self.static_bytes)
+        return times, values
 
 
-class _Prepared:
-    """Per-profile arrays reused by every simulation of the same profile (the planner's hot path)."""
+def _check_bandwidth(value: float, name: str) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0 (float('inf') for free copies), got {value}")
 
-    __slots__ = (
-        "k",
-        "names",
-        "static",
-        "saved",
-        "swappable",
-        "fwd",
-        "bwd",
-        "out",
-        "inn",
-        "prefix_saved",
-        "copy_out_limit",
-    )
 
-    def __init__(self, profile: StepProfile, copy_out_limit: int | None = None) -> None:
-        if copy_out_limit is not None and copy_out_limit < 0:
-            raise ValueError(f"max_copying_out_bytes must be >= 0, got {copy_out_limit}")
-        self.copy_out_limit = copy_out_limit
+class Simulator:
+    """One profile, ready to score many plans: :meth:`memory`, :meth:`times`, :meth:`run`.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> layers = (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0))
+        >>> simulator = Simulator(StepProfile(layers, static_bytes=0))
+        >>> simulator.memory(PlanChoice((True, True), 0, 0)).peak_bytes
+        200
+        >>> simulator.memory(PlanChoice((True, False), 0, 0)).peak_bytes
+        200
+    """
+
+    def __init__(self, profile: StepProfile) -> None:
         _check_bandwidth(profile.d2h_bytes_per_second, "d2h_bytes_per_second")
         _check_bandwidth(profile.h2d_bytes_per_second, "h2d_bytes_per_second")
         layers = profile.layers
+        self.profile = profile
         self.k = len(layers)
         self.names = tuple(layer.name for layer in layers)
         self.static = profile.static_bytes
@@ -168,167 +284,301 @@ class _Prepared:
         self.bwd = tuple(float(layer.backward_seconds) for layer in layers)
         self.out = tuple(w / profile.d2h_bytes_per_second for w in self.swappable)
         self.inn = tuple(w / profile.h2d_bytes_per_second for w in self.swappable)
-        prefix = [0]
-        for saved in self.saved:
-            prefix.append(prefix[-1] + saved)
-        self.prefix_saved = tuple(prefix)
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
+        """``swap`` with layers that have nothing swappable marked kept."""
         if len(swap) != self.k:
             raise ValueError(f"swap has {len(swap)} entries for a profile of {self.k} layers")
         return tuple(bool(s) and w > 0 for s, w in zip(swap, self.swappable, strict=True))
 
+    def swap_everything(self) -> tuple[bool, ...]:
+        return tuple(w > 0 for w in self.swappable)
 
-def _check_bandwidth(value: float, name: str) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0 (float('inf') for free copies), got {value}")
+    # -- memory ---------------------------------------------------------------------------
 
+    def memory(self, choice: PlanChoice) -> MemoryEstimate:
+        """The predicted peak in issue order (see the module docstring); no timings involved."""
+        swap = self.effective(choice.swap)
+        forward_levels, retired = self._forward_memory(swap, choice.max_copying_out_bytes)
+        backward_levels = [
+            kept + max(own, nxt, min(choice.prefetch_window_bytes, below))
+            for kept, own, nxt, below in self._backward_terms(retired)
+        ]
+        peak, event, index = self.static, "static", -1
+        for i, level in enumerate(forward_levels):
+            if level > peak:
+                peak, event, index = level, "forward", i
+        for i in range(self.k - 1, -1, -1):
+            if backward_levels[i] > peak:
+                peak, event, index = backward_levels[i], "backward", i
+        return MemoryEstimate(peak, event, index, tuple(forward_levels), tuple(backward_levels))
 
-# The result of one run: (peak_bytes, step_seconds, compute_wait_seconds, peak_seconds,
-# peak_event, peak_index, forward_seconds, timings or None).
-_Run = tuple
+    def peak_bytes(self, choice: PlanChoice) -> int:
+        """``memory(choice).peak_bytes``, faster (the search's hot path).
 
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile
+            >>> simulator = Simulator(StepProfile((LayerProfile("a", 10, 10),), static_bytes=5))
+            >>> simulator.peak_bytes(PlanChoice((True,), 0, 0))
+            15
+        """
+        forward_levels, retired = self._forward_memory(
+            self.effective(choice.swap), choice.max_copying_out_bytes
+        )
+        peak = max(self.static, max(forward_levels, default=0))
+        window = choice.prefetch_window_bytes
+        kept_below, retired_below, next_retired = self.static, 0, 0
+        for saved, own in zip(self.saved, retired, strict=True):
+            kept_below += saved - own
+            retired_below += own
+            level = kept_below + max(own, next_retired, window if window < retired_below else retired_below)
+            if level > peak:
+                peak = level
+            if own > 0:
+                next_retired = own
+        return peak
 
-def _run(prep: _Prepared, swap: tuple[bool, ...], window: int, record: bool = False) -> _Run:
-    """Simulate one step; ``swap`` must already be effective (see :meth:`_Prepared.effective`).
+    def largest_window(self, swap: Sequence[bool], limit: int | None, cap: int) -> int | None:
+        """The largest prefetch window whose peak is at most ``cap`` (``None`` if even window 0
+        is above it); a window above the bytes that come back is reported as that many bytes.
 
-    Times are tuples ``(seconds, ticks)`` so that Python compares them lexicographically.
-    """
-    k = prep.k
-    saved, swappable, fwd, bwd, out, inn = prep.saved, prep.swappable, prep.fwd, prep.bwd, prep.out, prep.inn
-    static = prep.static
-    peak, peak_at, peak_event, peak_index = static, (0.0, 0), "static", -1
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile
+            >>> layers = tuple(LayerProfile(name, 100, 100) for name in "abc")
+            >>> simulator = Simulator(StepProfile(layers, static_bytes=0))
+            >>> simulator.largest_window((True, True, True), 0, 250)  # B_c: c + window <= 250
+            150
+            >>> simulator.largest_window((True, True, True), 0, 150) is None  # F_b: 200
+            True
+        """
+        forward_levels, retired = self._forward_memory(self.effective(swap), limit)
+        if max(forward_levels, default=self.static) > cap or self.static > cap:
+            return None
+        largest = sum(retired)
+        for kept, own, nxt, below in self._backward_terms(retired):
+            if kept + max(own, nxt) > cap:
+                return None
+            if kept + below > cap:
+                largest = min(largest, cap - kept)
+        return largest
 
-    # ---- forward ----
-    now = (0.0, 0)  # compute stream clock
-    stream = (0.0, 0)  # copy stream: free from this instant
-    copying_out: deque = deque()  # (end, bytes, layer), ends increasing (FIFO)
-    copying_bytes = 0
-    base = static  # static + every byte of earlier layers that stays until backward
-    timings = [None] * k if record else None
-    limit = prep.copy_out_limit
-    wait = 0.0
-    for i in range(k):
-        while copying_out and copying_out[0][0] < now:  # ends strictly before: freed first
-            copying_bytes -= copying_out.popleft()[1]
-        resident = base + copying_bytes + saved[i]
-        if resident > peak:
-            peak, peak_at, peak_event, peak_index = resident, now, "forward", i
-        start = now
-        now = (now[0] + fwd[i], now[1] + 1)
-        if swap[i]:
-            base += saved[i] - swappable[i]
-            out_start = now if stream < now else stream
-            stream = (out_start[0] + out[i], out_start[1])
-            copying_out.append((stream, swappable[i], i))
-            copying_bytes += swappable[i]
-            if record:
-                timings[i] = [start[0], now[0], out_start[0], stream[0]]
-            # The engine's throttle: past the limit, the forward waits for the oldest copies out.
-            while limit is not None and copying_bytes > limit and len(copying_out) > 1:
-                end, nbytes, _ = copying_out.popleft()
-                copying_bytes -= nbytes
-                if now < end:
-                    wait += end[0] - now[0]
-                    now = (end[0], max(end[1], now[1]))
-        else:
-            base += saved[i]
-            if record:
-                timings[i] = [start[0], now[0], None, None]
-    end_forward = now
+    def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:
+        """Levels at the start of each ``F_i`` and the bytes of each layer retired in forward."""
+        saved, swappable = self.saved, self.swappable
+        forward_levels = []
+        held = self.static  # static + bytes of earlier layers that are not swapped
+        fifo: deque[int] = deque()  # layers with bytes in flight, oldest first
+        left = [0] * self.k  # bytes of each layer still in the FIFO
+        fifo_bytes = 0
+        for i in range(self.k):
+            forward_levels.append(held + fifo_bytes + saved[i])
+            if not swap[i]:
+                held += saved[i]
+                continue
+            held += saved[i] - swappable[i]
+            fifo.append(i)
+            left[i] = swappable[i]
+            fifo_bytes += swappable[i]
+            if limit is None:
+                continue
+            while fifo_bytes > limit and len(fifo) > 1:
+                oldest = fifo[0]
+                retire = min(left[oldest], fifo_bytes - limit)
+                left[oldest] -= retire
+                fifo_bytes -= retire
+                if left[oldest] == 0:
+                    fifo.popleft()
+        retired = [swappable[i] - left[i] if swap[i] else 0 for i in range(self.k)]
+        return forward_levels, retired
 
-    # ---- backward ----
-    # The engine's prefetch loop runs at the end of the forward and whenever a swapped layer
-    # is consumed (the window frees room); it admits swapped layers in prefetch order while
-    # they fit the window, allocating their device bytes at once (the copy in follows on the
-    # stream when it is free). A layer still copying out when admitted keeps its device copy.
-    order = [i for i in range(k - 1, -1, -1) if swap[i]]
-    prefix_saved = prep.prefix_saved
-    not_admitted = sum(swappable[i] for i in order)  # swappable bytes of swapped layers still away
-    waiting: deque = deque()  # admitted and not consumed, in prefetch order
-    waiting_bytes = 0
-    ready: list = [None] * k  # when a swapped layer's bytes are usable on the device
-    admitted = 0  # layers of ``order`` admitted so far
+    def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
+        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j)``, ``R_i``, ``R_n``, ``sum_{j<=i} R_j``)."""
+        terms = []
+        kept_below = self.static
+        retired_below = 0
+        next_retired = 0  # R_n of the nearest layer n < i with R_n > 0
+        for i in range(self.k):
+            kept_below += self.saved[i] - retired[i]
+            retired_below += retired[i]
+            terms.append((kept_below, retired[i], next_retired, retired_below))
+            if retired[i] > 0:
+                next_retired = retired[i]
+        return terms
 
-    def prefetch(at: tuple, top: int) -> None:
-        """Admit what the window allows at instant ``at``; ``top`` is the highest unconsumed layer."""
-        nonlocal admitted, waiting_bytes, not_admitted, copying_bytes, stream
-        nonlocal peak, peak_at, peak_event, peak_index
-        while copying_out and copying_out[0][0] < at:
-            copying_bytes -= copying_out.popleft()[1]
-        base = static + prefix_saved[top + 1]
-        while admitted < len(order):
-            j = order[admitted]
-            nbytes = swappable[j]
-            still_out = copying_out and copying_out[-1][2] == j
-            if waiting_bytes > 0 and waiting_bytes + nbytes > window:
-                # The engine moves tensors one by one: part of j may come in already.
-                room = window - waiting_bytes
-                if room > 0 and not still_out:
-                    resident = base - not_admitted + copying_bytes + min(nbytes, room)
-                    if resident > peak:
-                        peak, peak_at, peak_event, peak_index = resident, at, "prefetch", j
-                return
-            admitted += 1
-            waiting.append(j)
-            waiting_bytes += nbytes
-            not_admitted -= nbytes
-            if still_out:  # its copy out has not finished: the device copy stays, no copy in
-                copying_out.pop()
-                copying_bytes -= nbytes
-                ready[j] = at
-                if record:
-                    timings[j] += [at[0], None, None]
+    # -- time -----------------------------------------------------------------------------
+
+    def times(self, choice: PlanChoice) -> StepTimes:
+        """The two-stream step time of a plan (see the module docstring)."""
+        times, _ = self._simulate_times(self.effective(choice.swap), choice, record=False)
+        return times
+
+    def run(self, choice: PlanChoice) -> SimulationResult:
+        """Memory and time of ``choice``."""
+        choice = PlanChoice(
+            self.effective(choice.swap), choice.prefetch_window_bytes, choice.max_copying_out_bytes
+        )
+        return SimulationResult(choice, self.memory(choice), self.times(choice))
+
+    def timeline(self, choice: PlanChoice) -> Timeline:
+        """The full record of one simulated step: :class:`Timeline`."""
+        swap = self.effective(choice.swap)
+        memory = self.memory(choice)
+        times, rows = self._simulate_times(swap, choice, record=True)
+        assert rows is not None
+        return Timeline(
+            peak_bytes=memory.peak_bytes,
+            peak_event=memory.peak_event,
+            peak_layer=self.names[memory.peak_index] if memory.peak_index >= 0 else None,
+            step_seconds=times.step_seconds,
+            forward_seconds=times.forward_seconds,
+            compute_wait_seconds=times.compute_wait_seconds,
+            prefetch_window_bytes=choice.prefetch_window_bytes,
+            max_copying_out_bytes=choice.max_copying_out_bytes,
+            swap=swap,
+            layers=tuple(rows),
+            memory=memory,
+            static_bytes=self.static,
+        )
+
+    def _simulate_times(
+        self, swap: tuple[bool, ...], choice: PlanChoice, record: bool
+    ) -> tuple[StepTimes, list[LayerTiming] | None]:
+        k, fwd, bwd, out, inn, swappable = self.k, self.fwd, self.bwd, self.out, self.inn, self.swappable
+        limit, window = choice.max_copying_out_bytes, choice.prefetch_window_bytes
+        now = 0.0  # compute stream clock
+        stream = 0.0  # copy stream: free from this instant
+        wait = 0.0
+        fifo: deque[int] = deque()  # swapped layers waiting in the in-flight FIFO, oldest first
+        fifo_bytes = 0
+        forward_start = [0.0] * k
+        forward_end = [0.0] * k
+        out_start: list[float | None] = [None] * k
+        out_end = [0.0] * k
+        retired = [False] * k
+        for i in range(k):
+            forward_start[i] = now
+            now += fwd[i]
+            forward_end[i] = now
+            if not swap[i]:
+                continue
+            start = max(now, stream)
+            stream = start + out[i]
+            out_start[i], out_end[i] = start, stream
+            fifo.append(i)
+            fifo_bytes += swappable[i]
+            while limit is not None and fifo_bytes > limit and len(fifo) > 1:
+                oldest = fifo.popleft()
+                fifo_bytes -= swappable[oldest]
+                retired[oldest] = True
+                if now < out_end[oldest]:
+                    wait += out_end[oldest] - now
+                    now = out_end[oldest]
+        end_forward = now
+
+        order = [i for i in range(k - 1, -1, -1) if retired[i]]
+        admitted = 0
+        waiting_bytes = 0
+        admitted_at: list[float | None] = [None] * k
+        in_start: list[float | None] = [None] * k
+        ready = [0.0] * k
+
+        def prefetch(at: float) -> None:
+            nonlocal admitted, waiting_bytes, stream
+            while admitted < len(order):
+                j = order[admitted]
+                if waiting_bytes > 0 and waiting_bytes + swappable[j] > window:
+                    return
+                admitted += 1
+                waiting_bytes += swappable[j]
+                start = max(at, stream)
+                stream = start + inn[j]
+                admitted_at[j], in_start[j], ready[j] = at, start, stream
+
+        prefetch(end_forward)
+        backward_start = [0.0] * k
+        backward_end = [0.0] * k
+        for i in range(k - 1, -1, -1):
+            if retired[i] and now < ready[i]:
+                wait += ready[i] - now
+                now = ready[i]
+            backward_start[i] = now
+            now += bwd[i]
+            backward_end[i] = now
+            if retired[i]:
+                waiting_bytes -= swappable[i]
+                prefetch(now)
+            elif swap[i] and now < out_end[i]:  # left in the FIFO: wait for its copy before the free
+                wait += out_end[i] - now
+                now = out_end[i]
+        times = StepTimes(max(now, stream), end_forward, wait)
+        if not record:
+            return times, None
+        rows = []
+        for i, name in enumerate(self.names):
+            if swap[i]:
+                rows.append(
+                    LayerTiming(
+                        name,
+                        True,
+                        forward_start[i],
+                        forward_end[i],
+                        backward_start[i],
+                        backward_end[i],
+                        out_start[i],
+                        out_end[i],
+                        retired[i],
+                        admitted_at[i],
+                        in_start[i],
+                        ready[i] if retired[i] else None,
+                    )
+                )
             else:
-                start = at if stream < at else stream
-                stream = (start[0] + inn[j], start[1])
-                ready[j] = stream
-                if record:
-                    timings[j] += [at[0], start[0], stream[0]]
-            resident = base - not_admitted + copying_bytes
-            if resident > peak:
-                peak, peak_at, peak_event, peak_index = resident, at, "prefetch", j
+                rows.append(
+                    LayerTiming(
+                        name, False, forward_start[i], forward_end[i], backward_start[i], backward_end[i]
+                    )
+                )
+        return times, rows
 
-    prefetch(end_forward, k - 1)
-    for i in range(k - 1, -1, -1):
-        if swap[i] and now < ready[i]:  # wait for the copy in
-            wait += ready[i][0] - now[0]
-            now = ready[i]
-        backward_start = now
-        now = (now[0] + bwd[i], now[1] + 1)
-        if record:
-            timings[i] += [backward_start[0], now[0]]
-        if swap[i]:
-            waiting.popleft()
-            waiting_bytes -= swappable[i]
-            prefetch(now, i - 1)
-    step = max(now[0], stream[0])
-    return peak, step, wait, peak_at[0], peak_event, peak_index, end_forward[0], timings
+    # -- the choices that behave differently ------------------------------------------------
+
+    def retired_layers(self, swap: tuple[bool, ...], limit: int | None) -> list[int]:
+        """Layers the time model retires in forward (whole layers), in forward order."""
+        fifo: deque[int] = deque()
+        total = 0
+        retired = []
+        for i in range(self.k):
+            if not swap[i]:
+                continue
+            fifo.append(i)
+            total += self.swappable[i]
+            while limit is not None and total > limit and len(fifo) > 1:
+                oldest = fifo.popleft()
+                total -= self.swappable[oldest]
+                retired.append(oldest)
+        return retired
+
+    def window_candidates(self, swap: tuple[bool, ...], limit: int | None) -> tuple[int, ...]:
+        """Windows that behave differently in time: 0 and the sums of contiguous runs of retired
+        layers in prefetch order. Memory grows with the window, so a window between two
+        candidates is never better than the lower one."""
+        sizes = [self.swappable[i] for i in reversed(self.retired_layers(swap, limit))]
+        return _run_sums(sizes)
+
+    def limit_candidates(self, swap: tuple[bool, ...]) -> tuple[int, ...]:
+        """Copy-out limits that behave differently in time: 0 and the sums of contiguous runs of
+        swapped layers in forward order (memory grows with the limit, as for windows)."""
+        return _run_sums([self.swappable[i] for i in range(self.k) if swap[i]])
 
 
-def _timeline(prep: _Prepared, swap: tuple[bool, ...], window: int) -> Timeline:
-    peak, step, wait, peak_at, event, index, forward, timings = _run(prep, swap, window, record=True)
-    layers = []
-    for i, name in enumerate(prep.names):
-        row = timings[i]
-        if swap[i]:
-            f0, f1, o0, o1, p0, i0, i1, b0, b1 = row
-            layers.append(LayerTiming(name, True, f0, f1, b0, b1, o0, o1, p0, i0, i1))
-        else:
-            f0, f1, _, _, b0, b1 = row
-            layers.append(LayerTiming(name, False, f0, f1, b0, b1))
-    return Timeline(
-        peak_bytes=peak,
-        peak_seconds=peak_at,
-        peak_event=event,
-        peak_layer=prep.names[index] if index >= 0 else None,
-        step_seconds=step,
-        forward_seconds=forward,
-        compute_wait_seconds=wait,
-        prefetch_window_bytes=window,
-        swap=swap,
-        layers=tuple(layers),
-    )
+def _run_sums(sizes: Sequence[int]) -> tuple[int, ...]:
+    sums = {0}
+    for first in range(len(sizes)):
+        total = 0
+        for size in sizes[first:]:
+            total += size
+            sums.add(total)
+    return tuple(sorted(sums))
 
 
 def simulate(
@@ -339,49 +589,58 @@ def simulate(
 ) -> Timeline:
     """Simulate one training step of ``profile`` under a plan; see the module docstring.
 
-    ``swap[i]`` says whether layer ``i`` (forward order) is swapped. The prefetch window is
-    in bytes of swappable data brought back ahead of use and not yet consumed;
-    ``max_copying_out_bytes`` bounds the bytes waiting for their copy out (``None``: no bound).
+    ``swap[i]`` says whether layer ``i`` (forward order) is swapped; the prefetch window is in
+    bytes brought back ahead of use and not yet consumed; ``max_copying_out_bytes`` is the
+    copy-out limit (``None``: no limit, so nothing leaves the device before the forward ends).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> profile = StepProfile(
         ...     (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0)),
         ...     static_bytes=0, d2h_bytes_per_second=50.0, h2d_bytes_per_second=50.0)
-        >>> timeline = simulate(profile, [True, True], prefetch_window_bytes=0)
-        >>> timeline.step_seconds, timeline.compute_wait_seconds
-        (8.0, 4.0)
+        >>> timeline = simulate(profile, [True, True], 0, max_copying_out_bytes=0)
+        >>> timeline.peak_bytes, timeline.step_seconds, timeline.compute_wait_seconds
+        (200, 8.0, 4.0)
     """
-    if prefetch_window_bytes < 0:
-        raise ValueError(f"prefetch_window_bytes must be >= 0, got {prefetch_window_bytes}")
-    prep = _Prepared(profile, max_copying_out_bytes)
-    return _timeline(prep, prep.effective(swap), int(prefetch_window_bytes))
+    choice = PlanChoice(tuple(bool(s) for s in swap), int(prefetch_window_bytes), max_copying_out_bytes)
+    return Simulator(profile).timeline(choice)
 
 
-def prefetch_window_candidates(profile: StepProfile, swap: Sequence[bool]) -> tuple[int, ...]:
-    """Every prefetch window that behaves differently for this plan, in increasing order.
-
-    The window only enters the simulation through tests ``run + next <= window`` where the
-    left side is the sum of a contiguous run of swapped layers' swappable bytes in prefetch
-    (reverse layer) order. So any window behaves exactly like the largest of these run sums
-    (or 0) that is not above it, and these values are an exhaustive set of windows.
+def prefetch_window_candidates(
+    profile: StepProfile, swap: Sequence[bool], max_copying_out_bytes: int | None = None
+) -> tuple[int, ...]:
+    """Every prefetch window that behaves differently in time for this plan, in increasing order.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> layers = tuple(LayerProfile(n, 10 * s, 10 * s) for n, s in (("a", 1), ("b", 2), ("c", 3)))
-        >>> prefetch_window_candidates(StepProfile(layers, static_bytes=0), [True, False, True])
+        >>> prefetch_window_candidates(StepProfile(layers, static_bytes=0), [True, False, True], 0)
+        (0, 10)
+    """
+    simulator = Simulator(profile)
+    return simulator.window_candidates(simulator.effective(swap), max_copying_out_bytes)
+
+
+def limit_candidates(profile: StepProfile, swap: Sequence[bool]) -> tuple[int, ...]:
+    """Every copy-out limit that behaves differently in time for this plan, in increasing order.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = tuple(LayerProfile(n, 10 * s, 10 * s) for n, s in (("a", 1), ("b", 2), ("c", 3)))
+        >>> limit_candidates(StepProfile(layers, static_bytes=0), [True, False, True])
         (0, 10, 30, 40)
     """
-    prep = _Prepared(profile)
-    return _window_candidates(prep, prep.effective(swap))
+    simulator = Simulator(profile)
+    return simulator.limit_candidates(simulator.effective(swap))
 
 
-def _window_candidates(prep: _Prepared, swap: tuple[bool, ...]) -> tuple[int, ...]:
-    sizes = [prep.swappable[i] for i in range(prep.k - 1, -1, -1) if swap[i]]
-    sums = {0}
-    for first in range(len(sizes)):
-        total = 0
-        for size in sizes[first:]:
-            total += size
-            sums.add(total)
-    return tuple(sorted(sums))
+def unconstrained_seconds(profile: StepProfile) -> float:
+    """Step time on a GPU with enough memory: nothing swapped, no copies.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> unconstrained_seconds(StepProfile((LayerProfile("a", 1, 1, 0.5, 1.0),), static_bytes=0))
+        1.5
+    """
+    simulator = Simulator(StepProfile(profile.layers, profile.static_bytes))  # free copies
+    return simulator.times(PlanChoice((False,) * simulator.k)).step_seconds

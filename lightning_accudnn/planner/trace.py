@@ -1,4 +1,7 @@
-"""Trace one training step without memory: a :class:`StepProfile` from shapes alone.
+"""Observe one training step without memory: what it saves and which kernels it runs.
+
+The observation only; the time model that turns a :class:`~.roofline.StepTrace` into a
+:class:`~lightning_accudnn.profile.StepProfile` for a GPU is :mod:`.roofline`.
 
 :func:`trace_step` builds the model and a batch of zeros under
 :class:`~torch._subclasses.fake_tensor.FakeTensorMode` (tensors with shapes, dtypes and
@@ -30,8 +33,8 @@ tensors without a GPU). What departs from a real CUDA step:
   (or a mask the flash kernel refuses) the math path, which saves the attention matrix, so
   such attention layers are over-estimated against a GPU's flash kernels. Causal attention
   FLOPs count the full square (as :mod:`torch.utils.flop_counter` does).
-* times come from a roofline per kernel (:meth:`StepTrace.to_profile`), with no launch
-  overhead and no overlap between kernels.
+* times come from a roofline per kernel (:meth:`.roofline.StepTrace.to_profile`), with no
+  launch overhead and no overlap between kernels.
 
 Example:
     >>> import torch
@@ -68,13 +71,14 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-from lightning_accudnn.planner.gpus import GpuSpec
-from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile, StepProfile
+from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
+from lightning_accudnn.profile import ROOT_LAYER
+
+__all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPTIMIZER_STATE_FACTORS = {"adam": 2, "adamw": 2, "sgd": 1, "none": 0}
 
 _aten = torch.ops.aten
 # Kernels that move no data (allocation only) or are bookkeeping.
@@ -90,17 +94,55 @@ _FREE_OPS = {
 _CONVOLUTIONS = {_aten.convolution, _aten._convolution, _aten.convolution_backward}
 
 
-def _cpu_flash_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_flop_count(query.shape, key.shape, value.shape)
+def _cpu_flash_flops(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: object, **kwargs: object
+) -> int:
+    return int(sdpa_flop_count(query.shape, key.shape, value.shape))  # type: ignore[no-untyped-call]
 
 
-def _cpu_flash_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+def _cpu_flash_backward_flops(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *args: object,
+    **kwargs: object,
+) -> int:
+    return int(
+        sdpa_backward_flop_count(  # type: ignore[no-untyped-call]
+            grad_out.shape, query.shape, key.shape, value.shape
+        )
+    )
 
 
-#: ``flop_counter``'s formulas plus the CPU flash attention kernels it has none for.
+def _convolution_backward_flops(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: object,
+    stride: object,
+    padding: object,
+    dilation: object,
+    transposed: bool,
+    output_padding: object,
+    groups: int,
+    output_mask: list[bool],
+    *args: object,
+    out_val: object = None,
+    **kwargs: object,
+) -> int:
+    """The input gradient and the weight gradient each take as many multiply-adds as the
+    forward. (``flop_counter`` counts the weight gradient as a convolution over every input
+    channel, ``groups`` times too many: 8x to 19x the forward for depthwise convolutions.)"""
+    forward = conv_flop_count(list(input.shape), list(weight.shape), list(grad_out.shape), transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
+#: ``flop_counter``'s formulas, with grouped convolutions' backward corrected, plus the CPU
+#: flash attention kernels it has none for.
 _FLOP_FORMULAS = {
     **flop_registry,
+    _aten.convolution_backward: _convolution_backward_flops,
     _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
     _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
 }
@@ -119,179 +161,12 @@ class Tracker(Protocol):
     @property
     def current(self) -> str: ...
 
-    def attached(self, model: nn.Module) -> contextlib.AbstractContextManager: ...
-
-
-@dataclass(frozen=True)
-class OpCost:
-    """One kernel of the traced step.
-
-    ``rate`` names the peak it runs at: ``"fp32"``, ``"bf16"``, ``"fp16"``, or
-    ``"fp32-conv"`` (fp32 convolutions run on TF32 tensor cores by default).
-
-    Example:
-        >>> OpCost("0", backward=False, flops=2_000, bytes_moved=48, rate="fp32").flops
-        2000
-    """
-
-    layer: str
-    backward: bool
-    flops: int
-    bytes_moved: int
-    rate: str
-
-    def seconds(self, gpu: GpuSpec) -> float:
-        """Roofline time on ``gpu``: the slower of compute and memory traffic.
-
-        Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
-            >>> op = OpCost("0", backward=False, flops=0, bytes_moved=3_350_000, rate="fp32")
-            >>> round(op.seconds(get_gpu("h100")) * 1e6, 3)
-            1.0
-        """
-        dtype, _, kind = self.rate.partition("-")
-        peak = gpu.peak_flops(dtype, convolution=kind == "conv") * gpu.efficiency
-        return max(self.flops / peak, self.bytes_moved / gpu.memory_bytes_per_second)
-
-
-@dataclass(frozen=True)
-class LayerTrace:
-    """What one layer invocation saved and computed.
-
-    ``saved`` lists the byte size of each storage the layer saved for backward (each
-    storage once, in the first layer that saved it).
-
-    Example:
-        >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20)
-        >>> layer.saved_bytes, layer.swappable_bytes(min_swap_bytes=2**20)
-        (4000512, 4000000)
-    """
-
-    name: str
-    saved: tuple[int, ...]
-    forward_flops: int
-    backward_flops: int
-
-    @property
-    def saved_bytes(self) -> int:
-        return sum(self.saved)
-
-    def swappable_bytes(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> int:
-        """Bytes in storages large enough for the engine to swap."""
-        return sum(size for size in self.saved if size >= min_swap_bytes)
-
-
-@dataclass(frozen=True)
-class StepTrace:
-    """A traced training step, independent of any GPU: turn it into a profile with
-    :meth:`to_profile`.
-
-    Layers are in forward order of their first kernel (a container's own work, such as a
-    residual add, comes after its children's).
-
-    Example:
-        >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
-        ...                   trainable_param_bytes=40, buffer_bytes=0)
-        >>> trace.saved_bytes, trace.static_bytes("sgd")
-        (8, 120)
-    """
-
-    layers: tuple[LayerTrace, ...]
-    ops: tuple[OpCost, ...]
-    param_bytes: int
-    trainable_param_bytes: int
-    buffer_bytes: int
-    dtype: str = "fp32"
-    notes: tuple[str, ...] = ()
-
-    @property
-    def saved_bytes(self) -> int:
-        """Every byte saved for backward (deduplicated by storage)."""
-        return sum(layer.saved_bytes for layer in self.layers)
-
-    @property
-    def forward_flops(self) -> int:
-        return sum(layer.forward_flops for layer in self.layers)
-
-    @property
-    def backward_flops(self) -> int:
-        return sum(layer.backward_flops for layer in self.layers)
-
-    def static_bytes(self, optimizer: str = "adam") -> int:
-        """Parameters, gradients, optimizer state and buffers.
-
-        ``optimizer``: ``"adam"``/``"adamw"`` keep two moments per trainable parameter,
-        ``"sgd"`` one momentum buffer, ``"none"`` nothing.
-
-        Example:
-            >>> trace = StepTrace((), (), param_bytes=100, trainable_param_bytes=100, buffer_bytes=4)
-            >>> trace.static_bytes("adam")
-            404
-        """
-        key = optimizer.lower()
-        if key not in OPTIMIZER_STATE_FACTORS:
-            raise ValueError(
-                f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATE_FACTORS)}"
-            )
-        state = OPTIMIZER_STATE_FACTORS[key] * self.trainable_param_bytes
-        return self.param_bytes + self.trainable_param_bytes + state + self.buffer_bytes
-
-    def layer_seconds(self, gpu: GpuSpec) -> dict[str, tuple[float, float]]:
-        """Forward and backward seconds per layer on ``gpu`` (sum of kernel rooflines).
-
-        Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
-            >>> ops = (OpCost("a", False, 0, 3_350_000, "fp32"), OpCost("a", True, 0, 6_700_000, "fp32"))
-            >>> trace = StepTrace((LayerTrace("a", (), 0, 0),), ops, 0, 0, 0)
-            >>> forward, backward = trace.layer_seconds(get_gpu("h100"))["a"]
-            >>> round(forward * 1e6, 3), round(backward * 1e6, 3)
-            (1.0, 2.0)
-        """
-        seconds = {layer.name: [0.0, 0.0] for layer in self.layers}
-        for op in self.ops:
-            seconds.setdefault(op.layer, [0.0, 0.0])[int(op.backward)] += op.seconds(gpu)
-        return {name: (fwd, bwd) for name, (fwd, bwd) in seconds.items()}
-
-    def to_profile(
-        self,
-        gpu: GpuSpec,
-        optimizer: str = "adam",
-        min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
-    ) -> StepProfile:
-        """The :class:`StepProfile` the planner consumes, timed for ``gpu``.
-
-        Host link bandwidths (both directions) are the GPU's practical pinned PCIe rate.
-
-        Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
-            >>> trace = StepTrace((LayerTrace("a", (2**21, 10), 0, 0),), (), 0, 0, 0)
-            >>> layer = trace.to_profile(get_gpu("l4"), optimizer="none").layers[0]
-            >>> layer.saved_bytes, layer.swappable_bytes
-            (2097162, 2097152)
-        """
-        seconds = self.layer_seconds(gpu)
-        layers = tuple(
-            LayerProfile(
-                name=layer.name,
-                saved_bytes=layer.saved_bytes,
-                swappable_bytes=layer.swappable_bytes(min_swap_bytes),
-                forward_seconds=seconds[layer.name][0],
-                backward_seconds=seconds[layer.name][1],
-            )
-            for layer in self.layers
-        )
-        link = gpu.host_link_bytes_per_second
-        return StepProfile(
-            layers=layers,
-            static_bytes=self.static_bytes(optimizer),
-            d2h_bytes_per_second=link,
-            h2d_bytes_per_second=link,
-        )
+    def attached(self, model: nn.Module) -> contextlib.AbstractContextManager[object]: ...
 
 
 def _storage_key(tensor: torch.Tensor) -> int | None:
     try:
-        return StorageWeakRef(tensor.untyped_storage()).cdata
+        return int(StorageWeakRef(tensor.untyped_storage()).cdata)  # type: ignore[no-untyped-call]
     except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage
         return None
 
@@ -351,7 +226,9 @@ class _Recorder:
         return tensor
 
     # -- kernels ------------------------------------------------------------------------
-    def record_op(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: object) -> None:
+    def record_op(
+        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object], out: object
+    ) -> None:
         if func in _FREE_OPS or func.is_view:
             return
         if self.backward:
@@ -374,7 +251,7 @@ class _Recorder:
     def map_nodes(self, out: object) -> None:
         """Give every autograd node not seen yet, reachable from ``out``, to the running layer."""
         layer = self.tracker.current
-        stack = [
+        stack: list[torch.autograd.graph.Node | None] = [
             t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None
         ]
         while stack:
@@ -385,12 +262,18 @@ class _Recorder:
             stack.extend(next_node for next_node, _ in node.next_functions)
 
 
-class _KernelMode(TorchDispatchMode):
+class _KernelMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, recorder: _Recorder) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.recorder = recorder
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: object,
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.recorder.record_op(func, args, kwargs, out)
@@ -402,9 +285,16 @@ class _FunctionMode(TorchFunctionMode):
         super().__init__()
         self.recorder = recorder
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: object,
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
-        out = (_cuda_like_dropout if func is F.dropout else func)(*args, **kwargs)
+        call: Callable[..., object] = _cuda_like_dropout if func is F.dropout else func
+        out = call(*args, **kwargs)
         if not self.recorder.backward:
             self.recorder.map_nodes(out)
         return out
@@ -430,7 +320,10 @@ def _loss(output: object) -> torch.Tensor:
         raise ValueError(
             "the model returned no floating-point tensor that requires grad: nothing to backpropagate"
         )
-    return sum(t.float().mean() for t in tensors)
+    total = tensors[0].float().mean()
+    for tensor in tensors[1:]:
+        total = total + tensor.float().mean()
+    return total
 
 
 @contextlib.contextmanager
@@ -476,7 +369,8 @@ def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn
 
     with fake_mode:
         for module in model.modules():
-            for table in (module._parameters, module._buffers):
+            tables: tuple[dict[str, torch.Tensor | None], ...] = (module._parameters, module._buffers)  # type: ignore[assignment]
+            for table in tables:
                 for name, tensor in table.items():
                     if tensor is not None and not (
                         isinstance(tensor, FakeTensor) and tensor.fake_mode is fake_mode
@@ -547,7 +441,7 @@ def trace_step(
                 output = model(batch)
                 loss = _loss(output)
             recorder.backward = True
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
     trainable = sum(_tensor_bytes(p) for p in params if p.requires_grad)
     layers = tuple(
         LayerTrace(name, tuple(recorder.saved[name]), *recorder.flops[name])

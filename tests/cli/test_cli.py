@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 import time
@@ -13,10 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn.cli import main, memory_curve
+from lightning_accudnn.cli import main
 from lightning_accudnn.planner.gpus import get_gpu
-from lightning_accudnn.planner.timeline import simulate
-from lightning_accudnn.profile import LayerProfile, StepProfile
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -149,6 +148,19 @@ def test_infeasible_budget_exits_1_with_the_smallest_budget_that_fits(capsys) ->
     check_plan_json(json.loads(capsys.readouterr().out), need)
 
 
+def test_small_model_is_told_that_min_swap_bytes_limits_the_smallest_budget(capsys) -> None:
+    """At the 1 MiB default the small ResNet swaps nothing; the error names a threshold that
+    lowers the smallest budget, and that budget plans with that threshold."""
+    assert main(["plan", *SMALL, "--budget", "1000"]) == 1
+    err = capsys.readouterr().err
+    assert "limited by min_swap_bytes" in err
+    threshold = int(err.split("with min_swap_bytes=")[1].split()[0])
+    assert main(["plan", *SMALL, "--budget", "1000", "--min-swap-bytes", str(threshold), "--json"]) == 1
+    need = json.loads(capsys.readouterr().out)["min_budget_bytes"]
+    assert f"would be {math.ceil(need / 1e4) / 100:.2f}MB" in err  # rounded up, as the error rounds
+    assert main(["plan", *SMALL, "--budget", str(need), "--min-swap-bytes", str(threshold)]) == 0
+
+
 @pytest.mark.parametrize("budget", ["12_000_000_000", "12000000000", "12GB", "12000MB"])
 def test_budget_forms_from_the_command_line(budget, capsys) -> None:
     assert main(["plan", *SMALL, "--budget", budget, "--json"]) == 0
@@ -212,24 +224,41 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys) -> Non
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib (the 'plot' extra)")
+def test_readme_plot_example_on_resnet152(tmp_path) -> None:
+    """The README's command, verbatim but for the file: swapped layers used in place in
+    backward have no copy in, and the plot must still be drawn (it crashed on them)."""
+    path = tmp_path / "x.png"
+    args = ["plan", "torchvision:resnet152", "--batch-size", "64", "--budget", "8GB", "--gpu", "h100"]
+    result, _ = run_cli(*args, "--plot", str(path))
+    assert result.returncode == 0, result.stderr
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert "predicted peak" in result.stdout
+
+
+def test_smallest_budget_is_one_number_whatever_the_budget_asked(capsys) -> None:
+    """One smallest budget per model and batch: asked budgets that fit and one that does not
+    name the same figure, and that figure plans."""
+    named = set()
+    for budget in ("1GB", "3MB", "100%"):
+        code = main(["plan", *SMALL, "--budget", budget, "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == (0 if report["feasible"] else 1)
+        named.add(report["min_budget_bytes"])
+    (smallest,) = named
+    assert main(["plan", *SMALL, "--budget", str(smallest), "--json"]) == 0
+    check_plan_json(json.loads(capsys.readouterr().out), smallest)
+    assert main(["plan", *SMALL, "--budget", str(smallest - 1), "--json"]) == 1
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib (the 'plot' extra)")
 def test_plot_writes_a_png(tmp_path, capsys) -> None:
     path = tmp_path / "memory.png"
     assert main(["plan", *SMALL, "--budget", "1GB", "--plot", str(path)]) == 0
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_memory_curve_follows_the_timeline() -> None:
-    layers = (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 50, 50, 1.0, 1.0))
-    profile = StepProfile(layers, static_bytes=10, d2h_bytes_per_second=200.0, h2d_bytes_per_second=200.0)
-    timeline = simulate(profile, [True, False], prefetch_window_bytes=0)
-    times, values = memory_curve(profile, timeline)
-    assert max(values) == timeline.peak_bytes
-    assert values[-1] == 10  # only static memory after the step
-    assert times == sorted(times)
-
-
 def test_gpu_spec_feeds_the_profile_bandwidths() -> None:
-    from lightning_accudnn.planner.trace import StepTrace
+    from lightning_accudnn.planner.roofline import StepTrace
 
     profile = StepTrace((), (), 0, 0, 0).to_profile(get_gpu("h100"))
     assert (

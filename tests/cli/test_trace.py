@@ -123,6 +123,20 @@ def test_flops_match_flop_counter_and_backward_goes_to_the_forward_layer() -> No
     assert hidden.backward_flops == 2 * hidden.forward_flops  # input and weight grads
 
 
+def test_depthwise_convolution_backward_is_twice_the_forward() -> None:
+    """Hand count: a depthwise 3x3 convolution over 8 channels of 16x16, batch 2, padding 1.
+    Forward: 2 (multiply-add) x 2 (batch) x 8 (channels) x 16 x 16 (outputs) x 9 (taps) x 1
+    (input channel per group) = 73728. Its input needs a gradient (a 1x1 convolution comes
+    first), so backward is the input gradient plus the weight gradient, 73728 each."""
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1, groups=8))
+    trace = trace_step(lambda: model, (2, 8, 16, 16), tracker=LayerTracker())
+    depthwise = next(layer for layer in trace.layers if layer.name == "1")
+    assert depthwise.forward_flops == 2 * 2 * 8 * 16 * 16 * 9 == 73728
+    assert depthwise.backward_flops == 2 * 73728
+    pointwise = next(layer for layer in trace.layers if layer.name == "0")
+    assert pointwise.backward_flops == pointwise.forward_flops  # the batch needs no gradient
+
+
 def test_dropout_mask_is_saved_as_bool_as_on_cuda() -> None:
     trace = trace_step(
         lambda: nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.1)), (32, 64), tracker=LayerTracker()
@@ -135,13 +149,13 @@ def test_swappable_threshold_and_static_bytes() -> None:
     trace = trace_step(
         lambda: nn.Sequential(nn.Linear(1024, 1024), nn.ReLU()), (512, 1024), tracker=LayerTracker()
     )
-    profile = trace.to_profile(get_gpu("a100"), optimizer="sgd", min_swap_bytes=2**20)
+    profile = trace.to_profile(get_gpu("a100"), optimizer="sgd-momentum", min_swap_bytes=2**20)
     assert [layer.saved_bytes for layer in profile.layers[:2]] == [2**21, 2**21]
     assert profile.swappable_bytes == 2**22
     params = (1024 * 1024 + 1024) * 4
     assert profile.static_bytes == 3 * params  # weights, gradients, momentum
     assert trace.to_profile(get_gpu("a100"), min_swap_bytes=2**22).swappable_bytes == 0
-    assert trace.static_bytes("none") == 2 * params
+    assert trace.static_bytes("none") == trace.static_bytes("sgd") == 2 * params  # plain SGD: no state
     assert trace.static_bytes("adam") == 4 * params
     with pytest.raises(ValueError, match="choose one of"):
         trace.static_bytes("lion")

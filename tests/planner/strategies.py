@@ -34,13 +34,14 @@ def profiles(draw, min_layers: int = 0, max_layers: int = 7) -> StepProfile:
 
 
 def run_sums(profile: StepProfile, swap: tuple[bool, ...]) -> set[int]:
-    """0 and the sums of contiguous runs of swapped layers' swappable bytes, in prefetch order,
-    plus one window larger than everything (written out here, independently of the planner)."""
+    """0 and the sums of contiguous runs of swapped layers' swappable bytes, plus one value
+    larger than everything (written out here, independently of the planner). Every limit and
+    every window the planner may choose behaves like one of these in time."""
     sizes = [
         layer.swappable_bytes
         for layer, s in zip(profile.layers, swap, strict=True)
         if s and layer.swappable_bytes
-    ][::-1]
+    ]
     sums = {0, 10**12}
     for first in range(len(sizes)):
         for last in range(first, len(sizes)):
@@ -49,15 +50,18 @@ def run_sums(profile: StepProfile, swap: tuple[bool, ...]) -> set[int]:
 
 
 def brute_force(profile: StepProfile, cap: int) -> tuple[float | None, int]:
-    """(least predicted step time of any plan with peak <= cap or None, least peak of any plan)."""
+    """(least predicted step time of any plan with peak <= cap or None, least peak of any plan),
+    over every swap set x limit x window."""
     best_time, least_peak = None, None
     for swap in itertools.product((False, True), repeat=len(profile.layers)):
         if any(s and not layer.swappable_bytes for s, layer in zip(swap, profile.layers, strict=True)):
             continue  # simulated as kept: the same as another swap set (tested on its own)
-        for window in run_sums(profile, swap):
-            timeline = simulate(profile, swap, window)
-            if least_peak is None or timeline.peak_bytes < least_peak:
-                least_peak = timeline.peak_bytes
-            if timeline.peak_bytes <= cap and (best_time is None or timeline.step_seconds < best_time):
-                best_time = timeline.step_seconds
+        sums = run_sums(profile, swap)
+        for limit in [*sums, None]:
+            for window in sums:
+                timeline = simulate(profile, swap, window, limit)
+                if least_peak is None or timeline.peak_bytes < least_peak:
+                    least_peak = timeline.peak_bytes
+                if timeline.peak_bytes <= cap and (best_time is None or timeline.step_seconds < best_time):
+                    best_time = timeline.step_seconds
     return best_time, least_peak

@@ -1,7 +1,7 @@
-"""The simulator's copy-out limit: the forward waits for the host link, as the engine does."""
+"""The copy-out limit is a plan choice: the forward waits for the host link past it."""
 
 from lightning_accudnn.planner import LayerProfile, StepProfile
-from lightning_accudnn.planner.plan import plan_swaps
+from lightning_accudnn.planner.plan import copying_out_limit, min_budget_bytes, plan_swaps
 from lightning_accudnn.planner.timeline import simulate
 
 
@@ -22,9 +22,8 @@ def test_forward_waits_for_the_oldest_copy_past_the_limit():
     limited = simulate(profile, [True, True], 0, max_copying_out_bytes=100)
     assert free.forward_seconds == 2.0
     assert limited.forward_seconds == 3.0
-    # The copy stream bounds the step either way: both end at 8 s.
-    assert limited.step_seconds == free.step_seconds == 8.0
     assert limited.compute_wait_seconds >= 1.0
+    assert limited.peak_bytes == free.peak_bytes == 200  # retired after b was counted
 
 
 def test_limit_bounds_the_forward_peak_on_a_slow_link():
@@ -32,12 +31,17 @@ def test_limit_bounds_the_forward_peak_on_a_slow_link():
     free = simulate(profile, [True] * 10, 0)
     limited = simulate(profile, [True] * 10, 0, max_copying_out_bytes=200)
     assert free.peak_bytes == 1000  # nothing leaves before the forward ends
-    assert limited.peak_bytes <= 200 + 100 + 100
+    assert limited.peak_bytes == 200 + 100
     assert limited.step_seconds > free.step_seconds
 
 
-def test_plan_carries_and_respects_the_limit():
+def test_plan_chooses_the_limit_and_a_cap_changes_neither_feasibility_nor_the_smallest_budget():
     profile = _profile(10, bandwidth=5.0)
-    plan = plan_swaps(profile, budget_bytes=500, max_copying_out_bytes=200)
-    assert plan.max_copying_out_bytes == 200
-    assert plan.predicted_peak_bytes <= 500
+    plan = plan_swaps(profile, budget_bytes=500)
+    assert plan.max_copying_out_bytes is not None and plan.predicted_peak_bytes <= 500
+    capped = plan_swaps(profile, budget_bytes=500, max_copying_out_bytes=copying_out_limit(500))
+    assert capped.max_copying_out_bytes <= copying_out_limit(500)
+    assert capped.min_budget_bytes == plan.min_budget_bytes == min_budget_bytes(profile) == 200
+    # At the smallest budget the plan needs the smallest limit: one storage in flight.
+    tight = plan_swaps(profile, budget_bytes=200)
+    assert (tight.max_copying_out_bytes, tight.prefetch_window_bytes) == (0, 0)

@@ -1,0 +1,187 @@
+"""The roofline time model: a traced step (kernels, FLOPs, bytes) timed for a GPU's datasheet.
+
+The observation (what a step saves and which kernels it runs) is
+:func:`lightning_accudnn.planner.trace.trace_step`; this module holds what it records,
+:class:`StepTrace`, independent of any GPU, and turns it into the planner's
+:class:`~lightning_accudnn.profile.StepProfile` for a :class:`~lightning_accudnn.planner.gpus.GpuSpec`:
+each kernel takes the slower of its FLOPs at the GPU's peak rate (times an efficiency) and its
+bytes at the memory bandwidth, with no launch overhead and no overlap between kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_accudnn.planner.gpus import GpuSpec
+from lightning_accudnn.planner.static_memory import named_state_copies
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, LayerProfile, StepProfile
+
+__all__ = ["LayerTrace", "OpCost", "StepTrace"]
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One kernel of the traced step.
+
+    ``rate`` names the peak it runs at: ``"fp32"``, ``"bf16"``, ``"fp16"``, or
+    ``"fp32-conv"`` (fp32 convolutions run on TF32 tensor cores by default).
+
+    Example:
+        >>> OpCost("0", backward=False, flops=2_000, bytes_moved=48, rate="fp32").flops
+        2000
+    """
+
+    layer: str
+    backward: bool
+    flops: int
+    bytes_moved: int
+    rate: str
+
+    def seconds(self, gpu: GpuSpec) -> float:
+        """Roofline time on ``gpu``: the slower of compute and memory traffic.
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> op = OpCost("0", backward=False, flops=0, bytes_moved=3_350_000, rate="fp32")
+            >>> round(op.seconds(get_gpu("h100")) * 1e6, 3)
+            1.0
+        """
+        dtype, _, kind = self.rate.partition("-")
+        peak = gpu.peak_flops(dtype, convolution=kind == "conv") * gpu.efficiency
+        return max(self.flops / peak, self.bytes_moved / gpu.memory_bytes_per_second)
+
+
+@dataclass(frozen=True)
+class LayerTrace:
+    """What one layer invocation saved and computed.
+
+    ``saved`` lists the byte size of each storage the layer saved for backward (each
+    storage once, in the first layer that saved it).
+
+    Example:
+        >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20)
+        >>> layer.saved_bytes, layer.swappable_bytes(min_swap_bytes=2**20)
+        (4000512, 4000000)
+    """
+
+    name: str
+    saved: tuple[int, ...]
+    forward_flops: int
+    backward_flops: int
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self.saved)
+
+    def swappable_bytes(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> int:
+        """Bytes in storages large enough for the engine to swap."""
+        return sum(size for size in self.saved if size >= min_swap_bytes)
+
+    def small_storages(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[int, ...]:
+        """Sizes of the (non-empty) storages too small for the engine to swap."""
+        return tuple(size for size in self.saved if 0 < size < min_swap_bytes)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """A traced training step, independent of any GPU: turn it into a profile with
+    :meth:`to_profile`.
+
+    Layers are in forward order of their first kernel (a container's own work, such as a
+    residual add, comes after its children's).
+
+    Example:
+        >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
+        ...                   trainable_param_bytes=40, buffer_bytes=0)
+        >>> trace.saved_bytes, trace.static_bytes("sgd-momentum")
+        (8, 120)
+    """
+
+    layers: tuple[LayerTrace, ...]
+    ops: tuple[OpCost, ...]
+    param_bytes: int
+    trainable_param_bytes: int
+    buffer_bytes: int
+    dtype: str = "fp32"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def saved_bytes(self) -> int:
+        """Every byte saved for backward (deduplicated by storage)."""
+        return sum(layer.saved_bytes for layer in self.layers)
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def backward_flops(self) -> int:
+        return sum(layer.backward_flops for layer in self.layers)
+
+    def static_bytes(self, optimizer: str = "adam") -> int:
+        """Parameters, gradients, optimizer state and buffers.
+
+        ``optimizer`` is one of :data:`~lightning_accudnn.planner.static_memory.NAMED_OPTIMIZERS`
+        (``"adam"``/``"adamw"``: two moments per trainable parameter, ``"sgd"``: none,
+        ``"sgd-momentum"``: one buffer, ``"none"``), sized by the one optimizer-state model.
+
+        Example:
+            >>> trace = StepTrace((), (), param_bytes=100, trainable_param_bytes=100, buffer_bytes=4)
+            >>> trace.static_bytes("adam")
+            404
+        """
+        state = named_state_copies(optimizer) * self.trainable_param_bytes
+        return self.param_bytes + self.trainable_param_bytes + state + self.buffer_bytes
+
+    def layer_seconds(self, gpu: GpuSpec) -> dict[str, tuple[float, float]]:
+        """Forward and backward seconds per layer on ``gpu`` (sum of kernel rooflines).
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> ops = (OpCost("a", False, 0, 3_350_000, "fp32"), OpCost("a", True, 0, 6_700_000, "fp32"))
+            >>> trace = StepTrace((LayerTrace("a", (), 0, 0),), ops, 0, 0, 0)
+            >>> forward, backward = trace.layer_seconds(get_gpu("h100"))["a"]
+            >>> round(forward * 1e6, 3), round(backward * 1e6, 3)
+            (1.0, 2.0)
+        """
+        seconds = {layer.name: [0.0, 0.0] for layer in self.layers}
+        for op in self.ops:
+            seconds.setdefault(op.layer, [0.0, 0.0])[int(op.backward)] += op.seconds(gpu)
+        return {name: (fwd, bwd) for name, (fwd, bwd) in seconds.items()}
+
+    def to_profile(
+        self,
+        gpu: GpuSpec,
+        optimizer: str = "adam",
+        min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
+    ) -> StepProfile:
+        """The :class:`StepProfile` the planner consumes, timed for ``gpu``.
+
+        Host link bandwidths (both directions) are the GPU's practical pinned PCIe rate.
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> trace = StepTrace((LayerTrace("a", (2**21, 10), 0, 0),), (), 0, 0, 0)
+            >>> layer = trace.to_profile(get_gpu("l4"), optimizer="none").layers[0]
+            >>> layer.saved_bytes, layer.swappable_bytes
+            (2097162, 2097152)
+        """
+        seconds = self.layer_seconds(gpu)
+        layers = tuple(
+            LayerProfile(
+                name=layer.name,
+                saved_bytes=layer.saved_bytes,
+                swappable_bytes=layer.swappable_bytes(min_swap_bytes),
+                forward_seconds=seconds[layer.name][0],
+                backward_seconds=seconds[layer.name][1],
+                small_storages=layer.small_storages(min_swap_bytes),
+            )
+            for layer in self.layers
+        )
+        link = gpu.host_link_bytes_per_second
+        return StepProfile(
+            layers=layers,
+            static_bytes=self.static_bytes(optimizer),
+            d2h_bytes_per_second=link,
+            h2d_bytes_per_second=link,
+        )

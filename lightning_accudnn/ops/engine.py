@@ -30,7 +30,14 @@ from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
 from lightning_accudnn.ops.schedule import SwapSchedule
-from lightning_accudnn.ops.stash import SavedTensor, StorageRecord
+from lightning_accudnn.ops.stash import (
+    DeviceBlock,
+    SavedTensor,
+    StorageRecord,
+    byte_extent,
+    lineage_root,
+    record_extent,
+)
 from lightning_accudnn.ops.timing import LayerTimer, clock_for
 from lightning_accudnn.ops.transfer import TransferBackend, make_backend
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile
@@ -81,11 +88,22 @@ class StepStats:
     shares the measured backward time out in proportion to forward time."""
 
 
+class _StorageEntry:
+    """One device storage saved in this step: its block, and the records copying parts of it."""
+
+    __slots__ = ("storage", "block", "records")
+
+    def __init__(self, storage: StorageWeakRef, block: DeviceBlock) -> None:
+        self.storage = storage
+        self.block = block
+        self.records: list[StorageRecord] = []
+
+
 class _StepState:
     """Bookkeeping of the step in progress."""
 
     def __init__(self) -> None:
-        self.by_storage: dict[int, tuple[StorageWeakRef, StorageRecord]] = {}
+        self.by_storage: dict[int, _StorageEntry] = {}
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
         self.saves = 0  # saved tensors packed so far, the clock of ``StorageRecord.last_save``
         self.copying_out: deque[StorageRecord] = deque()  # FIFO: copies finish in order
@@ -260,8 +278,9 @@ class OffloadEngine:
             return
         for record in step.copying_out:
             record.copy_out.synchronize()
-        for _, record in step.by_storage.values():
-            self._release_record(record)
+        for entry in step.by_storage.values():
+            for record in entry.records:
+                self._release_record(record)
         for record in step.swapped:
             self._release_record(record)
         self.backend.collect_wait_seconds()
@@ -283,19 +302,26 @@ class OffloadEngine:
         step = self._open_step()
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        known = step.by_storage.get(key)
+        entry = step.by_storage.get(key)
+        if entry is None or entry.storage.expired():
+            block = DeviceBlock(storage.nbytes(), self._on_block_change)
+            entry = _StorageEntry(StorageWeakRef(storage), block)
+            step.by_storage[key] = entry
         step.saves += 1
-        if known is not None and not known[0].expired() and not known[1].released:
-            record = known[1]
-            # Saved again by a later layer: backward needs it when it reaches that layer.
-            record.last_save = step.saves
+        root = lineage_root(tensor)
+        start, end = byte_extent(tensor)
+        for record in entry.records:
+            if record.serves(root, start, end):
+                # Saved again by a later layer: backward needs it when it reaches that layer.
+                record.last_save = step.saves
+                break
         else:
-            record = self._new_record(step, storage)
-            step.by_storage[key] = (StorageWeakRef(storage), record)
+            record = self._new_record(step, entry, root, tensor, storage.nbytes())
+            entry.records.append(record)
             if record.swap:
                 self._start_copy_out(step, record, storage)
             else:
-                record.hold()
+                record.source_block.hold()
         self._poll_copies_out()
         return SavedTensor(record, tensor)
 
@@ -315,10 +341,11 @@ class OffloadEngine:
         else:
             if record.fetched is None:
                 self._fetch(record)
-            assert record.fetched is not None
+            assert record.fetched is not None and record.fetched_block is not None
             self.backend.use_on_compute(record.fetched, record.fetched_transfer)
-            tensor = packed.rebuild(record.fetched)
-            record.hold_view(tensor)
+            from_source = record.fetched_block is record.source_block
+            tensor = packed.rebuild(record.fetched, 0 if from_source else record.start)
+            record.fetched_block.hold_while_alive(tensor)
         if not packed.unpacked:
             packed.unpacked = True
             record.pending_unpacks -= 1
@@ -338,9 +365,17 @@ class OffloadEngine:
             and tensor.untyped_storage().data_ptr() not in self._model_storages
         )
 
-    def _new_record(self, step: _StepState, storage: torch.UntypedStorage) -> StorageRecord:
+    def _new_record(
+        self,
+        step: _StepState,
+        entry: _StorageEntry,
+        root: torch.Tensor,
+        tensor: torch.Tensor,
+        storage_nbytes: int,
+    ) -> StorageRecord:
         layer = self.tracker.current
-        nbytes = storage.nbytes()
+        start, end = record_extent(root, tensor, storage_nbytes)
+        nbytes = end - start
         swappable = (
             nbytes >= self.min_swap_bytes
             and nbytes > 0
@@ -352,14 +387,16 @@ class OffloadEngine:
             step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         return StorageRecord(
             layer=layer,
-            nbytes=nbytes,
+            start=start,
+            end=end,
             last_save=step.saves,
             swap=swappable and self._schedule.swaps(layer),
-            on_resident_change=self._on_resident_change,
+            root=root,
+            source_block=entry.block,
             on_last_handle=self._release_record,
         )
 
-    def _on_resident_change(self, record: StorageRecord, delta: int) -> None:
+    def _on_block_change(self, block: DeviceBlock, delta: int) -> None:
         if delta > 0:
             self.ledger.acquire(delta)
             return
@@ -368,10 +405,10 @@ class OffloadEngine:
         # the backward op that used it), not when it is handed over: the window bounds memory.
         # The next prefetch waits for the next unpack, so that everything the finished op
         # released is gone before new bytes arrive.
-        if record.in_prefetch_window:
-            record.in_prefetch_window = False
+        if block.in_prefetch_window:
+            block.in_prefetch_window = False
             if self._step is not None:
-                self._step.window_used -= record.nbytes
+                self._step.window_used -= block.nbytes
 
     def _release_record(self, record: StorageRecord) -> None:
         """Give back everything a record holds (its last handle died, or the step aborted)."""
@@ -382,15 +419,13 @@ class OffloadEngine:
         if record.swap:
             if record.copy_out_source is not None:
                 record.copy_out_source = None
-                record.unhold()
-            if record.fetched is not None:
-                record.fetched = None
-                record.unhold()
+                record.source_block.unhold()
+            self._consume(record)
             if record.host_buffer is not None:
                 self.pool.release(record.host_buffer)
                 record.host_buffer = None
-        elif record.resident:
-            record.unhold()
+        else:
+            record.source_block.unhold()
 
     # -- copies ---------------------------------------------------------------------------
 
@@ -398,8 +433,8 @@ class OffloadEngine:
         record.host_buffer = self.pool.acquire(record.nbytes)
         source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
         record.copy_out_source = source
-        record.hold()
-        record.copy_out = self.backend.copy_out(source, record.host_bytes())
+        record.source_block.hold()
+        record.copy_out = self.backend.copy_out(source[record.start : record.end], record.host_bytes())
         step.swapped.append(record)
         step.copying_out.append(record)
         step.copying_out_bytes += record.nbytes
@@ -429,7 +464,7 @@ class OffloadEngine:
             step.copying_out_bytes -= record.nbytes
             if record.copy_out_source is not None:
                 record.copy_out_source = None
-                record.unhold()
+                record.source_block.unhold()
 
     def _fetch(self, record: StorageRecord) -> None:
         """Make the record's bytes available on the device (reuse them if never dropped)."""
@@ -438,20 +473,24 @@ class OffloadEngine:
             self._poll_copies_out()
         if record.copy_out_source is not None:
             record.fetched, record.fetched_transfer = record.copy_out_source, None
+            block = record.source_block
         else:
             record.fetched, record.fetched_transfer = self.backend.copy_in(record.host_bytes())
+            block = DeviceBlock(record.nbytes, self._on_block_change)
             if step is not None:
                 step.bytes_in += record.nbytes
-        record.hold()
-        if step is not None:
-            step.window_used += record.nbytes
-            record.in_prefetch_window = True
+        record.fetched_block = block
+        block.hold()
+        if step is not None and not block.in_prefetch_window:
+            step.window_used += block.nbytes
+            block.in_prefetch_window = True
 
     def _consume(self, record: StorageRecord) -> None:
         """Every handle has the data: the views handed out now keep it alive, not the engine."""
-        if record.fetched is not None:
+        if record.fetched is not None and record.fetched_block is not None:
             record.fetched = None
-            record.unhold()
+            record.fetched_block.unhold()
+            record.fetched_block = None
 
     def _prefetch(self) -> None:
         """Bring back swapped records in reverse forward order while the window allows."""

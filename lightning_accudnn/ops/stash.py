@@ -18,45 +18,67 @@ import weakref
 from collections.abc import Callable
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from lightning_accudnn.ops.transfer import Transfer
+from lightning_accudnn.ops.runtime import StreamEvent
 
 _ALIGN = 16  # bytes: extents start here so that every element type stays aligned
 
 
 class DeviceBlock:
-    """A device allocation the engine accounts for, counted while it has holders.
+    """A device allocation the engine accounts for, counted from its first holder on.
+
+    ``key`` is its address. When its last holder lets go, ``on_release`` decides whether it
+    is freed now or lingers (a copy brought back stays until its storage dies: autograd
+    may still read views of it). ``storage`` watches that storage for blocks the engine
+    allocated; ``None`` for saved storages the engine found.
 
     Example:
         >>> changes = []
-        >>> block = DeviceBlock(64, lambda block, delta: changes.append(delta))
+        >>> block = DeviceBlock(1234, 64, on_counted=changes.append, on_release=lambda b: changes.append(-1))
         >>> block.hold(); block.hold(); block.unhold(); block.unhold()
-        >>> changes
-        [64, -64]
+        >>> changes, block.counted
+        ([64, -1], True)
     """
 
-    __slots__ = ("nbytes", "holders", "on_change", "in_prefetch_window", "__weakref__")
+    __slots__ = (
+        "key",
+        "nbytes",
+        "storage",
+        "holders",
+        "counted",
+        "on_counted",
+        "on_release",
+        "in_prefetch_window",
+    )
 
-    def __init__(self, nbytes: int, on_change: Callable[[DeviceBlock, int], None]) -> None:
+    def __init__(
+        self,
+        key: int,
+        nbytes: int,
+        on_counted: Callable[[int], None],
+        on_release: Callable[[DeviceBlock], None],
+        storage: StorageWeakRef | None = None,
+    ) -> None:
+        self.key = key
         self.nbytes = nbytes
+        self.storage = storage
         self.holders = 0
-        self.on_change = on_change
+        self.counted = False
+        self.on_counted = on_counted
+        self.on_release = on_release
         self.in_prefetch_window = False
 
     def hold(self) -> None:
         self.holders += 1
-        if self.holders == 1:
-            self.on_change(self, self.nbytes)
+        if not self.counted:
+            self.counted = True
+            self.on_counted(self.nbytes)
 
     def unhold(self) -> None:
         self.holders -= 1
         if self.holders == 0:
-            self.on_change(self, -self.nbytes)
-
-    def hold_while_alive(self, view: torch.Tensor) -> None:
-        """Keep the block counted for as long as ``view`` lives."""
-        self.hold()
-        weakref.finalize(view, self.unhold)
+            self.on_release(self)
 
 
 def byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
@@ -101,9 +123,11 @@ class StorageRecord:
         "host_buffer",
         "copy_out_source",
         "copy_out",
+        "copy_out_waited",
+        "in_fifo",
         "fetched",
         "fetched_block",
-        "fetched_transfer",
+        "fetched_ready",
         "live_handles",
         "pending_unpacks",
         "released",
@@ -132,10 +156,12 @@ class StorageRecord:
         self.source_block = source_block
         self.host_buffer: torch.Tensor | None = None
         self.copy_out_source: torch.Tensor | None = None
-        self.copy_out: Transfer | None = None
-        self.fetched: torch.Tensor | None = None  # the bytes of [start, end) on the device
+        self.copy_out: StreamEvent = None  # the copy out's event on the copy stream
+        self.copy_out_waited = False  # compute has waited on it: the source may be dropped
+        self.in_fifo = False  # counted in the engine's copy-out FIFO
+        self.fetched: torch.Tensor | None = None  # the bytes on the device in backward
         self.fetched_block: DeviceBlock | None = None
-        self.fetched_transfer: Transfer | None = None
+        self.fetched_ready: StreamEvent | None = None  # copy-in event compute has not waited on yet
         self.live_handles = 0
         self.pending_unpacks = 0
         self.released = False

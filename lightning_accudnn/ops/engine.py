@@ -326,9 +326,9 @@ class OffloadEngine:
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         entry = step.by_storage.get(key)
-        if entry is None or entry.storage.expired():
+        if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
             block = DeviceBlock(key, storage.nbytes(), self._on_counted, self._on_found_block_released)
-            entry = _StorageEntry(StorageWeakRef(storage), block)
+            entry = _StorageEntry(StorageWeakRef(storage), block)  # type: ignore[no-untyped-call]
             step.by_storage[key] = entry
         step.saves += 1
         root = lineage_root(tensor)
@@ -360,6 +360,7 @@ class OffloadEngine:
                 "was raised in it); run the forward pass again before calling backward"
             )
         if not record.swap:
+            assert packed.tensor is not None
             tensor = packed.tensor
         else:
             if record.fetched is None:
@@ -434,7 +435,7 @@ class OffloadEngine:
 
     def _on_allocated_block_released(self, block: DeviceBlock) -> None:
         """A copy brought back lingers until its storage dies (after the backward op that read it)."""
-        if block.storage is not None and not block.storage.expired():
+        if block.storage is not None and not block.storage.expired():  # type: ignore[no-untyped-call]
             self._lingering.append(block)
         else:
             self._free_block(block)
@@ -448,7 +449,7 @@ class OffloadEngine:
             if block.holders > 0 or not block.counted:
                 continue
             storage = block.storage
-            if storage is None or storage.expired():
+            if storage is None or storage.expired():  # type: ignore[no-untyped-call]
                 self._free_block(block)
             else:
                 alive.append(block)
@@ -555,7 +556,7 @@ class OffloadEngine:
                 record.nbytes,
                 self._on_counted,
                 self._on_allocated_block_released,
-                StorageWeakRef(destination.untyped_storage()),
+                StorageWeakRef(destination.untyped_storage()),  # type: ignore[no-untyped-call]
             )
             allocated = self.runtime.record_compute()
             record.fetched = destination

@@ -157,7 +157,7 @@ class CudaRuntime:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.copy_stream = torch.cuda.Stream(device)
+        self.copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._last_probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -165,7 +165,7 @@ class CudaRuntime:
         return torch.cuda.current_stream(self.device)
 
     def record_compute(self) -> StreamEvent:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(self._compute())
         return event
 
@@ -177,7 +177,7 @@ class CudaRuntime:
         self._after(after)
         with torch.cuda.stream(self.copy_stream):
             host.copy_(source, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.copy_stream)
         return done
 
@@ -188,7 +188,7 @@ class CudaRuntime:
         self._after(after)
         with torch.cuda.stream(self.copy_stream):
             dest.copy_(host, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.copy_stream)
         return done
 
@@ -201,7 +201,8 @@ class CudaRuntime:
             return
         assert isinstance(ready, torch.cuda.Event)
         compute = self._compute()
-        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)
         compute.wait_event(ready)
         after.record(compute)

@@ -90,10 +90,12 @@ def byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
         (40, 80)
     """
     itemsize = tensor.element_size()
-    start = tensor.storage_offset() * itemsize
+    start = int(tensor.storage_offset()) * itemsize
     if tensor.numel() == 0:
         return start, start
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    last = sum(
+        (int(size) - 1) * int(stride) for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
     return start, start + (last + 1) * itemsize
 
 

@@ -42,6 +42,7 @@ class StreamOrderedAllocator:
     def __init__(self, capacity_bytes: int | None = None) -> None:
         self.capacity_bytes = capacity_bytes
         self._cached: dict[str, list[int]] = {}
+        self.streams: set[str] = set()  # every stream that allocated
         self.allocated_bytes = 0
         self.reserved_bytes = 0
         self.peak_allocated_bytes = 0
@@ -52,6 +53,7 @@ class StreamOrderedAllocator:
     def malloc(self, stream: str, nbytes: int) -> int:
         """Reserve a block for ``nbytes`` on ``stream``; returns the block's size."""
         size = rounded(nbytes)
+        self.streams.add(stream)
         pool = self._cached.setdefault(stream, [])
         index = bisect.bisect_left(pool, size)
         if index < len(pool) and pool[index] < 2 * size:

@@ -113,7 +113,8 @@ class _StepState:
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
         self.saves = 0  # saved tensors packed so far, the clock of ``StorageRecord.last_save``
         self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
-        self.copying_out_bytes = 0
+        self.copying_out_bytes = 0  # of the records still in it (``in_fifo``)
+        self.copying_out_count = 0
         self.next_prefetch = -1
         self.window_used = 0
         self.bytes_out = 0
@@ -477,6 +478,7 @@ class OffloadEngine:
         if not record.swap:
             record.source_block.unhold()
             return
+        self._leave_fifo(self._step, record)
         self._drop_source(record)
         self._drop_fetched(record)
         if record.host_buffer is not None:
@@ -500,18 +502,23 @@ class OffloadEngine:
         record.in_fifo = True
         step.copying_out.append(record)
         step.copying_out_bytes += record.nbytes
+        step.copying_out_count += 1
         limit = self._schedule.max_copying_out_bytes
         if limit is None:
             return
-        while step.copying_out_bytes > limit and len(step.copying_out) > 1:
+        while step.copying_out_bytes > limit and step.copying_out_count > 1:
             self._retire(step, step.copying_out.popleft())
+
+    def _leave_fifo(self, step: _StepState | None, record: StorageRecord) -> None:
+        if record.in_fifo:
+            record.in_fifo = False
+            if step is not None:
+                step.copying_out_bytes -= record.nbytes
+                step.copying_out_count -= 1
 
     def _retire(self, step: _StepState, record: StorageRecord) -> None:
         """Take the record out of the copy-out FIFO: compute waits on its copy, the source goes."""
-        if not record.in_fifo:
-            return  # already taken out (brought back from the device copy in backward)
-        record.in_fifo = False
-        step.copying_out_bytes -= record.nbytes
+        self._leave_fifo(step, record)
         self._drop_source(record)
 
     def _wait_copy_out(self, record: StorageRecord) -> None:
@@ -543,9 +550,7 @@ class OffloadEngine:
         if record.copy_out_source is not None:
             # Still in the FIFO: read it where it is. Compute waits on the copy out so that
             # the block may be freed in compute order whenever its last view dies.
-            if step is not None and record.in_fifo:
-                record.in_fifo = False
-                step.copying_out_bytes -= record.nbytes
+            self._leave_fifo(step, record)
             self._wait_copy_out(record)
             record.fetched, record.fetched_ready = record.copy_out_source, None
             block = record.source_block

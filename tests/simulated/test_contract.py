@@ -20,7 +20,7 @@ def _chain(depth: int = 8) -> nn.Module:
 
 
 @pytest.mark.parametrize("lag", [0, 3, None])
-@pytest.mark.parametrize("in_flight", [0, 1, 2, 3])
+@pytest.mark.parametrize("in_flight", [0, 2])
 def test_forward_holds_the_fifo_limit_plus_the_storage_being_pushed(lag, in_flight):
     model = _chain()
     gpu = SimulatedGPU(lag=lag)

@@ -31,7 +31,7 @@ def schedules(draw, layer_count):
     return SwapSchedule.swap_layers_named(chosen, window, limit)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), model_pieces=pieces, lag=lags, seed=st.integers(0, 2**16))
 def test_random_models_schedules_and_lags(data, model_pieces, lag, seed):
     schedule = data.draw(schedules(len(model_pieces)))

@@ -1,18 +1,18 @@
-"""The offload mechanism: saved-tensor hooks, copy streams, pinned pool. Imports torch only."""
+"""The offload mechanism: saved-tensor hooks, the runtime (streams), pinned pool. Imports torch only."""
 
 from lightning_accudnn.ops.engine import OffloadEngine, StepStats, keep_on_device
 from lightning_accudnn.ops.errors import HostMemoryExceeded, StaleSavedTensorError
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
+from lightning_accudnn.ops.runtime import CudaRuntime, HostCopyRuntime, Runtime, StreamEvent, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
-from lightning_accudnn.ops.transfer import CudaStreamBackend, HostCopyBackend, make_backend
 
 __all__ = [
-    "CudaStreamBackend",
+    "CudaRuntime",
     "DeviceLedger",
     "HostBufferPool",
-    "HostCopyBackend",
+    "HostCopyRuntime",
     "HostMemoryExceeded",
     "LayerTracker",
     "OffloadEngine",
@@ -20,5 +20,7 @@ __all__ = [
     "StepStats",
     "SwapSchedule",
     "keep_on_device",
-    "make_backend",
+    "Runtime",
+    "StreamEvent",
+    "make_runtime",
 ]

@@ -1,5 +1,12 @@
 """The offload engine: saved-tensor hooks that swap activations out in forward and back in backward.
 
+Device memory follows GPU (stream) order, never CPU timing: a swapped storage's device
+bytes are held in an in-flight FIFO after its copy out is enqueued and dropped only after
+the compute stream waited on that copy (when the schedule's copy-out limit needs the room,
+or when backward consumes it); copies back land in memory allocated on the compute stream;
+nothing polls or synchronizes the device. So the ledger (and the allocator) follow a
+deterministic function of the model and the schedule, however far the CPU runs ahead.
+
 Usage from a plain PyTorch loop (Lightning's strategy does the same)::
 
     engine = OffloadEngine(device=torch.device("cuda"))
@@ -15,7 +22,6 @@ Usage from a plain PyTorch loop (Lightning's strategy does the same)::
 from __future__ import annotations
 
 import contextvars
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -29,10 +35,17 @@ from lightning_accudnn.ops.errors import StaleSavedTensorError
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
+from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
-from lightning_accudnn.ops.stash import SavedTensor, StorageRecord
+from lightning_accudnn.ops.stash import (
+    DeviceBlock,
+    SavedTensor,
+    StorageRecord,
+    byte_extent,
+    lineage_root,
+    record_extent,
+)
 from lightning_accudnn.ops.timing import LayerTimer, clock_for
-from lightning_accudnn.ops.transfer import TransferBackend, make_backend
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile
 
 _keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
@@ -81,16 +94,27 @@ class StepStats:
     shares the measured backward time out in proportion to forward time."""
 
 
+class _StorageEntry:
+    """One device storage saved in this step: its block, and the records copying parts of it."""
+
+    __slots__ = ("storage", "block", "records")
+
+    def __init__(self, storage: StorageWeakRef, block: DeviceBlock) -> None:
+        self.storage = storage
+        self.block = block
+        self.records: list[StorageRecord] = []
+
+
 class _StepState:
     """Bookkeeping of the step in progress."""
 
     def __init__(self) -> None:
-        self.by_storage: dict[int, tuple[StorageWeakRef, StorageRecord]] = {}
+        self.by_storage: dict[int, _StorageEntry] = {}
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
         self.saves = 0  # saved tensors packed so far, the clock of ``StorageRecord.last_save``
-        self.copying_out: deque[StorageRecord] = deque()  # FIFO: copies finish in order
-        self.copying_out_bytes = 0
-        self.throttled_seconds = 0.0
+        self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
+        self.copying_out_bytes = 0  # of the records still in it (``in_fifo``)
+        self.copying_out_count = 0
         self.next_prefetch = -1
         self.window_used = 0
         self.bytes_out = 0
@@ -106,14 +130,18 @@ class OffloadEngine:
     device, a plain strided tensor, not a parameter, buffer or view of one) and is
     attributed to the layer running now. Storages of at least ``min_swap_bytes`` in layers
     the :class:`SwapSchedule` names, outside excluded modules and :func:`keep_on_device`,
-    are copied to pooled host buffers; the device copy is dropped once the copy completes.
-    In backward the engine brings swapped storages back in reverse forward order, within
-    the schedule's prefetch window, and the compute waits only for data it needs now.
+    are copied to pooled host buffers on the runtime's copy stream; their device bytes are
+    held in an in-flight FIFO and dropped, oldest first, once the compute stream waited on
+    their copy, whenever the FIFO holds more than ``max_copying_out_bytes`` and more than
+    one storage. In backward the engine brings swapped storages back in reverse order of
+    their last save into memory allocated on the compute stream, within the schedule's
+    prefetch window, and the compute waits only for data it reads now. ``runtime`` is the
+    device (see :mod:`.runtime`); by default CUDA streams on a GPU and host copies on CPU.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
         >>> engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-        >>> with engine.offload(model, SwapSchedule.swap_everything()):
+        >>> with engine.offload(model, SwapSchedule.swap_everything(max_copying_out_bytes=0)):
         ...     loss = model(torch.randn(32, 64)).sum()
         >>> loss.backward()
         >>> engine.end_step().bytes_swapped_out > 0
@@ -128,12 +156,12 @@ class OffloadEngine:
         min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
         exclude: Iterable[str] = (),
         host_memory_limit: int = 2**62,
-        backend: TransferBackend | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
-        self.backend = backend if backend is not None else make_backend(device)
-        self.device = self.backend.device
+        self.runtime: Runtime = runtime if runtime is not None else make_runtime(device)
+        self.device = self.runtime.device
         self.min_swap_bytes = min_swap_bytes
-        self.pool = HostBufferPool(pin_memory=self.backend.pin_memory, capacity_bytes=host_memory_limit)
+        self.pool = HostBufferPool(pin_memory=self.runtime.pin_memory, capacity_bytes=host_memory_limit)
         self.ledger = DeviceLedger()
         self.timer = LayerTimer(clock_for(self.device))
         self.tracker = LayerTracker(
@@ -145,6 +173,7 @@ class OffloadEngine:
         self._hooked = False
         self._in_forward = False
         self._static_bytes = 0
+        self._lingering: list[DeviceBlock] = []  # copies brought back, dropped, storage alive
 
     # -- the step -------------------------------------------------------------------
 
@@ -156,7 +185,7 @@ class OffloadEngine:
         block may hold backward passes too (Lightning's manual optimization): call
         :meth:`begin_backward` before each, and :meth:`end_step` after. On leaving the block
         normally the forward is over and prefetching starts; on an exception the step is
-        aborted: hooks removed, copies finished, host buffers back in the pool.
+        aborted: hooks removed, host buffers back in the pool.
         """
         if self._hooked:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
@@ -180,15 +209,15 @@ class OffloadEngine:
         self.begin_backward()
 
     def begin_backward(self) -> None:
-        """The forward pass is over: finish what copied out and start prefetching.
+        """The forward pass is over: start prefetching.
 
         Swapped storages come back in reverse order of their last save: one saved by
         several layers (a block's input, saved by the block before and by its first
         convolution and downsample) is needed when backward reaches the last of them.
+        Storages still in the copy-out FIFO stay on the device and are used from there.
         """
         self._in_forward = False
         self.timer.end_forward()
-        self._poll_copies_out()
         step = self._step
         if step is not None:
             step.swapped.sort(key=lambda record: record.last_save)
@@ -196,23 +225,26 @@ class OffloadEngine:
         self._prefetch()
 
     def end_step(self) -> StepStats | None:
-        """Close the step after backward: finish copies and report what was measured.
+        """Close the step after backward and report what was measured.
 
-        Returns ``None`` when no step is open (nothing was saved since the last call).
+        What is still in the copy-out FIFO is dropped after the compute stream waited on its
+        copy (stream order; the CPU does not wait). Returns ``None`` when no step is open
+        (nothing was saved since the last call).
         """
         step = self._step
         if step is None:
             return None
         self._in_forward = False
         self.timer.end_backward()
-        for record in step.copying_out:
-            record.copy_out.synchronize()
-        self._poll_copies_out()
+        while step.copying_out:
+            self._retire(step, step.copying_out.popleft())
+        self._reap()
+        self._release_lingering()
         layers = self._layer_usage(step)
         stats = StepStats(
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,
-            wait_seconds=self.backend.collect_wait_seconds() + step.throttled_seconds,
+            wait_seconds=self.runtime.collect_wait_seconds(),
             ledger_peak_bytes=self.ledger.peak_bytes,
             swapped_layers=len({record.layer for record in step.swapped}),
             forward_seconds=sum(layer.forward_seconds for layer in layers),
@@ -254,17 +286,28 @@ class OffloadEngine:
         )
 
     def abort_step(self) -> None:
-        """Drop the step in progress: every swapped record is released and marked stale."""
+        """Drop the step in progress: every swapped record is released and marked stale.
+
+        Nothing another stream may still touch is dropped before the compute stream waited
+        on the copy touching it.
+        """
         step, self._step = self._step, None
         if step is None:
             return
-        for record in step.copying_out:
-            record.copy_out.synchronize()
-        for _, record in step.by_storage.values():
-            self._release_record(record)
+        for entry in step.by_storage.values():
+            for record in entry.records:
+                self._release_record(record)
         for record in step.swapped:
             self._release_record(record)
-        self.backend.collect_wait_seconds()
+        self._release_lingering()
+        self.runtime.collect_wait_seconds()
+
+    def _release_lingering(self) -> None:
+        """The step is over: copies still referenced elsewhere are no longer the engine's."""
+        for block in self._lingering:
+            if block.holders == 0:
+                self._free_block(block)
+        self._lingering = []
 
     def close(self) -> None:
         """Abort any open step and free the idle host buffers."""
@@ -283,23 +326,30 @@ class OffloadEngine:
         step = self._open_step()
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        known = step.by_storage.get(key)
+        entry = step.by_storage.get(key)
+        if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
+            block = DeviceBlock(key, storage.nbytes(), self._on_counted, self._on_found_block_released)
+            entry = _StorageEntry(StorageWeakRef(storage), block)  # type: ignore[no-untyped-call]
+            step.by_storage[key] = entry
         step.saves += 1
-        if known is not None and not known[0].expired() and not known[1].released:
-            record = known[1]
-            # Saved again by a later layer: backward needs it when it reaches that layer.
-            record.last_save = step.saves
+        root = lineage_root(tensor)
+        start, end = byte_extent(tensor)
+        for record in entry.records:
+            if record.serves(root, start, end):
+                # Saved again by a later layer: backward needs it when it reaches that layer.
+                record.last_save = step.saves
+                break
         else:
-            record = self._new_record(step, storage)
-            step.by_storage[key] = (StorageWeakRef(storage), record)
+            record = self._new_record(step, entry, root, tensor, storage.nbytes())
+            entry.records.append(record)
             if record.swap:
                 self._start_copy_out(step, record, storage)
             else:
-                record.hold()
-        self._poll_copies_out()
+                self._hold_found(record.source_block)
         return SavedTensor(record, tensor)
 
     def _unpack(self, packed: object) -> torch.Tensor:
+        self._reap()
         self._prefetch()
         if isinstance(packed, torch.Tensor):
             return packed
@@ -311,19 +361,21 @@ class OffloadEngine:
                 "was raised in it); run the forward pass again before calling backward"
             )
         if not record.swap:
+            assert packed.tensor is not None
             tensor = packed.tensor
         else:
             if record.fetched is None:
                 self._fetch(record)
-            assert record.fetched is not None
-            self.backend.use_on_compute(record.fetched, record.fetched_transfer)
-            tensor = packed.rebuild(record.fetched)
-            record.hold_view(tensor)
+            fetched, block = record.fetched, record.fetched_block
+            assert fetched is not None and block is not None
+            self.runtime.use_on_compute(fetched, record.fetched_ready)
+            record.fetched_ready = None
+            tensor = packed.rebuild(fetched, 0 if block is record.source_block else record.start)
         if not packed.unpacked:
             packed.unpacked = True
             record.pending_unpacks -= 1
         if record.swap and record.pending_unpacks == 0:
-            self._consume(record)
+            self._drop_fetched(record)
         return tensor
 
     # -- filter and records -----------------------------------------------------------
@@ -338,9 +390,17 @@ class OffloadEngine:
             and tensor.untyped_storage().data_ptr() not in self._model_storages
         )
 
-    def _new_record(self, step: _StepState, storage: torch.UntypedStorage) -> StorageRecord:
+    def _new_record(
+        self,
+        step: _StepState,
+        entry: _StorageEntry,
+        root: torch.Tensor,
+        tensor: torch.Tensor,
+        storage_nbytes: int,
+    ) -> StorageRecord:
         layer = self.tracker.current
-        nbytes = storage.nbytes()
+        start, end = record_extent(root, tensor, storage_nbytes)
+        nbytes = end - start
         swappable = (
             nbytes >= self.min_swap_bytes
             and nbytes > 0
@@ -352,26 +412,62 @@ class OffloadEngine:
             step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         return StorageRecord(
             layer=layer,
-            nbytes=nbytes,
+            start=start,
+            end=end,
             last_save=step.saves,
             swap=swappable and self._schedule.swaps(layer),
-            on_resident_change=self._on_resident_change,
+            root=root,
+            source_block=entry.block,
             on_last_handle=self._release_record,
         )
 
-    def _on_resident_change(self, record: StorageRecord, delta: int) -> None:
-        if delta > 0:
-            self.ledger.acquire(delta)
+    def _on_counted(self, nbytes: int) -> None:
+        self.ledger.acquire(nbytes)
+
+    def _hold_found(self, block: DeviceBlock) -> None:
+        """Hold a saved storage; the runtime learns of it when the engine starts counting it."""
+        if not block.counted:
+            self.runtime.hold(block.key, block.nbytes)
+        block.hold()
+
+    def _on_found_block_released(self, block: DeviceBlock) -> None:
+        """A saved storage the engine no longer needs: out of the count, in compute order."""
+        self._free_block(block)
+
+    def _on_allocated_block_released(self, block: DeviceBlock) -> None:
+        """A copy brought back lingers until its storage dies (after the backward op that read it)."""
+        if block.storage is not None and not block.storage.expired():  # type: ignore[no-untyped-call]
+            self._lingering.append(block)
+        else:
+            self._free_block(block)
+
+    def _reap(self) -> None:
+        """Free the lingering copies whose storage has died."""
+        if not self._lingering:
             return
-        self.ledger.release(-delta)
-        # A prefetched record leaves the window when its last device copy is freed (after
+        alive = []
+        for block in self._lingering:
+            if block.holders > 0 or not block.counted:
+                continue
+            storage = block.storage
+            if storage is None or storage.expired():  # type: ignore[no-untyped-call]
+                self._free_block(block)
+            else:
+                alive.append(block)
+        self._lingering = alive
+
+    def _free_block(self, block: DeviceBlock) -> None:
+        if not block.counted:
+            return
+        block.counted = False
+        self.ledger.release(block.nbytes)
+        self.runtime.release(block.key)
+        # A prefetched block leaves the window when its last device reference dies (after
         # the backward op that used it), not when it is handed over: the window bounds memory.
-        # The next prefetch waits for the next unpack, so that everything the finished op
-        # released is gone before new bytes arrive.
-        if record.in_prefetch_window:
-            record.in_prefetch_window = False
+        if block.in_prefetch_window:
+            block.in_prefetch_window = False
             if self._step is not None:
-                self._step.window_used -= record.nbytes
+                self._step.window_used -= block.nbytes
 
     def _release_record(self, record: StorageRecord) -> None:
         """Give back everything a record holds (its last handle died, or the step aborted)."""
@@ -379,82 +475,107 @@ class OffloadEngine:
             return
         record.released = True
         record.aborted = record.live_handles > 0
-        if record.swap:
-            if record.copy_out_source is not None:
-                record.copy_out_source = None
-                record.unhold()
-            if record.fetched is not None:
-                record.fetched = None
-                record.unhold()
-            if record.host_buffer is not None:
-                self.pool.release(record.host_buffer)
-                record.host_buffer = None
-        elif record.resident:
-            record.unhold()
+        if not record.swap:
+            record.source_block.unhold()
+            return
+        self._leave_fifo(self._step, record)
+        self._drop_source(record)
+        self._drop_fetched(record)
+        if record.host_buffer is not None:
+            self.runtime.release_host(record.host_buffer)
+            self.pool.release(record.host_buffer)
+            record.host_buffer = None
 
     # -- copies ---------------------------------------------------------------------------
 
     def _start_copy_out(self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage) -> None:
         record.host_buffer = self.pool.acquire(record.nbytes)
         source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+        self._hold_found(record.source_block)
+        written = self.runtime.record_compute()
+        extent = source[record.start : record.end]
+        record.copy_out = self.runtime.copy_out(written, extent, record.host_bytes())
         record.copy_out_source = source
-        record.hold()
-        record.copy_out = self.backend.copy_out(source, record.host_bytes())
         step.swapped.append(record)
-        step.copying_out.append(record)
-        step.copying_out_bytes += record.nbytes
         step.next_prefetch = len(step.swapped) - 1
         step.bytes_out += record.nbytes
-        self._throttle(step)
-
-    def _throttle(self, step: _StepState) -> None:
-        """Wait for the oldest copies out while more than the schedule allows are in flight."""
+        record.in_fifo = True
+        step.copying_out.append(record)
+        step.copying_out_bytes += record.nbytes
+        step.copying_out_count += 1
         limit = self._schedule.max_copying_out_bytes
         if limit is None:
             return
-        self._poll_copies_out()
-        while step.copying_out_bytes > limit and len(step.copying_out) > 1:
-            start = time.perf_counter()
-            step.copying_out[0].copy_out.synchronize()
-            step.throttled_seconds += time.perf_counter() - start
-            self._poll_copies_out()
+        while step.copying_out_bytes > limit and step.copying_out_count > 1:
+            self._retire(step, step.copying_out.popleft())
 
-    def _poll_copies_out(self) -> None:
-        """Drop the device copy of every record whose copy out has finished."""
-        step = self._step
-        if step is None:
+    def _leave_fifo(self, step: _StepState | None, record: StorageRecord) -> None:
+        if record.in_fifo:
+            record.in_fifo = False
+            if step is not None:
+                step.copying_out_bytes -= record.nbytes
+                step.copying_out_count -= 1
+
+    def _retire(self, step: _StepState, record: StorageRecord) -> None:
+        """Take the record out of the copy-out FIFO: compute waits on its copy, the source goes."""
+        self._leave_fifo(step, record)
+        self._drop_source(record)
+
+    def _wait_copy_out(self, record: StorageRecord) -> None:
+        if not record.copy_out_waited:
+            record.copy_out_waited = True
+            self.runtime.wait(record.copy_out)
+
+    def _drop_source(self, record: StorageRecord) -> None:
+        if record.copy_out_source is not None:
+            self._wait_copy_out(record)
+            record.copy_out_source = None
+            record.source_block.unhold()
+
+    def _drop_fetched(self, record: StorageRecord) -> None:
+        """The engine's reference to the copy brought back goes (the views handed out keep theirs)."""
+        block = record.fetched_block
+        if record.fetched is None or block is None:
             return
-        while step.copying_out and step.copying_out[0].copy_out.done():
-            record = step.copying_out.popleft()
-            step.copying_out_bytes -= record.nbytes
-            if record.copy_out_source is not None:
-                record.copy_out_source = None
-                record.unhold()
+        if record.fetched_ready is not None:
+            self.runtime.wait(record.fetched_ready)  # never read: still order the free after the copy
+            record.fetched_ready = None
+        record.fetched = None
+        record.fetched_block = None
+        block.unhold()
 
     def _fetch(self, record: StorageRecord) -> None:
-        """Make the record's bytes available on the device (reuse them if never dropped)."""
+        """Make the record's bytes available on the device (use them in place if still there)."""
         step = self._step
-        if record.copy_out_source is not None and record.copy_out.done():
-            self._poll_copies_out()
         if record.copy_out_source is not None:
-            record.fetched, record.fetched_transfer = record.copy_out_source, None
+            # Still in the FIFO: read it where it is. Compute waits on the copy out so that
+            # the block may be freed in compute order whenever its last view dies.
+            self._leave_fifo(step, record)
+            self._wait_copy_out(record)
+            record.fetched, record.fetched_ready = record.copy_out_source, None
+            block = record.source_block
         else:
-            record.fetched, record.fetched_transfer = self.backend.copy_in(record.host_bytes())
+            destination = self.runtime.allocate(record.nbytes)
+            block = DeviceBlock(
+                destination.data_ptr(),
+                record.nbytes,
+                self._on_counted,
+                self._on_allocated_block_released,
+                StorageWeakRef(destination.untyped_storage()),  # type: ignore[no-untyped-call]
+            )
+            allocated = self.runtime.record_compute()
+            record.fetched = destination
+            record.fetched_ready = self.runtime.copy_in(allocated, record.host_bytes(), destination)
             if step is not None:
                 step.bytes_in += record.nbytes
-        record.hold()
-        if step is not None:
-            step.window_used += record.nbytes
-            record.in_prefetch_window = True
-
-    def _consume(self, record: StorageRecord) -> None:
-        """Every handle has the data: the views handed out now keep it alive, not the engine."""
-        if record.fetched is not None:
-            record.fetched = None
-            record.unhold()
+        record.fetched_block = block
+        block.hold()
+        if step is not None and not block.in_prefetch_window:
+            step.window_used += block.nbytes
+            block.in_prefetch_window = True
 
     def _prefetch(self) -> None:
-        """Bring back swapped records in reverse forward order while the window allows."""
+        """Bring back swapped records in reverse order of last save while the window allows."""
         step = self._step
         if step is None or self._in_forward:
             return
@@ -476,7 +597,7 @@ class OffloadEngine:
                 self.timer.start()
             self._step = _StepState()
             self.ledger.start_step(self._static_bytes)
-            self.backend.collect_wait_seconds()
+            self.runtime.collect_wait_seconds()
         return self._step
 
 

@@ -16,9 +16,10 @@ class SwapSchedule:
     so a layer it has never seen (the graph changed) is swapped, the safe side for memory.
     ``prefetch_window_bytes`` bounds the bytes brought back ahead of use in backward and
     not yet consumed; one layer is always allowed in even when it is larger.
-    ``max_copying_out_bytes`` bounds the device bytes waiting for their copy to the host:
-    past it the forward pass waits for the oldest copy (``None``: no bound). Without it a
-    fast GPU runs ahead of the host link and the held activations pile up.
+    ``max_copying_out_bytes`` bounds the device bytes of swapped storages still held in the
+    engine's in-flight FIFO: past it (and while the FIFO holds more than one storage) the
+    compute stream waits on the oldest copy and its device bytes go, in stream order.
+    ``None``: no bound, so nothing swapped leaves the device before backward.
 
     Example:
         >>> schedule = SwapSchedule.swap_layers_named(["layer1.0.conv1"], prefetch_window_bytes=2**26)

@@ -1,68 +1,196 @@
-"""One saved storage and the handles autograd holds to it.
+"""Saved storages, the device blocks they occupy, and the handles autograd holds to them.
 
-A :class:`StorageRecord` is made the first time a storage is saved in a step; every later
-save of the same storage (a conv output saved by BatchNorm and by the next op, or two
-views of it) gets another :class:`SavedTensor` handle to the same record, so the bytes
-move once. A record's device copy is "held" by named owners (the copy-out source, a
-fetched copy, each view handed to autograd); the ledger counts its bytes while any holds.
+A :class:`StorageRecord` is one copy of (part of) a device storage, taken the first time a
+tensor of one *view lineage* is saved in a step. A later save reuses the record only when
+that cannot change a byte: the same lineage (views share a version counter with their base),
+the same version as when the copy was taken, and an extent inside the copied one. A tensor
+written in place since, or another lineage over the same storage (``unsafe_chunk`` outputs
+of a GRU cell's gates, which do not share a version counter), gets a record of its own.
+
+Device memory is counted by :class:`DeviceBlock`: one per device storage the engine knows
+(however many records copy parts of it) and one per copy brought back, each counted in the
+ledger once while anything holds it.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from lightning_accudnn.ops.transfer import Transfer
+from lightning_accudnn.ops.runtime import StreamEvent
+
+_ALIGN = 16  # bytes: extents start here so that every element type stays aligned
 
 
-@dataclass(eq=False)
-class StorageRecord:
-    """The engine's state for one saved storage in one step."""
+class DeviceBlock:
+    """A device allocation the engine accounts for, counted from its first holder on.
 
-    layer: str
-    nbytes: int
-    last_save: int
-    swap: bool
-    on_resident_change: Callable[[StorageRecord, int], None]
-    on_last_handle: Callable[[StorageRecord], None]
-    host_buffer: torch.Tensor | None = None
-    copy_out_source: torch.Tensor | None = None
-    copy_out: Transfer | None = None
-    fetched: torch.Tensor | None = None
-    fetched_transfer: Transfer | None = None
-    in_prefetch_window: bool = False
-    live_handles: int = 0
-    pending_unpacks: int = 0
-    released: bool = False
-    aborted: bool = False
-    _holders: int = field(default=0, repr=False)
+    ``key`` is its address. When its last holder lets go, ``on_release`` decides whether it
+    is freed now or lingers (a copy brought back stays until its storage dies: autograd
+    may still read views of it). ``storage`` watches that storage for blocks the engine
+    allocated; ``None`` for saved storages the engine found.
+
+    Example:
+        >>> changes = []
+        >>> block = DeviceBlock(1234, 64, on_counted=changes.append, on_release=lambda b: changes.append(-1))
+        >>> block.hold(); block.hold(); block.unhold(); block.unhold()
+        >>> changes, block.counted
+        ([64, -1], True)
+    """
+
+    __slots__ = (
+        "key",
+        "nbytes",
+        "storage",
+        "holders",
+        "counted",
+        "on_counted",
+        "on_release",
+        "in_prefetch_window",
+    )
+
+    def __init__(
+        self,
+        key: int,
+        nbytes: int,
+        on_counted: Callable[[int], None],
+        on_release: Callable[[DeviceBlock], None],
+        storage: StorageWeakRef | None = None,
+    ) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.storage = storage
+        self.holders = 0
+        self.counted = False
+        self.on_counted = on_counted
+        self.on_release = on_release
+        self.in_prefetch_window = False
 
     def hold(self) -> None:
-        """One more owner keeps the device copy alive."""
-        self._holders += 1
-        if self._holders == 1:
-            self.on_resident_change(self, self.nbytes)
+        self.holders += 1
+        if not self.counted:
+            self.counted = True
+            self.on_counted(self.nbytes)
 
     def unhold(self) -> None:
-        self._holders -= 1
-        if self._holders == 0:
-            self.on_resident_change(self, -self.nbytes)
+        self.holders -= 1
+        if self.holders == 0:
+            self.on_release(self)
 
-    def hold_view(self, view: torch.Tensor) -> None:
-        """Keep the device copy counted for as long as ``view`` lives."""
-        self.hold()
-        weakref.finalize(view, self.unhold)
 
-    @property
-    def resident(self) -> bool:
-        return self._holders > 0
+def byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a tensor can read: ``[start, end)``.
+
+    Example:
+        >>> base = torch.zeros(4, 8)
+        >>> byte_extent(base[1:3, 2:4])
+        (40, 80)
+    """
+    itemsize = tensor.element_size()
+    start = int(tensor.storage_offset()) * itemsize
+    if tensor.numel() == 0:
+        return start, start
+    last = sum(
+        (int(size) - 1) * int(stride) for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    return start, start + (last + 1) * itemsize
+
+
+def lineage_root(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose version counter ``tensor`` shares (its view base, or itself)."""
+    base = tensor._base
+    return base if base is not None else tensor
+
+
+class StorageRecord:
+    """The engine's state for one copy of a saved storage's bytes in one step.
+
+    ``start``/``end`` is the byte extent of the storage this record stands for (copied to
+    the host when swapped); ``nbytes`` its length.
+    """
+
+    __slots__ = (
+        "layer",
+        "start",
+        "end",
+        "nbytes",
+        "last_save",
+        "swap",
+        "root",
+        "version",
+        "source_block",
+        "host_buffer",
+        "copy_out_source",
+        "copy_out",
+        "copy_out_waited",
+        "in_fifo",
+        "fetched",
+        "fetched_block",
+        "fetched_ready",
+        "live_handles",
+        "pending_unpacks",
+        "released",
+        "aborted",
+        "on_last_handle",
+    )
+
+    def __init__(
+        self,
+        *,
+        layer: str,
+        start: int,
+        end: int,
+        last_save: int,
+        swap: bool,
+        root: torch.Tensor,
+        source_block: DeviceBlock,
+        on_last_handle: Callable[[StorageRecord], None],
+    ) -> None:
+        self.layer = layer
+        self.start, self.end, self.nbytes = start, end, end - start
+        self.last_save = last_save
+        self.swap = swap
+        self.root = weakref.ref(root)
+        self.version = root._version
+        self.source_block = source_block
+        self.host_buffer: torch.Tensor | None = None
+        self.copy_out_source: torch.Tensor | None = None
+        self.copy_out: StreamEvent = None  # the copy out's event on the copy stream
+        self.copy_out_waited = False  # compute has waited on it: the source may be dropped
+        self.in_fifo = False  # counted in the engine's copy-out FIFO
+        self.fetched: torch.Tensor | None = None  # the bytes on the device in backward
+        self.fetched_block: DeviceBlock | None = None
+        self.fetched_ready: StreamEvent | None = None  # copy-in event compute has not waited on yet
+        self.live_handles = 0
+        self.pending_unpacks = 0
+        self.released = False
+        self.aborted = False
+        self.on_last_handle = on_last_handle
+
+    def serves(self, root: torch.Tensor, start: int, end: int) -> bool:
+        """Whether a save of these bytes of ``root`` now would read exactly what this record holds."""
+        return (
+            not self.released
+            and self.root() is root
+            and root._version == self.version
+            and self.start <= start
+            and end <= self.end
+        )
 
     def host_bytes(self) -> torch.Tensor:
         assert self.host_buffer is not None
         return self.host_buffer[: self.nbytes]
+
+
+def record_extent(root: torch.Tensor, tensor: torch.Tensor, storage_nbytes: int) -> tuple[int, int]:
+    """The extent a new record copies: its lineage root's, widened to hold ``tensor``, aligned."""
+    root_start, root_end = byte_extent(root)
+    start, end = byte_extent(tensor)
+    start = min(start, root_start) // _ALIGN * _ALIGN
+    return start, min(max(end, root_end), storage_nbytes)
 
 
 class SavedTensor:
@@ -86,10 +214,11 @@ class SavedTensor:
         else:
             self.tensor = tensor
 
-    def rebuild(self, device_bytes: torch.Tensor) -> torch.Tensor:
-        """The saved view, over ``device_bytes`` (the whole storage, brought back)."""
+    def rebuild(self, device_bytes: torch.Tensor, start: int) -> torch.Tensor:
+        """The saved view over ``device_bytes``, which hold the storage's bytes from ``start`` on."""
         view = torch.empty(0, dtype=self.dtype, device=device_bytes.device)
-        return view.set_(device_bytes.untyped_storage(), self.offset, self.shape, self.stride)
+        offset = self.offset - start // view.element_size()
+        return view.set_(device_bytes.untyped_storage(), offset, self.shape, self.stride)
 
     def __del__(self) -> None:
         record = self.record

@@ -9,7 +9,7 @@ the self times add up to the whole forward pass.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -17,9 +17,9 @@ from lightning_accudnn.profile import ROOT_LAYER
 
 
 class Clock(Protocol):
-    def mark(self) -> object: ...
+    def mark(self) -> Any: ...
 
-    def seconds_between(self, start: object, end: object) -> float: ...
+    def seconds_between(self, start: Any, end: Any) -> float: ...
 
 
 class WallClock:
@@ -49,13 +49,13 @@ class CudaEventClock:
     """
 
     def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         event.record()
         return event
 
     def seconds_between(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         end.synchronize()
-        return start.elapsed_time(end) / 1000.0
+        return float(start.elapsed_time(end)) / 1000.0
 
 
 def clock_for(device: torch.device) -> Clock:

@@ -30,7 +30,7 @@ def test_gradients_bitwise_equal_on_cuda_with_streams(kind, window):
     reference = make_model(kind).to(device)
     swapped = copy.deepcopy(reference)
     engine = OffloadEngine(device, min_swap_bytes=0)
-    assert type(engine.backend).__name__ == "CudaStreamBackend"
+    assert type(engine.runtime).__name__ == "CudaRuntime"
     for seed in range(3):
         batch = tuple(t.to(device) for t in make_batch(kind, batch_size=32, seed=seed))
         reference.zero_grad()

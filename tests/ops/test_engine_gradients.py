@@ -9,9 +9,9 @@ from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from tests.models import loss_of, make_batch, make_model
 
 SCHEDULES = {
-    "swap-all, no window": lambda names: SwapSchedule.swap_everything(0),
-    "swap-all, wide window": lambda names: SwapSchedule.swap_everything(2**40),
-    "every other layer": lambda names: SwapSchedule.swap_layers_named(names[::2], 2**16),
+    "swap-all, no window": lambda names: SwapSchedule.swap_everything(0, max_copying_out_bytes=0),
+    "swap-all, wide window": lambda names: SwapSchedule.swap_everything(2**40, max_copying_out_bytes=2**12),
+    "every other layer": lambda names: SwapSchedule.swap_layers_named(names[::2], 2**16, 0),
 }
 
 

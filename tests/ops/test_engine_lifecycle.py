@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from lightning_accudnn.ops import (
-    HostCopyBackend,
     HostMemoryExceeded,
     OffloadEngine,
     StaleSavedTensorError,
@@ -88,7 +87,7 @@ def test_ledger_counts_static_and_saved_bytes():
     assert kept.ledger_peak_bytes == 1000 + saved
     assert kept.bytes_swapped_out == 0
 
-    swapped = _step(engine, model, SwapSchedule.swap_everything(0), batch)
+    swapped = _step(engine, model, SwapSchedule.swap_everything(0, max_copying_out_bytes=0), batch)
     largest = max(layer.saved_bytes for layer in swapped.layers)
     assert swapped.ledger_peak_bytes < saved / 2
     assert swapped.ledger_peak_bytes <= 2 * largest + 1000
@@ -101,7 +100,7 @@ def test_prefetch_window_bounds_what_is_brought_back_ahead():
     peaks = []
     for window in (0, 2**20, 2**40):
         engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-        peaks.append(_step(engine, model, SwapSchedule.swap_everything(window), batch).ledger_peak_bytes)
+        peaks.append(_step(engine, model, SwapSchedule.swap_everything(window, 0), batch).ledger_peak_bytes)
     assert peaks[0] < peaks[1] < peaks[2]
     # A wide window brings everything back as soon as the forward ends.
     assert peaks[2] == sum(
@@ -109,34 +108,15 @@ def test_prefetch_window_bounds_what_is_brought_back_ahead():
     )
 
 
-class _PendingCopy:
-    """A copy out that only completes when waited for, like a slow host link."""
-
-    def __init__(self):
-        self.finished = False
-
-    def done(self):
-        return self.finished
-
-    def synchronize(self):
-        self.finished = True
-
-
-class SlowLinkBackend(HostCopyBackend):
-    def copy_out(self, source, host_buffer):
-        super().copy_out(source, host_buffer)
-        return _PendingCopy()
-
-
 def test_copies_out_in_flight_are_bounded_by_the_schedule():
     model = SmallResNet(blocks=6)
     batch = make_batch("cnn")
     peaks = {}
     for limit in (None, 0):
-        engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, backend=SlowLinkBackend())
+        engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
         schedule = SwapSchedule.swap_everything(0, max_copying_out_bytes=limit)
         peaks[limit] = _step(engine, model, schedule, batch).ledger_peak_bytes
-    # Unbounded, nothing leaves the device until the step ends; bounded, one copy at a time.
+    # Unbounded, nothing leaves the device until backward; bounded, one copy at a time.
     everything = sum(
         u.saved_bytes for u in _step(engine, model, SwapSchedule.keep_everything(), batch).layers
     )

@@ -1,0 +1,242 @@
+"""The device operations the engine needs, in GPU (stream) order, behind one small interface.
+
+Two streams: *compute* (where the model runs and where the CPU's work lands) and *copy*
+(device-to-host and host-to-device copies). The engine only ever:
+
+- records an event on compute (:meth:`Runtime.record_compute`),
+- copies out or in on the copy stream after such an event (:meth:`~Runtime.copy_out`,
+  :meth:`~Runtime.copy_in`), each returning the copy's event,
+- allocates on the compute stream (:meth:`~Runtime.allocate`),
+- makes compute wait on an event (:meth:`~Runtime.wait`, :meth:`~Runtime.use_on_compute`),
+- tells the runtime which device blocks it holds and when it drops them
+  (:meth:`~Runtime.hold`, :meth:`~Runtime.release`; on CUDA dropping the reference *is*
+  the release, in compute-stream order) and when a host buffer leaves its ownership
+  (:meth:`~Runtime.release_host`).
+
+No operation here makes the CPU wait for the device. Implementations: :class:`CudaRuntime`
+(the only code touching ``torch.cuda`` streams), :class:`HostCopyRuntime` (synchronous copies
+on CPU), and ``lightning_accudnn.testing.SimulatedGPU`` (CPU, deferred copy stream, allocator
+model and happens-before checker).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import torch
+
+StreamEvent = object
+"""An opaque point in a stream's order, made by a runtime and only given back to it."""
+
+
+class Runtime(Protocol):
+    """What the engine needs from a device (see the module docstring for the order rules)."""
+
+    device: torch.device
+    pin_memory: bool
+
+    def record_compute(self) -> StreamEvent:
+        """An event after the compute work issued so far."""
+        ...
+
+    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+        """Copy device bytes ``source`` into ``host`` on the copy stream, ordered after ``after``."""
+        ...
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        """A flat ``uint8`` device tensor allocated on the compute stream (contents undefined)."""
+        ...
+
+    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
+        """Copy ``host`` into device bytes ``dest`` on the copy stream, ordered after ``after``."""
+        ...
+
+    def wait(self, event: StreamEvent) -> None:
+        """Order the compute work issued from now on after ``event`` (the CPU does not wait)."""
+        ...
+
+    def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
+        """Compute is about to read ``data``: wait on ``ready`` first when given."""
+        ...
+
+    def hold(self, key: int, nbytes: int) -> None:
+        """The engine now holds device block ``key`` (a saved storage's address) of ``nbytes``."""
+        ...
+
+    def release(self, key: int) -> None:
+        """The engine drops its last reference to block ``key`` now, in compute-stream order."""
+        ...
+
+    def release_host(self, host: torch.Tensor) -> None:
+        """The engine's ownership of host buffer ``host`` ends (it goes back to the pool)."""
+        ...
+
+    def collect_wait_seconds(self) -> float:
+        """Seconds compute waited on copies, measured since the last call (may lag a step)."""
+        ...
+
+
+class HostCopyRuntime:
+    """Synchronous copies between CPU tensors; the "device" is the CPU itself.
+
+    No memory is saved this way: it exists so that the engine, the plan and the budget
+    arithmetic run for real on machines without a GPU. The compute "stream" is the calling
+    thread, so every copy counts as time the compute waited.
+
+    Example:
+        >>> runtime = HostCopyRuntime()
+        >>> source = torch.arange(8, dtype=torch.uint8)
+        >>> host = torch.empty(8, dtype=torch.uint8)
+        >>> _ = runtime.copy_out(runtime.record_compute(), source, host)
+        >>> back = runtime.allocate(8)
+        >>> _ = runtime.copy_in(runtime.record_compute(), host, back)
+        >>> bool(torch.equal(back, source))
+        True
+    """
+
+    device = torch.device("cpu")
+    pin_memory = False
+
+    def __init__(self) -> None:
+        self._waited = 0.0
+
+    def record_compute(self) -> StreamEvent:
+        return None
+
+    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+        start = time.perf_counter()
+        host.copy_(source)
+        self._waited += time.perf_counter() - start
+        return None
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
+        start = time.perf_counter()
+        dest.copy_(host)
+        self._waited += time.perf_counter() - start
+        return None
+
+    def wait(self, event: StreamEvent) -> None:
+        pass
+
+    def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
+        pass
+
+    def hold(self, key: int, nbytes: int) -> None:
+        pass
+
+    def release(self, key: int) -> None:
+        pass
+
+    def release_host(self, host: torch.Tensor) -> None:
+        pass
+
+    def collect_wait_seconds(self) -> float:
+        waited, self._waited = self._waited, 0.0
+        return waited
+
+
+class CudaRuntime:
+    """A dedicated CUDA copy stream ordered against the compute stream by events.
+
+    Device memory stays in the compute stream's pool: prefetch destinations are allocated on
+    the compute stream and the copy stream waits on a compute event recorded after the
+    allocation; a block the copy stream read or wrote is dropped only after compute waited on
+    the copy's event (the engine's job), so no ``record_stream`` is needed. Waits on copies
+    in are timed with two events around ``wait_event``, read one collection late so that the
+    CPU never waits for the device.
+
+    Example:
+        >>> runtime = CudaRuntime(torch.device("cuda", 0))  # doctest: +SKIP
+    """
+
+    pin_memory = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._last_probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def _compute(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def record_compute(self) -> StreamEvent:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self._compute())
+        return event
+
+    def _after(self, after: StreamEvent) -> None:
+        assert isinstance(after, torch.cuda.Event)
+        self.copy_stream.wait_event(after)
+
+    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+        self._after(after)
+        with torch.cuda.stream(self.copy_stream):
+            host.copy_(source, non_blocking=True)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self.copy_stream)
+        return done
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
+        self._after(after)
+        with torch.cuda.stream(self.copy_stream):
+            dest.copy_(host, non_blocking=True)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self.copy_stream)
+        return done
+
+    def wait(self, event: StreamEvent) -> None:
+        assert isinstance(event, torch.cuda.Event)
+        self._compute().wait_event(event)
+
+    def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
+        if ready is None:
+            return
+        assert isinstance(ready, torch.cuda.Event)
+        compute = self._compute()
+        before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        before.record(compute)
+        compute.wait_event(ready)
+        after.record(compute)
+        self._probes.append((before, after))
+
+    def hold(self, key: int, nbytes: int) -> None:
+        pass
+
+    def release(self, key: int) -> None:
+        pass
+
+    def release_host(self, host: torch.Tensor) -> None:
+        pass
+
+    def collect_wait_seconds(self) -> float:
+        """The waits of the collection before this one (long finished by now on a healthy step)."""
+        waited = 0.0
+        for before, after in self._last_probes:
+            after.synchronize()
+            waited += before.elapsed_time(after) / 1000.0
+        self._last_probes, self._probes = self._probes, []
+        return waited
+
+
+def make_runtime(device: torch.device) -> HostCopyRuntime | CudaRuntime:
+    """The runtime for ``device``: CUDA streams on a GPU, host copies on CPU.
+
+    Example:
+        >>> type(make_runtime(torch.device("cpu"))).__name__
+        'HostCopyRuntime'
+    """
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return CudaRuntime(torch.device("cuda", index))
+    if device.type == "cpu":
+        return HostCopyRuntime()
+    raise ValueError(f"lightning-accudnn swaps activations on CUDA or CPU devices, not {device.type!r}")

@@ -1,0 +1,6 @@
+"""Helpers users and tests share: a simulated GPU for machines without one. Imports torch and ops."""
+
+from lightning_accudnn.testing.allocator import SimulatedOutOfMemory, StreamOrderedAllocator
+from lightning_accudnn.testing.simulated_gpu import SimulatedGPU
+
+__all__ = ["SimulatedGPU", "SimulatedOutOfMemory", "StreamOrderedAllocator"]

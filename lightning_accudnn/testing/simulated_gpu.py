@@ -1,0 +1,307 @@
+"""A GPU played by the CPU: deferred copy stream, stream-ordered allocator, happens-before checker.
+
+The compute stream is the CPU itself (PyTorch runs CPU ops as they are issued). The copy
+stream is a queue: each copy is really executed (its bytes really move) only when the CPU
+observes it, ``lag`` runtime operations after it was issued (``None``: only when the compute
+stream waits on it), so every decision the engine makes is exercised with the CPU running
+ahead of the device. Each stream keeps a vector clock; events capture the clock of their
+stream and waits merge it, so each read, write and free is checked against the accesses of
+the other stream it must follow.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from lightning_accudnn.ops.runtime import StreamEvent
+from lightning_accudnn.testing.allocator import StreamOrderedAllocator
+
+_COMPUTE, _COPY = 0, 1
+_POISON = 0xFF  # bytes: NaN in every floating type, -1 in signed integers
+
+
+class _Event:
+    __slots__ = ("clock",)
+
+    def __init__(self, clock: list[int]) -> None:
+        self.clock = (clock[0], clock[1])
+
+
+class _Block:
+    """A device block the engine holds: where it came from and the last copy-stream accesses."""
+
+    __slots__ = (
+        "key",
+        "nbytes",
+        "size",
+        "holds",
+        "ready_at",
+        "last_copy_write",
+        "last_copy_access",
+    )
+
+    def __init__(self, key: int, nbytes: int, size: int, ready_at: int) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.size = size
+        self.holds = 1
+        self.ready_at = ready_at  # compute position of its write (a saved storage) or allocation
+        self.last_copy_write = 0
+        self.last_copy_access = 0
+
+
+class _CopyOp:
+    __slots__ = ("position", "due", "run")
+
+    def __init__(self, position: int, due: float, run: Callable[[], None]) -> None:
+        self.position = position
+        self.due = due
+        self.run = run
+
+
+class SimulatedGPU:
+    """A :class:`~lightning_accudnn.ops.runtime.Runtime` on CPU tensors that behaves like a GPU.
+
+    - Copy-stream work runs up to ``lag`` runtime operations after it was issued (``0``: at
+      once; ``None``: only when the compute stream waits on it); with ``seed``, each copy's
+      lag is drawn from ``0..lag``.
+    - Host buffers are poisoned (every byte ``0xFF``) in copy-stream order when the engine's
+      ownership ends; device blocks the engine allocates start poisoned (never-written bytes).
+    - Every device block the engine holds (saved storages it registers, copies brought back)
+      lives in a :class:`~lightning_accudnn.testing.StreamOrderedAllocator` capped at
+      ``capacity_bytes``: ``peak_bytes`` (reserved, its peak), ``num_alloc_retries``,
+      ``num_ooms``; past the cap allocation raises ``SimulatedOutOfMemory``.
+    - ``violations`` lists every read not ordered after the write it needs and every free of
+      a block the copy stream may still touch (empty when all is well).
+
+    Example:
+        >>> from torch import nn
+        >>> from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+        >>> gpu = SimulatedGPU(lag=None)
+        >>> engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=gpu)
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+        >>> with engine.offload(model, SwapSchedule.swap_everything(max_copying_out_bytes=0)):
+        ...     loss = model(torch.randn(32, 64)).sum()
+        >>> loss.backward()
+        >>> stats = engine.end_step()
+        >>> gpu.violations, gpu.num_ooms, engine.pool.in_use_bytes
+        ([], 0, 0)
+        >>> gpu.peak_bytes > 0
+        True
+    """
+
+    device = torch.device("cpu")
+    pin_memory = False
+
+    def __init__(
+        self, lag: int | None = 0, seed: int | None = None, capacity_bytes: int | None = None
+    ) -> None:
+        if lag is not None and lag < 0:
+            raise ValueError(f"lag must be >= 0 or None (unbounded), got {lag}")
+        self.lag = lag
+        self._rng = random.Random(seed) if seed is not None else None
+        self.allocator = StreamOrderedAllocator(capacity_bytes)
+        self.violations: list[str] = []
+        self._clocks = [[0, 0], [0, 0]]  # per stream: what it has seen of (compute, copy)
+        self._tick = 0  # runtime operations issued by the CPU
+        self._queue: deque[_CopyOp] = deque()
+        self._blocks: dict[int, _Block] = {}
+        self._poisoned_hosts: set[int] = set()
+        self.held_bytes = 0
+        self.peak_held_bytes = 0
+
+    # -- figures ------------------------------------------------------------------------
+
+    @property
+    def peak_bytes(self) -> int:
+        """The allocator's peak of reserved bytes (cached blocks included)."""
+        return self.allocator.peak_reserved_bytes
+
+    @property
+    def num_alloc_retries(self) -> int:
+        return self.allocator.num_alloc_retries
+
+    @property
+    def num_ooms(self) -> int:
+        return self.allocator.num_ooms
+
+    def reset_peaks(self) -> None:
+        """Restart the peaks from what is held now (e.g. at the start of a step)."""
+        self.peak_held_bytes = self.held_bytes
+        self.allocator.peak_allocated_bytes = self.allocator.allocated_bytes
+        self.allocator.peak_reserved_bytes = self.allocator.reserved_bytes
+
+    def synchronize(self) -> None:
+        """Run every copy still queued (the device catches up with the CPU)."""
+        self._run_through(self._clocks[_COPY][_COPY])
+
+    # -- streams --------------------------------------------------------------------------
+
+    def _compute_op(self) -> int:
+        self._tick += 1
+        self._clocks[_COMPUTE][_COMPUTE] += 1
+        self._run_due()
+        return self._clocks[_COMPUTE][_COMPUTE]
+
+    def _copy_waits(self, after: StreamEvent) -> None:
+        assert isinstance(after, _Event), "a copy must be ordered after a compute event"
+        clock = self._clocks[_COPY]
+        clock[_COMPUTE] = max(clock[_COMPUTE], after.clock[_COMPUTE])
+
+    def _enqueue(self, run: Callable[[], None]) -> int:
+        self._tick += 1
+        self._clocks[_COPY][_COPY] += 1
+        position = self._clocks[_COPY][_COPY]
+        lag: float
+        if self.lag is None:
+            lag = float("inf")
+        else:
+            lag = self._rng.randint(0, self.lag) if self._rng is not None else self.lag
+        self._queue.append(_CopyOp(position, self._tick + lag, run))
+        self._run_due()
+        return position
+
+    def _run_due(self) -> None:
+        while self._queue and self._queue[0].due <= self._tick:
+            self._queue.popleft().run()
+
+    def _run_through(self, position: int) -> None:
+        while self._queue and self._queue[0].position <= position:
+            self._queue.popleft().run()
+
+    def _block_of(self, tensor: torch.Tensor) -> _Block | None:
+        return self._blocks.get(tensor.untyped_storage().data_ptr())
+
+    # -- the runtime interface ------------------------------------------------------------
+
+    def record_compute(self) -> StreamEvent:
+        self._compute_op()
+        return _Event(self._clocks[_COMPUTE])
+
+    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+        self._copy_waits(after)
+        block = self._block_of(source)
+        seen = self._clocks[_COPY][_COMPUTE]
+        if block is None:
+            self.violations.append(
+                f"copy out of device memory at {source.data_ptr():#x} that the engine does not hold"
+            )
+        elif block.ready_at > seen:
+            self.violations.append(
+                f"copy out of block {block.key:#x} is not ordered after its write "
+                f"(compute op {block.ready_at}; the copy stream has seen compute op {seen})"
+            )
+        host_key = host.data_ptr()
+
+        def run() -> None:
+            host.copy_(source)
+            self._poisoned_hosts.discard(host_key)
+
+        position = self._enqueue(run)
+        if block is not None:
+            block.last_copy_access = position
+        return _Event(self._clocks[_COPY])
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        position = self._compute_op()
+        size = self.allocator.malloc("compute", nbytes)
+        tensor = torch.full((nbytes,), _POISON, dtype=torch.uint8)
+        self._add_block(_Block(tensor.untyped_storage().data_ptr(), nbytes, size, position))
+        return tensor
+
+    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
+        self._copy_waits(after)
+        block = self._block_of(dest)
+        seen = self._clocks[_COPY][_COMPUTE]
+        if block is None:
+            self.violations.append(
+                f"copy in to device memory at {dest.data_ptr():#x} the engine does not hold"
+            )
+        elif block.ready_at > seen:
+            self.violations.append(
+                f"copy in writes block {block.key:#x} before its allocation on the compute stream is "
+                f"ordered before it (compute op {block.ready_at}; the copy stream has seen {seen})"
+            )
+        host_key = host.data_ptr()
+
+        def run() -> None:
+            if host_key in self._poisoned_hosts:
+                self.violations.append(
+                    f"copy in read host buffer {host_key:#x} after the engine had released it"
+                )
+            dest.copy_(host)
+
+        position = self._enqueue(run)
+        if block is not None:
+            block.last_copy_write = block.last_copy_access = position
+        return _Event(self._clocks[_COPY])
+
+    def wait(self, event: StreamEvent) -> None:
+        assert isinstance(event, _Event)
+        self._compute_op()
+        clock = self._clocks[_COMPUTE]
+        clock[_COPY] = max(clock[_COPY], event.clock[_COPY])
+        clock[_COMPUTE] = max(clock[_COMPUTE], event.clock[_COMPUTE])
+        self._run_through(event.clock[_COPY])
+
+    def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
+        if ready is not None:
+            self.wait(ready)
+        else:
+            self._compute_op()
+        block = self._block_of(data)
+        seen = self._clocks[_COMPUTE][_COPY]
+        if block is not None and block.last_copy_write > seen:
+            self.violations.append(
+                f"compute reads block {block.key:#x} before the copy writing it (copy op "
+                f"{block.last_copy_write}) is ordered before the read (compute has seen copy op {seen})"
+            )
+
+    def hold(self, key: int, nbytes: int) -> None:
+        position = self._compute_op()
+        block = self._blocks.get(key)
+        if block is not None:
+            block.holds += 1
+            return
+        size = self.allocator.malloc("compute", nbytes)
+        self._add_block(_Block(key, nbytes, size, position))
+
+    def release(self, key: int) -> None:
+        self._compute_op()
+        block = self._blocks.get(key)
+        if block is None:
+            self.violations.append(f"release of block {key:#x} that is not held")
+            return
+        block.holds -= 1
+        if block.holds > 0:
+            return
+        seen = self._clocks[_COMPUTE][_COPY]
+        if block.last_copy_access > seen:
+            self.violations.append(
+                f"block {key:#x} freed on the compute stream while the copy stream may still touch it "
+                f"(copy op {block.last_copy_access}; compute has seen copy op {seen})"
+            )
+        del self._blocks[key]
+        self.held_bytes -= block.nbytes
+        self.allocator.free("compute", block.size)
+
+    def release_host(self, host: torch.Tensor) -> None:
+        host_key = host.data_ptr()
+
+        def run() -> None:
+            host.fill_(_POISON)
+            self._poisoned_hosts.add(host_key)
+
+        self._enqueue(run)
+
+    def collect_wait_seconds(self) -> float:
+        return 0.0
+
+    def _add_block(self, block: _Block) -> None:
+        self._blocks[block.key] = block
+        self.held_bytes += block.nbytes
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)

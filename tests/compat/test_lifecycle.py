@@ -87,7 +87,7 @@ def test_host_memory_limit_fails_early_naming_both_budgets():
     with pytest.raises(HostMemoryExceeded, match="host_memory_limit"):
         trainer_for(strategy).fit(model, loader("cnn"))
     assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
     static, saved = memory_need("cnn")
     strategy = _strategy(host_memory_limit=int(1.2 * saved))  # profiling fits, the plan must too
@@ -115,7 +115,7 @@ def test_out_of_memory_inside_a_step_leaves_a_usable_trainer():
     with pytest.raises(torch.OutOfMemoryError):
         trainer.fit(model, loader("cnn"))
     assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
     trainer.fit(model, loader("cnn"))
     assert trainer.global_step == 3
 
@@ -128,7 +128,7 @@ def test_keyboard_interrupt_mid_step_shuts_down_cleanly():
         trainer.fit(model, loader("cnn"))
     assert trainer.interrupted
     assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
 
 class CountsHooksInStep(Classifier):

@@ -35,7 +35,7 @@ def test_exception_in_training_step_leaves_nothing_behind_and_the_trainer_fits_a
     with pytest.raises(RuntimeError, match="failure inside training_step"):
         trainer.fit(model, loader("cnn"))
 
-    engine = strategy._controller.engine
+    engine = strategy.offload.engine
     assert _module_hooks(model) == 0
     assert engine.pool.in_use_bytes == 0
     assert not engine.step_open
@@ -45,7 +45,7 @@ def test_exception_in_training_step_leaves_nothing_behind_and_the_trainer_fits_a
     trainer.fit(model, loader("cnn"))
     assert trainer.global_step == 4
     assert strategy.stats.bytes_swapped_out > 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
     assert _module_hooks(model) == 0
 
 
@@ -61,7 +61,7 @@ def test_budget_too_small_names_the_smallest_budget_that_works_before_any_update
     after = dict(model.named_parameters())
     assert all(torch.equal(value, after[name]) for name, value in before.items()), "no weight was updated"
     assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
     # The named budget is enough.
     strategy = AccUDNNStrategy(budget=raised.value.min_budget_bytes, min_swap_bytes=0)

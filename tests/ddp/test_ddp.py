@@ -11,7 +11,7 @@ from tests.models import Classifier, loader
 from tests.strategy.helpers import memory_need, trainer_for
 
 # Spawned process groups must never hang CI: every test here is bounded.
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
 
 
 def _trainer(strategy, max_steps=4, **overrides):

@@ -80,5 +80,5 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
                     stacklevel=2,
                 )
 
-        loader.exec_module = exec_then_register  # type: ignore[method-assign]
+        loader.exec_module = exec_then_register
         return spec

@@ -59,7 +59,7 @@ class StrategyView:
     def runs_alone(self) -> bool:
         """True when a trial step involves no collective: one process, or DDP's wrapper removable."""
         model = self.strategy.model
-        if self.strategy.world_size <= 1 or model is self.strategy.lightning_module:
+        if getattr(self.strategy, "world_size", 1) <= 1 or model is self.strategy.lightning_module:
             return True
         return isinstance(model, DistributedDataParallel)
 

@@ -19,7 +19,7 @@ def run_when_backward_ends(callback: Callable[[], None]) -> None:
     and FSDP use to finish their reductions; an exception the callback raises propagates out
     of ``backward()`` with its own type.
     """
-    torch.autograd.Variable._execution_engine.queue_callback(callback)  # type: ignore[attr-defined]
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:

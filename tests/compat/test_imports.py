@@ -43,11 +43,15 @@ def test_the_command_line_and_the_session_do_not_import_lightning():
         "import sys\n"
         "import lightning_accudnn.cli\n"
         "from lightning_accudnn import OffloadConfig, OffloadSession, Budget\n"
-        "print(sorted(name for name in sys.modules if name == 'lightning' or name.startswith('lightning.')))\n"
+        "loaded = [name for name in sys.modules if name == 'lightning' or name.startswith('lightning.')]\n"
+        "print(sorted(loaded))\n"
     )
     assert _run(code).strip() == "[]"
 
 
 def test_lightning_names_load_on_first_use():
-    code = "import lightning_accudnn\nprint(lightning_accudnn.EfficiencyTuner.__name__, 'AccUDNNStrategy' in dir(lightning_accudnn))\n"
+    code = (
+        "import lightning_accudnn\n"
+        "print(lightning_accudnn.EfficiencyTuner.__name__, 'AccUDNNStrategy' in dir(lightning_accudnn))\n"
+    )
     assert _run(code).strip() == "EfficiencyTuner True"

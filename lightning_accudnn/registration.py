@@ -9,6 +9,7 @@ its module body has run, then removes itself.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -16,7 +17,7 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-__all__ = ["LIGHTNING_MODULE", "register_when_lightning_loads"]
+__all__ = ["LIGHTNING_MODULE", "STRATEGY_PACKAGE", "register_when_lightning_loads"]
 
 #: The module whose import triggers the registration.
 LIGHTNING_MODULE = "lightning.pytorch"
@@ -38,10 +39,18 @@ def register_when_lightning_loads() -> None:
         sys.meta_path.insert(0, _RegisterAfterImport())
 
 
-def _register() -> None:
-    from lightning_accudnn.strategy.registry import register_strategies
+#: The package that registers the names when it is imported (it needs Lightning anyway).
+STRATEGY_PACKAGE = "lightning_accudnn.strategy"
 
-    register_strategies()
+
+def _register() -> None:
+    """Import the strategy package, which registers its names at the end of its import.
+
+    If it is being imported right now (its import is what pulled Lightning in), there is
+    nothing to do here: it registers once its own import completes.
+    """
+    if STRATEGY_PACKAGE not in sys.modules:
+        importlib.import_module(STRATEGY_PACKAGE)
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):

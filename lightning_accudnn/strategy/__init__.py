@@ -1,4 +1,4 @@
-"""Lightning glue: the AccUDNN strategies and their registration.
+"""Lightning glue: the AccUDNN strategies and their registration (done when this package is imported).
 
 ``OffloadController`` is the previous name of the session, kept for ``bench/`` only.
 """
@@ -7,5 +7,7 @@ from lightning_accudnn.strategy.controller import OffloadController
 from lightning_accudnn.strategy.ddp import AccUDNNDDPStrategy
 from lightning_accudnn.strategy.registry import register_strategies
 from lightning_accudnn.strategy.single_device import AccUDNNStrategy
+
+register_strategies()
 
 __all__ = ["AccUDNNDDPStrategy", "AccUDNNStrategy", "OffloadController", "register_strategies"]

@@ -31,8 +31,10 @@ TRAINER = (
         "import lightning_accudnn\n",
         "import lightning.pytorch\nimport lightning_accudnn\n",
         "import lightning_accudnn\nimport lightning\n",
+        # Lightning first imported by the lazy import of a strategy class (a circular import to avoid).
+        "import lightning_accudnn\nfrom lightning_accudnn import AccUDNNDDPStrategy\n",
     ],
-    ids=["accudnn-first", "lightning-first", "umbrella-package-after"],
+    ids=["accudnn-first", "lightning-first", "umbrella-package-after", "lazy-strategy-import-first"],
 )
 def test_strategy_name_works_in_either_import_order(prelude):
     assert _run(prelude + TRAINER).strip().endswith("ok")

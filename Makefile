@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint
+.PHONY: venv demo test test-fast lint typecheck
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +16,17 @@ venv: $(BIN)/.installed
 demo: venv
 	$(BIN)/python examples/demo.py
 
-test: venv
+# What CI runs (.ci/run): lint, format, types, then every test (GPU tests skip without CUDA).
+test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# For local work: the same checks without the multi-process and slow tests.
+test-fast: lint typecheck
+	$(BIN)/python -m pytest -q -m "not slow and not ddp"
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_accudnn.callbacks._lightning_internals import data_comes_from_module, train_dataset_length
 from lightning_accudnn.callbacks.batch_search import (
     Prediction,
     SearchResult,
@@ -199,7 +200,7 @@ class EfficiencyTuner(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if not trainer.fit_loop._data_source.is_module():
+        if not data_comes_from_module(trainer):
             raise MisconfigurationException(
                 "EfficiencyTuner changes the batch size and rebuilds the dataloaders, so it cannot use "
                 "dataloaders passed straight to `Trainer.fit()`. Define `train_dataloader()` in your "
@@ -244,7 +245,7 @@ class EfficiencyTuner(Callback):
             self._keep_decision(trainer, pl_module)
             self._restored = False  # a later fit without a checkpoint scales its new optimizers
             return
-        if trainer.fast_dev_run:
+        if trainer.fast_dev_run:  # type: ignore[attr-defined]
             rank_zero_warn("EfficiencyTuner: skipped because fast_dev_run is on.")
             return
         if not StrategyView(trainer.strategy).runs_alone:
@@ -273,7 +274,7 @@ class EfficiencyTuner(Callback):
 
     def _tune(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         snapshot = TrainingSnapshot.take(trainer)  # first: building dataloaders draws random numbers
-        start = int(lightning_getattr(pl_module, self.batch_arg_name))
+        start = int(lightning_getattr(pl_module, self.batch_arg_name) or 0)
         steps_before = trainer.estimated_stepping_batches
         agreement = RankAgreement()
         try:
@@ -506,13 +507,8 @@ class EfficiencyTuner(Callback):
 
 
 def _per_device_dataset_length(trainer: pl.Trainer) -> int | None:
-    trainer.fit_loop.setup_data()
-    combined = trainer.fit_loop._combined_loader
-    if combined is None:
-        return None
-    try:
-        length = combined._dataset_length()
-    except NotImplementedError:  # iterable-style datasets
+    length = train_dataset_length(trainer)
+    if length is None:  # iterable-style datasets
         return None
     return max(1, math.ceil(length / max(1, trainer.world_size)))
 

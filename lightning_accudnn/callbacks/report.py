@@ -89,7 +89,11 @@ def save_throughput_plot(result: SearchResult, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(7, 4))
-    ok = sorted((t.batch_size, t.samples_per_second) for t in result.trials if t.ok)
+    ok = sorted(
+        (t.batch_size, t.samples_per_second)
+        for t in result.trials
+        if t.samples_per_second is not None and t.ok
+    )
     axes.plot([b for b, _ in ok], [r for _, r in ok], "o-", label="measured")
     predicted = sorted(
         (b, p.samples_per_second) for b, p in result.predictions.items() if p.samples_per_second is not None
@@ -103,7 +107,7 @@ def save_throughput_plot(result: SearchResult, path: str | Path) -> Path:
     share = f"{(1 - result.tolerance) * 100:g}% of the best"
     axes.axhline(best * (1 - result.tolerance), color="gray", linestyle=":", label=share)
     chosen = result.chosen_trial
-    axes.plot([chosen.batch_size], [chosen.samples_per_second], "*", markersize=16, label="chosen")
+    axes.plot([chosen.batch_size], [chosen.samples_per_second or 0.0], "*", markersize=16, label="chosen")
     axes.set_xscale("log", base=2)
     axes.set_xlabel("batch size per device")
     axes.set_ylabel("samples / s")

@@ -24,6 +24,13 @@ import torch
 from torch.optim import Optimizer
 from torch.optim import lr_scheduler as schedulers
 
+from lightning_accudnn.callbacks._torch_internals import (
+    child_schedulers,
+    one_cycle_phases,
+    sequential_milestones,
+    set_sequential_milestones,
+)
+
 __all__ = ["rescale_step_counts", "scale_learning_rates", "scale_optimizer", "scale_scheduler"]
 
 #: Param-group entries holding learning rates (OneCycleLR keeps three of its own).
@@ -73,7 +80,7 @@ def scale_scheduler(scheduler: object, factor: float) -> None:
                 setattr(item, name, [_scaled(v, factor) for v in values])
         eta_min = getattr(item, "eta_min", None)
         if isinstance(eta_min, (int, float)) and not isinstance(eta_min, bool):
-            item.eta_min = eta_min * factor
+            item.eta_min = eta_min * factor  # type: ignore[attr-defined]
 
 
 def scale_learning_rates(
@@ -131,12 +138,12 @@ def rescale_step_counts(scheduler: object, ratio: float) -> bool:
     elif isinstance(scheduler, schedulers.ExponentialLR):
         scheduler.gamma = scheduler.gamma ** (1.0 / ratio)
     elif isinstance(scheduler, schedulers.CyclicLR):
-        scheduler.total_size = float(_steps(scheduler.total_size, ratio))
+        scheduler.total_size = float(_steps(scheduler.total_size, ratio))  # type: ignore[assignment]
     elif isinstance(scheduler, schedulers.SequentialLR):
-        scheduler._milestones = [_steps(m, ratio) for m in scheduler._milestones]
-        return all([rescale_step_counts(part, ratio) for part in scheduler._schedulers])
+        set_sequential_milestones(scheduler, [_steps(m, ratio) for m in sequential_milestones(scheduler)])
+        return all([rescale_step_counts(part, ratio) for part in child_schedulers(scheduler)])
     elif isinstance(scheduler, schedulers.ChainedScheduler):
-        return all([rescale_step_counts(part, ratio) for part in scheduler._schedulers])
+        return all([rescale_step_counts(part, ratio) for part in child_schedulers(scheduler)])
     else:
         return False
     return True
@@ -145,7 +152,7 @@ def rescale_step_counts(scheduler: object, ratio: float) -> bool:
 def _rescale_one_cycle(scheduler: schedulers.OneCycleLR, ratio: float) -> None:
     old_total = scheduler.total_steps
     new_total = _steps(old_total, ratio)
-    phases = scheduler._schedule_phases
+    phases = one_cycle_phases(scheduler)
     pct_start = (float(phases[0]["end_step"]) + 1.0) / old_total
     if len(phases) == 3:
         ends = [pct_start * new_total - 1, 2 * pct_start * new_total - 2, new_total - 1]

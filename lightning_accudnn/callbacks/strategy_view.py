@@ -1,9 +1,11 @@
 """What the tuner needs to know about the Trainer's strategy, read through one small adapter.
 
-An AccUDNN strategy exposes ``plan`` and ``stats``; its budget, reserve and the way its
-ranks agree on plans live on the offload controller it holds. Any other strategy has no
-budget: the tuner then learns which sizes fit by running them. ``callbacks`` does not
-import ``strategy`` (see DESIGN.md), so the strategy is recognised by what it has.
+An AccUDNN strategy has an ``offload_config`` (an :class:`~lightning_accudnn.OffloadConfig`)
+and, once set up, its :class:`~lightning_accudnn.OffloadSession` as ``offload``: budget,
+reserve, plan, stats and how its ranks agree on plans are read there, through public
+attributes only. Any other strategy has no budget: the tuner then learns which sizes fit
+by running them. ``callbacks`` does not import ``strategy`` (see DESIGN.md), so the
+strategy is recognised by what it has.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Stra
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_accudnn.planner import Plan
-from lightning_accudnn.planner.coordination import RankCoordinator
+from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 __all__ = ["StrategyView"]
 
@@ -33,15 +35,14 @@ class StrategyView:
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
-        self._controller = getattr(strategy, "_controller", None)
-        needed = ("budget_bytes", "reserve_bytes", "plan", "stats", "coordinator")
-        if self._controller is not None and not all(hasattr(self._controller, n) for n in needed):
-            self._controller = None
+        self.is_offloading = isinstance(getattr(strategy, "offload_config", None), OffloadConfig)
+        """True for a strategy with a memory budget and a swap planner."""
 
     @property
-    def is_offloading(self) -> bool:
-        """True for a strategy with a memory budget and a swap planner."""
-        return self._controller is not None
+    def session(self) -> OffloadSession | None:
+        """The strategy's offload session (``None`` before setup and for other strategies)."""
+        session = getattr(self.strategy, "offload", None) if self.is_offloading else None
+        return session if isinstance(session, OffloadSession) else None
 
     @property
     def is_supported(self) -> bool:
@@ -58,26 +59,30 @@ class StrategyView:
     def runs_alone(self) -> bool:
         """True when a trial step involves no collective: one process, or DDP's wrapper removable."""
         model = self.strategy.model
-        if self.strategy.world_size <= 1 or model is self.strategy.lightning_module:
+        if getattr(self.strategy, "world_size", 1) <= 1 or model is self.strategy.lightning_module:
             return True
         return isinstance(model, DistributedDataParallel)
 
     @property
     def budget_bytes(self) -> int | None:
-        return None if self._controller is None else self._controller.budget_bytes
+        session = self.session
+        return None if session is None else session.budget_bytes
 
     @property
     def reserve_bytes(self) -> int:
-        return 0 if self._controller is None else int(self._controller.reserve_bytes)
+        session = self.session
+        return 0 if session is None else session.reserve_bytes
 
     @property
     def plan(self) -> Plan | None:
-        return None if self._controller is None else self._controller.plan
+        session = self.session
+        return None if session is None else session.plan
 
     @property
     def peak_bytes(self) -> int | None:
         """Peak device bytes of the last training step, as the strategy measured it."""
-        stats = None if self._controller is None else self._controller.stats
+        session = self.session
+        stats = None if session is None else session.stats
         return None if stats is None else int(stats.peak_device_bytes)
 
     @contextmanager
@@ -87,15 +92,12 @@ class StrategyView:
         A rank that runs out of memory mid-step must not leave the others waiting in the
         planner's all-reduce; the tuner's own agreement after each trial replaces it.
         """
-        if self._controller is None:
+        session = self.session
+        if session is None:
             yield
             return
-        coordinator = self._controller.coordinator
-        self._controller.coordinator = RankCoordinator()  # each rank plans on its own
-        try:
+        with session.planning_alone():
             yield
-        finally:
-            self._controller.coordinator = coordinator
 
     def abort_step(self, error: BaseException) -> None:
         """A trial step failed: let the strategy drop what the step left behind."""

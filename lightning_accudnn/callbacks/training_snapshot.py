@@ -15,9 +15,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
-from lightning.pytorch.loops.loop import _Loop
 from lightning_utilities.core.apply_func import apply_to_collection
+
+from lightning_accudnn.callbacks._lightning_internals import (
+    Loop,
+    collect_rng_states,
+    mark_not_resuming,
+    set_rng_states,
+)
 
 __all__ = ["TrainingSnapshot"]
 
@@ -67,7 +72,7 @@ class TrainingSnapshot:
                 copy.deepcopy(config.scheduler.state_dict()) for config in trainer.lr_scheduler_configs
             ],
             precision_state=_to_host(trainer.precision_plugin.state_dict()),
-            rng_states=_collect_rng_states(include_cuda=torch.cuda.is_available()),
+            rng_states=collect_rng_states(include_cuda=torch.cuda.is_available()),
             fit_loop_state=copy.deepcopy(trainer.fit_loop.state_dict()),
             should_stop=trainer.should_stop,
         )
@@ -86,24 +91,23 @@ class TrainingSnapshot:
             trainer.precision_plugin.load_state_dict(copy.deepcopy(self.precision_state))
         self.restore_rng()
         trainer.fit_loop.load_state_dict(copy.deepcopy(self.fit_loop_state))
-        _not_restarting(trainer.fit_loop)
+        not_restarting(trainer.fit_loop)
         trainer.should_stop = self.should_stop
 
     def restore_rng(self) -> None:
         """Only the random number generators (building a dataloader draws from them)."""
-        _set_rng_states(self.rng_states)
+        set_rng_states(self.rng_states)
 
 
-def _not_restarting(loop: _Loop) -> None:
+def not_restarting(loop: Loop) -> None:
     """A loop given its old progress back starts afresh, not as if resuming a checkpoint."""
     loop.restarting = False
     for candidate in [loop, *_child_loops(loop)]:
-        candidate._loaded_from_state_dict = False
-        candidate._resuming_from_checkpoint = False
+        mark_not_resuming(candidate)
 
 
-def _child_loops(loop: _Loop) -> list[_Loop]:
-    children = [value for value in vars(loop).values() if isinstance(value, _Loop)]
+def _child_loops(loop: Loop) -> list[Loop]:
+    children = [value for value in vars(loop).values() if isinstance(value, Loop)]
     return children + [grandchild for child in children for grandchild in _child_loops(child)]
 
 

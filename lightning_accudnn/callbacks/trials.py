@@ -21,6 +21,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 import lightning.pytorch as pl
@@ -32,9 +33,15 @@ from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_e
 from lightning.pytorch.utilities.parsing import lightning_setattr
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_accudnn.callbacks._lightning_internals import (
+    rebuild_train_dataloader,
+    reset_logged_results,
+    restore_sigterm_broadcast,
+    skip_sigterm_broadcast,
+)
 from lightning_accudnn.callbacks.batch_search import Trial
 from lightning_accudnn.callbacks.strategy_view import StrategyView
-from lightning_accudnn.callbacks.training_snapshot import _not_restarting
+from lightning_accudnn.callbacks.training_snapshot import not_restarting
 from lightning_accudnn.planner import BudgetTooSmallError
 
 __all__ = ["ThroughputProbe", "TrialSession", "failure_reason", "rebuild_dataloaders"]
@@ -49,10 +56,7 @@ def rebuild_dataloaders(trainer: pl.Trainer) -> None:
     dataloader is not requested here: a module with a ``validation_step`` but no
     ``val_dataloader`` would raise.
     """
-    loop = trainer.fit_loop
-    loop._combined_loader = None
-    loop.setup_data()
-    loop.epoch_loop.val_loop._combined_loader = None
+    rebuild_train_dataloader(trainer)
 
 
 def failure_reason(error: BaseException) -> str | None:
@@ -202,7 +206,7 @@ class TrialSession:
         strategy = trainer.strategy
         self._saved = {
             "loggers": trainer.loggers,
-            "callbacks": trainer.callbacks,
+            "callbacks": trainer.callbacks,  # type: ignore[attr-defined]
             "limit_train_batches": trainer.limit_train_batches,
             "limit_val_batches": trainer.limit_val_batches,
             "max_steps": loop.epoch_loop.max_steps,
@@ -211,7 +215,7 @@ class TrialSession:
             "model": strategy.model,
         }
         trainer.loggers = [DummyLogger()] if trainer.loggers else []
-        trainer.callbacks = [self.probe]
+        trainer.callbacks = [self.probe]  # type: ignore[attr-defined]
         trainer.limit_train_batches = 1.0
         trainer.limit_val_batches = 0
         loop.max_epochs = -1
@@ -221,31 +225,32 @@ class TrialSession:
             strategy.model = strategy.lightning_module
         # The loop broadcasts a SIGTERM flag every step under DDP; a rank that failed would
         # answer that broadcast from elsewhere. Trials are short: skip it.
-        loop.epoch_loop._broadcast_sigterm_tensor = _no_sigterm_broadcast
+        skip_sigterm_broadcast(trainer)
         self._planning.__enter__()
         for log in _RANK_ZERO_LOGS:
             log.addFilter(self._quiet)
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         trainer = self.trainer
         loop = trainer.fit_loop
         saved = self._saved
         for log in _RANK_ZERO_LOGS:
             log.removeFilter(self._quiet)
-        self._planning.__exit__(*exc_info)
-        del loop.epoch_loop._broadcast_sigterm_tensor  # back to the loop's own method
+        self._planning.__exit__(kind, error, traceback)
+        restore_sigterm_broadcast(trainer)
         trainer.strategy.model = saved["model"]
         trainer.loggers = saved["loggers"]
-        trainer.callbacks = saved["callbacks"]
+        trainer.callbacks = saved["callbacks"]  # type: ignore[attr-defined]
         trainer.limit_train_batches = saved["limit_train_batches"]
         trainer.limit_val_batches = saved["limit_val_batches"]
         loop.max_epochs = saved["max_epochs"]
         loop.epoch_loop.max_steps = saved["max_steps"]
         loop.load_state_dict(copy.deepcopy(saved["loop_state"]))
-        _not_restarting(loop)
-        trainer._logger_connector.reset_results()
-        trainer._logger_connector.reset_metrics()
+        not_restarting(loop)
+        reset_logged_results(trainer)
 
     # -- one trial ------------------------------------------------------------------------
 
@@ -256,7 +261,7 @@ class TrialSession:
         self.probe.reset(batch_size)
         loop = trainer.fit_loop
         loop.load_state_dict(copy.deepcopy(self._saved["loop_state"]))
-        _not_restarting(loop)
+        not_restarting(loop)
         trainer.should_stop = False
         try:
             loop.run()
@@ -280,10 +285,6 @@ class TrialSession:
             ),
             None,
         )
-
-
-def _no_sigterm_broadcast() -> None:
-    return None
 
 
 class _QuietTrialEnds(logging.Filter):

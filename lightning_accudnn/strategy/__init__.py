@@ -1,17 +1,13 @@
-"""Lightning glue: the AccUDNN strategies and their registration."""
+"""Lightning glue: the AccUDNN strategies and their registration (done when this package is imported).
 
-from lightning_accudnn.planner.coordination import RankCoordinator
-from lightning_accudnn.strategy.controller import OffloadController, OffloadStats
-from lightning_accudnn.strategy.ddp import AccUDNNDDPStrategy, merge_profiles
+``OffloadController`` is the previous name of the session, kept for ``bench/`` only.
+"""
+
+from lightning_accudnn.strategy.controller import OffloadController
+from lightning_accudnn.strategy.ddp import AccUDNNDDPStrategy
 from lightning_accudnn.strategy.registry import register_strategies
 from lightning_accudnn.strategy.single_device import AccUDNNStrategy
 
-__all__ = [
-    "AccUDNNDDPStrategy",
-    "AccUDNNStrategy",
-    "OffloadController",
-    "OffloadStats",
-    "RankCoordinator",
-    "merge_profiles",
-    "register_strategies",
-]
+register_strategies()
+
+__all__ = ["AccUDNNDDPStrategy", "AccUDNNStrategy", "OffloadController", "register_strategies"]

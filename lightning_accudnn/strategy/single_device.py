@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -10,9 +10,11 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
-from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
-from lightning_accudnn.strategy.controller import OffloadController
-from lightning_accudnn.strategy.offload_hooks import OffloadHooks
+from lightning_accudnn.planner.budget import Budget
+from lightning_accudnn.session import OffloadConfig
+from lightning_accudnn.session.device import require_available
+from lightning_accudnn.strategy._lightning_internals import declared_device
+from lightning_accudnn.strategy.offload_hooks import OffloadHooks, offload_config
 
 
 class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
@@ -24,38 +26,38 @@ class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
     ``"auto"``. On CUDA the budget caps the caching allocator, so a large card behaves like
     a small one. The first step profiles in the safe mode (swap everything swappable).
 
-    Args:
-        budget: device memory the step may use.
-        device: the device; by default the one the Trainer's ``accelerator``/``devices`` name.
-        min_swap_bytes: saved tensors smaller than this stay on the device.
-        keep_on_device: module name patterns (``fnmatch``) whose activations never swap,
-            e.g. ``["head", "decoder.layers.23.*"]``.
-        host_memory_limit: cap on pinned host memory (same forms as ``budget``, against
-            system RAM); by default half of system RAM.
-        reserve_bytes: kept free under the budget for fragmentation and workspaces (CUDA
-            default: the larger of 256 MiB and 5% of the budget; CPU default: 0).
+    Offload options come as one :class:`~lightning_accudnn.OffloadConfig` (``config=``), as
+    keywords naming its fields (``budget``, ``min_swap_bytes``, ``keep_on_device``,
+    ``host_memory_limit``, ``reserve_bytes``), or both (the keywords win). ``device`` is by
+    default the one the Trainer's ``accelerator``/``devices`` name; the session
+    (``strategy.offload``: budget, reserve, plan, stats) is made when the Trainer sets up.
 
     Example:
         >>> from lightning.pytorch import Trainer
+        >>> from lightning_accudnn import OffloadConfig
         >>> trainer = Trainer(accelerator="cpu", strategy=AccUDNNStrategy(budget="2GB"), max_steps=1)
         >>> # trainer.fit(model) then trainer.strategy.stats.bytes_swapped_out
+        >>> strategy = AccUDNNStrategy(config=OffloadConfig(budget="2GB", keep_on_device=["head"]))
+        >>> AccUDNNStrategy("2GB", min_swap_bytes=0).offload_config.min_swap_bytes
+        0
     """
 
     strategy_name = "accudnn"
 
     def __init__(
         self,
-        budget: int | str = "auto",
+        budget: Budget | int | str | None = None,
         *,
+        config: OffloadConfig | None = None,
         device: torch.device | str | int | None = None,
-        min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES,
-        keep_on_device: Sequence[str] = (),
-        host_memory_limit: int | str | None = None,
-        reserve_bytes: int | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
+        **options: Any,
     ) -> None:
+        self.offload_config = offload_config(config, budget, options)
+        if device is not None:
+            require_available(torch.device(device))
         super().__init__(
             device="cpu" if device is None else device,
             accelerator=accelerator,
@@ -65,18 +67,11 @@ class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
         self._device_given = device is not None
         # Filled by Lightning's accelerator connector from Trainer(accelerator=..., devices=...).
         self.parallel_devices: list[torch.device] | None = None
-        self._controller = OffloadController(
-            budget,
-            min_swap_bytes=min_swap_bytes,
-            keep_on_device=keep_on_device,
-            host_memory_limit=host_memory_limit,
-            reserve_bytes=reserve_bytes,
-        )
 
     @property
     def root_device(self) -> torch.device:
         if self._device_given or not self.parallel_devices:
-            return self._root_device
+            return declared_device(self)
         if len(self.parallel_devices) > 1:
             raise ValueError(
                 f"AccUDNNStrategy trains on one device, the Trainer asks for {len(self.parallel_devices)}: "

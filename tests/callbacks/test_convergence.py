@@ -59,6 +59,7 @@ def _val_accuracy(model: BlobClassifier, tuner: EfficiencyTuner | None) -> float
 
 
 @pytest.mark.filterwarnings("ignore:EfficiencyTuner. the strategy")
+@pytest.mark.slow
 def test_tuned_batch_with_matched_learning_rate_reaches_the_baseline_accuracy():
     torch.manual_seed(0)
     baseline = _val_accuracy(BlobClassifier(batch_size=16, lr=0.05), tuner=None)

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_accudnn import AccUDNNDDPStrategy, EfficiencyTuner
 from tests.callbacks.helpers import CurveModel, VirtualClock, flat, tuner_trainer
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
 
 
 class OutOfMemoryOnRankOne(CurveModel):

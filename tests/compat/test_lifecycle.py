@@ -6,6 +6,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.ops import HostMemoryExceeded
+from tests._torch_internals import forward_pre_hook_count, module_hook_count
 from tests.models import Classifier, loader
 from tests.strategy.helpers import memory_need, trainer_for
 
@@ -13,10 +14,6 @@ from tests.strategy.helpers import memory_need, trainer_for
 def _strategy(**options):
     static, saved = memory_need("cnn")
     return AccUDNNStrategy(budget=static + saved // 2, min_swap_bytes=0, **options)
-
-
-def _module_hooks(model):
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
 
 class HookCounting(Classifier):
@@ -27,7 +24,7 @@ class HookCounting(Classifier):
         self.hooks_seen = {}
 
     def _note(self, kind):
-        self.hooks_seen.setdefault(kind, set()).add(_module_hooks(self))
+        self.hooks_seen.setdefault(kind, set()).add(module_hook_count(self))
 
     def training_step(self, batch, batch_idx):
         self._note("train")
@@ -78,7 +75,7 @@ def test_checkpoint_resume_mid_epoch_and_fit_twice(tmp_path):
     trainer.fit_loop.epoch_loop.max_steps = 4
     trainer.fit(model, loader("cnn", batches=6))
     assert trainer.global_step == 4
-    assert _module_hooks(model) == 0
+    assert module_hook_count(model) == 0
 
 
 def test_host_memory_limit_fails_early_naming_both_budgets():
@@ -86,8 +83,8 @@ def test_host_memory_limit_fails_early_naming_both_budgets():
     strategy = _strategy(host_memory_limit=50_000)
     with pytest.raises(HostMemoryExceeded, match="host_memory_limit"):
         trainer_for(strategy).fit(model, loader("cnn"))
-    assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert module_hook_count(model) == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
     static, saved = memory_need("cnn")
     strategy = _strategy(host_memory_limit=int(1.2 * saved))  # profiling fits, the plan must too
@@ -114,8 +111,8 @@ def test_out_of_memory_inside_a_step_leaves_a_usable_trainer():
     trainer = trainer_for(strategy, max_steps=3)
     with pytest.raises(torch.OutOfMemoryError):
         trainer.fit(model, loader("cnn"))
-    assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert module_hook_count(model) == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
     trainer.fit(model, loader("cnn"))
     assert trainer.global_step == 3
 
@@ -127,13 +124,13 @@ def test_keyboard_interrupt_mid_step_shuts_down_cleanly():
     with pytest.raises(SystemExit):  # Lightning's graceful shutdown ends with exit(1)
         trainer.fit(model, loader("cnn"))
     assert trainer.interrupted
-    assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert module_hook_count(model) == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
 
 class CountsHooksInStep(Classifier):
     def training_step(self, batch, batch_idx):
-        self.pre_hooks_on_stem = len(self.model.stem[0]._forward_pre_hooks)
+        self.pre_hooks_on_stem = forward_pre_hook_count(self.model.stem[0])
         return super().training_step(batch, batch_idx)
 
 
@@ -142,7 +139,7 @@ def test_a_second_strategy_on_the_same_model_does_not_stack_hooks():
     trainer_for(_strategy(), max_steps=2).fit(model, loader("cnn"))
     trainer_for(_strategy(), max_steps=2).fit(model, loader("cnn"))
     assert model.pre_hooks_on_stem == 1
-    assert _module_hooks(model) == 0
+    assert module_hook_count(model) == 0
 
 
 def test_compiled_module_is_refused_before_training():

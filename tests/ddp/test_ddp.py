@@ -6,12 +6,12 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_accudnn import AccUDNNDDPStrategy
 from lightning_accudnn.planner import LayerProfile, StepProfile
-from lightning_accudnn.strategy import merge_profiles
+from lightning_accudnn.session import merge_profiles
 from tests.models import Classifier, loader
 from tests.strategy.helpers import memory_need, trainer_for
 
 # Spawned process groups must never hang CI: every test here is bounded.
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
 
 
 def _trainer(strategy, max_steps=4, **overrides):
@@ -71,7 +71,7 @@ def test_registered_name_runs_fit_validate_checkpoint_and_restore(tmp_path):
         limit_val_batches=2,
     )
     assert isinstance(trainer.strategy, AccUDNNDDPStrategy)
-    trainer.strategy._controller.min_swap_bytes = 0
+    trainer.strategy.offload_config = trainer.strategy.offload_config.replace(min_swap_bytes=0)
     trainer.fit(model, loader("cnn", batches=8))
     checkpoint = next(tmp_path.rglob("*.ckpt"))
     trainer.validate(model, loader("cnn", batches=2))

@@ -5,6 +5,7 @@ import torch
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.planner.plan import BudgetTooSmallError
+from tests._torch_internals import module_hook_count
 from tests.models import Classifier, loader
 from tests.strategy.helpers import StatsRecorder, memory_need, swapping_strategy, trainer_for
 
@@ -23,10 +24,6 @@ class FailingClassifier(Classifier):
         return loss
 
 
-def _module_hooks(model):
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
-
-
 def test_exception_in_training_step_leaves_nothing_behind_and_the_trainer_fits_again():
     strategy = swapping_strategy("cnn")
     model = FailingClassifier(fail_at=2)
@@ -35,8 +32,8 @@ def test_exception_in_training_step_leaves_nothing_behind_and_the_trainer_fits_a
     with pytest.raises(RuntimeError, match="failure inside training_step"):
         trainer.fit(model, loader("cnn"))
 
-    engine = strategy._controller.engine
-    assert _module_hooks(model) == 0
+    engine = strategy.offload.engine
+    assert module_hook_count(model) == 0
     assert engine.pool.in_use_bytes == 0
     assert not engine.step_open
     assert len(recorder.stats) == 2
@@ -45,8 +42,8 @@ def test_exception_in_training_step_leaves_nothing_behind_and_the_trainer_fits_a
     trainer.fit(model, loader("cnn"))
     assert trainer.global_step == 4
     assert strategy.stats.bytes_swapped_out > 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
-    assert _module_hooks(model) == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
+    assert module_hook_count(model) == 0
 
 
 def test_budget_too_small_names_the_smallest_budget_that_works_before_any_update():
@@ -60,8 +57,8 @@ def test_budget_too_small_names_the_smallest_budget_that_works_before_any_update
     assert "at least" in str(raised.value)
     after = dict(model.named_parameters())
     assert all(torch.equal(value, after[name]) for name, value in before.items()), "no weight was updated"
-    assert _module_hooks(model) == 0
-    assert strategy._controller.engine.pool.in_use_bytes == 0
+    assert module_hook_count(model) == 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
     # The named budget is enough.
     strategy = AccUDNNStrategy(budget=raised.value.min_budget_bytes, min_swap_bytes=0)

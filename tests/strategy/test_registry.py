@@ -11,7 +11,7 @@ from lightning_accudnn import AccUDNNStrategy
 def test_strategy_name_resolves_to_accudnn_with_auto_budget():
     trainer = Trainer(strategy="accudnn", accelerator="cpu", devices=1, logger=False)
     assert isinstance(trainer.strategy, AccUDNNStrategy)
-    assert str(trainer.strategy._controller.budget) == "auto"
+    assert str(trainer.strategy.offload_config.budget) == "auto"
 
 
 def test_registration_is_idempotent():

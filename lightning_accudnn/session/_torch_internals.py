@@ -1,0 +1,36 @@
+"""Every use of a private PyTorch name in the session, in one place (each is used by PyTorch's
+own distributed code too, so it is as stable as a private name gets)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["is_compiled_module", "run_when_backward_ends", "tensor_leaves"]
+
+
+def run_when_backward_ends(callback: Callable[[], None]) -> None:
+    """Queue ``callback`` to run once the backward pass now running has finished.
+
+    Must be called from inside a backward (a tensor or grad hook). It is the mechanism DDP
+    and FSDP use to finish their reductions; an exception the callback raises propagates out
+    of ``backward()`` with its own type.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors in any nesting of lists, tuples and dicts."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(tree)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def is_compiled_module(module: nn.Module) -> bool:
+    """True when ``module`` or a submodule is the wrapper ``torch.compile`` returns."""
+    compiled = getattr(torch._dynamo, "OptimizedModule", None)
+    return compiled is not None and any(isinstance(child, compiled) for child in module.modules())

@@ -1,0 +1,114 @@
+"""The offload options, in one frozen object that every entry point takes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_accudnn.planner.budget import Budget
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+
+__all__ = ["DEFAULT_HOST_MEMORY_SHARE", "OffloadConfig"]
+
+#: Share of system RAM the pinned pool may take unless told otherwise.
+DEFAULT_HOST_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """What to offload and within which limits; checked once, when it is made.
+
+    Both strategies and :class:`~lightning_accudnn.OffloadSession` take one. The fields:
+
+    * ``budget``: device memory the training step may use: an int of bytes, ``"12GB"``
+      (powers of 10), ``"12GiB"`` (powers of 2), ``"80%"`` of the device or ``"auto"``
+      (see :class:`~lightning_accudnn.Budget` for every accepted spelling).
+    * ``min_swap_bytes``: saved tensors smaller than this stay on the device.
+    * ``keep_on_device``: module-name patterns (``fnmatch``) whose activations never swap,
+      e.g. ``("head", "decoder.layers.23.*")``; a pattern that matches no module of the
+      model is refused before training. A single string is one pattern.
+    * ``host_memory_limit``: cap on pinned host memory (the same forms as ``budget``,
+      against system RAM); ``None`` is half of system RAM.
+    * ``reserve_bytes``: kept free under the budget for fragmentation and workspaces;
+      ``None`` is the larger of 256 MiB and 5% of the budget on CUDA, 0 on CPU.
+
+    Example:
+        >>> config = OffloadConfig(budget="12GB", keep_on_device="head")
+        >>> config.budget, config.keep_on_device
+        (Budget(kind='bytes', value=12000000000.0), ('head',))
+        >>> config.replace(min_swap_bytes=0).min_swap_bytes
+        0
+        >>> OffloadConfig(min_swap_bytes=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: min_swap_bytes must be an int >= 0, got -1
+    """
+
+    budget: Budget | int | str = "auto"
+    min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES
+    keep_on_device: Sequence[str] = ()
+    host_memory_limit: Budget | int | str | None = None
+    reserve_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__  # frozen: normalise once, here
+        set_field(self, "budget", Budget.parse(self.budget))
+        if self.host_memory_limit is not None:
+            set_field(self, "host_memory_limit", Budget.parse(self.host_memory_limit))
+        if isinstance(self.min_swap_bytes, bool) or not isinstance(self.min_swap_bytes, int):
+            raise ValueError(f"min_swap_bytes must be an int >= 0, got {self.min_swap_bytes!r}")
+        if self.min_swap_bytes < 0:
+            raise ValueError(f"min_swap_bytes must be an int >= 0, got {self.min_swap_bytes}")
+        if self.reserve_bytes is not None and (
+            isinstance(self.reserve_bytes, bool)
+            or not isinstance(self.reserve_bytes, int)
+            or self.reserve_bytes < 0
+        ):
+            raise ValueError(f"reserve_bytes must be None or an int >= 0, got {self.reserve_bytes!r}")
+        patterns = (self.keep_on_device,) if isinstance(self.keep_on_device, str) else self.keep_on_device
+        patterns = tuple(patterns)
+        if not all(isinstance(pattern, str) and pattern for pattern in patterns):
+            raise ValueError(f"keep_on_device must hold non-empty module-name patterns, got {patterns!r}")
+        set_field(self, "keep_on_device", patterns)
+
+    @property
+    def parsed_budget(self) -> Budget:
+        """``budget`` as the :class:`~lightning_accudnn.Budget` it was parsed into."""
+        assert isinstance(self.budget, Budget)
+        return self.budget
+
+    @property
+    def parsed_host_memory_limit(self) -> Budget | None:
+        assert self.host_memory_limit is None or isinstance(self.host_memory_limit, Budget)
+        return self.host_memory_limit
+
+    def replace(self, **changes: Any) -> OffloadConfig:
+        """A copy with ``changes`` applied (and checked)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, config: OffloadConfig | None = None, **options: Any) -> OffloadConfig:
+        """``config`` (default: all defaults) with ``options`` applied: how strategies take both.
+
+        Example:
+            >>> OffloadConfig.of(OffloadConfig(budget="2GB"), min_swap_bytes=0).budget
+            Budget(kind='bytes', value=2000000000.0)
+            >>> OffloadConfig.of(budgett="2GB")
+            Traceback (most recent call last):
+            ...
+            TypeError: unknown offload option 'budgett'; the options are budget, min_swap_bytes, \
+keep_on_device, host_memory_limit, reserve_bytes
+        """
+        names = option_names()
+        for name in options:
+            if name not in names:
+                raise TypeError(f"unknown offload option {name!r}; the options are {', '.join(names)}")
+        base = config if config is not None else cls()
+        return base.replace(**options) if options else base
+
+
+def option_names() -> tuple[str, ...]:
+    """The names :class:`OffloadConfig` takes, in order (how a strategy sorts its keywords)."""
+    return tuple(field.name for field in dataclasses.fields(OffloadConfig))

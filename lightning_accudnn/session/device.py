@@ -1,0 +1,43 @@
+"""What the session needs to know about a device: that it exists, and its memory."""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+__all__ = ["device_memory", "require_available"]
+
+
+def require_available(device: torch.device) -> None:
+    """Refuse a CUDA device on a machine without one, saying so plainly.
+
+    Example:
+        >>> require_available(torch.device("cpu"))  # always there
+    """
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {str(device)!r} was asked for, but no CUDA device is available "
+            "(torch.cuda.is_available() is False): run on a machine with a GPU and a CUDA build of "
+            "PyTorch, or use the CPU (no memory is saved there)"
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(
+            f"device {str(device)!r} was asked for, but only {torch.cuda.device_count()} CUDA device(s) exist"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"lightning-accudnn runs on CUDA or CPU devices, not {device.type!r}")
+
+
+def device_memory(device: torch.device) -> tuple[int, int, str]:
+    """Total bytes, free bytes and a name for ``device`` (system RAM for the CPU).
+
+    Example:
+        >>> total, free, name = device_memory(torch.device("cpu"))
+        >>> 0 < free <= total, name
+        (True, 'host memory (CPU device)')
+    """
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return total, free, torch.cuda.get_device_name(device)
+    memory = psutil.virtual_memory()
+    return memory.total, memory.available, "host memory (CPU device)"

@@ -1,0 +1,464 @@
+"""The adaptive offload loop, without Lightning: profile, plan, run, measure, re-plan.
+
+One :class:`OffloadSession` serves one device. The Lightning strategies hold one each; a
+plain PyTorch loop or a Lightning Fabric loop makes its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, StepStats, SwapSchedule
+from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
+from lightning_accudnn.planner.bandwidth import host_link
+from lightning_accudnn.planner.coordination import RankCoordinator
+from lightning_accudnn.planner.plan import copying_out_limit, plan_swaps
+from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.session._torch_internals import is_compiled_module
+from lightning_accudnn.session.backward_end import BackwardEnd
+from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
+from lightning_accudnn.session.device import device_memory, require_available
+from lightning_accudnn.session.patterns import check_keep_on_device
+from lightning_accudnn.session.plan_book import PassKey, PlanBook, batch_signature, layers_differ
+from lightning_accudnn.session.stats import OffloadStats
+
+__all__ = ["SMALLEST_COPY_OUT_LIMIT", "OffloadSession"]
+
+log = logging.getLogger("lightning_accudnn")
+
+#: The copy-out limit of the safest mode: one storage in flight at a time. The profiling pass
+#: runs under it, and a plan falls back to it when the usual limit does not fit, so that the
+#: smallest budget a :class:`BudgetTooSmallError` names never depends on the budget asked.
+SMALLEST_COPY_OUT_LIMIT = 0
+
+
+@dataclass
+class _Pass:
+    """The forward/backward pass in progress: which one it is and what it runs under."""
+
+    key: PassKey
+    plan: Plan | None  # None: a profiling pass
+
+
+@dataclass
+class _Block:
+    """One ``session.step(...)`` block: its model, optimizers and the engine context it holds."""
+
+    model: nn.Module
+    optimizers: tuple[torch.optim.Optimizer, ...]
+    signature: Any
+    thread: int
+    position: int = 0
+    engine_context: AbstractContextManager[None] | None = None
+    pass_closed: bool = False  # a pass ended while the block was open (manual optimization)
+    hooks: list[RemovableHandle] = field(default_factory=list)
+
+
+class OffloadSession:
+    """Swap saved activations so that each training pass fits ``config.budget`` on ``device``.
+
+    The first pass of each kind runs in the safe mode (every swappable activation swapped);
+    what it measured (bytes and time per layer, the host link) is planned from, and the
+    following passes run the plan. The first planned pass re-plans once from its own
+    timings; a pass whose layers changed re-plans from its own measurements; a pass whose
+    peak passed the usable budget grows the reserve by the overshoot and re-plans. A pass is
+    told apart by the model, the batch's shapes and its position in the step, so a short
+    last batch or a GAN's second optimizer keeps its own plan. A budget too small for any
+    plan raises :class:`~lightning_accudnn.planner.BudgetTooSmallError` at the end of the
+    first backward, before any optimizer step, naming the smallest budget that works.
+
+    A plain loop (the step closes itself when backward ends)::
+
+        session = OffloadSession(OffloadConfig(budget="12GB"), device=torch.device("cuda"))
+        for x, y in loader:
+            with session.step(model, optimizer):   # the forward runs under the plan
+                loss = loss_fn(model(x), y)
+            loss.backward()                         # swapped activations come back as needed
+            optimizer.step(); optimizer.zero_grad()
+        print(session.plan); session.stats.bytes_swapped_out
+        session.close()
+
+    Args:
+        config: the offload options.
+        device: the training device (``"cuda"``, ``torch.device("cuda", 1)``, ``"cpu"``).
+        runtime: handed to the engine (``OffloadEngine(..., runtime=runtime)``), e.g. a
+            simulated GPU in tests; ``None`` for the real device.
+        coordinator: how ranks agree on planning (see
+            :class:`~lightning_accudnn.session.DistributedCoordinator`); one process by default.
+        report: where one-line reports go (budget, each new plan); default the
+            ``lightning_accudnn`` logger at INFO.
+        on_stats: called with every pass's :class:`OffloadStats` (a strategy logs them).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> session = OffloadSession(OffloadConfig(budget=1_000_000, min_swap_bytes=0), "cpu")
+        >>> for _ in range(3):
+        ...     with session.step(model, optimizer):
+        ...         loss = model(torch.randn(32, 64)).square().mean()
+        ...     loss.backward()
+        ...     optimizer.step(); optimizer.zero_grad()
+        >>> session.stats.profiling, session.plan is not None
+        (False, True)
+        >>> session.close()
+    """
+
+    def __init__(
+        self,
+        config: OffloadConfig,
+        device: torch.device | str | int,
+        *,
+        runtime: object | None = None,
+        coordinator: RankCoordinator | None = None,
+        report: Callable[[str], None] | None = None,
+        on_stats: Callable[[OffloadStats], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        require_available(self.device)
+        self.coordinator = coordinator if coordinator is not None else RankCoordinator()
+        self.report = report if report is not None else log.info
+        self.on_stats = on_stats
+        self.plan: Plan | None = None
+        self.stats: OffloadStats | None = None
+        self._book = PlanBook()
+        self._pass: _Pass | None = None
+        self._block: _Block | None = None
+        self._backward_end = BackwardEnd(self._close_pass_from_backward)
+        self._checked_models: set[int] = set()
+        self._memory_fraction_set = False
+        self._closed = False
+
+        total, free, name = device_memory(self.device)
+        self.budget_bytes: int = config.parsed_budget.resolve(total, free, device_name=name)
+        self.reserve_bytes: int = config.reserve_bytes if config.reserve_bytes is not None else 0
+        if config.reserve_bytes is None and self.device.type == "cuda":
+            self.reserve_bytes = max(256 * 2**20, self.budget_bytes // 20)
+        if self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(self.budget_bytes / total, self.device)
+            self._memory_fraction_set = True
+        else:
+            warnings.warn(
+                "lightning-accudnn on CPU: activations are copied through the host-copy backend and the "
+                "budget is checked against the engine's ledger, but no memory is saved. Use a CUDA device "
+                "to train beyond its memory.",
+                stacklevel=2,
+            )
+        host_total = psutil.virtual_memory().total
+        host_budget = config.parsed_host_memory_limit
+        host_limit = (
+            int(host_total * DEFAULT_HOST_MEMORY_SHARE)
+            if host_budget is None
+            else host_budget.resolve(host_total, device_name="host memory")
+        )
+        engine_options: dict[str, Any] = {} if runtime is None else {"runtime": runtime}
+        self.engine = OffloadEngine(
+            self.device,
+            min_swap_bytes=config.min_swap_bytes,
+            exclude=config.keep_on_device,
+            host_memory_limit=host_limit,
+            **engine_options,
+        )
+        spec = "" if config.parsed_budget.kind == "bytes" else f" ({config.budget})"
+        self.report(
+            f"accudnn: budget {format_bytes(self.budget_bytes)}{spec} on {name}, reserve "
+            f"{format_bytes(self.reserve_bytes)}, host memory for swapped activations up to "
+            f"{format_bytes(host_limit)}; the first pass profiles with every activation swapped"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Abort any open pass, free the host pool, lift the allocator cap. Idempotent."""
+        self._backward_end.remove()
+        self.engine.close()
+        if self._memory_fraction_set:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            self._memory_fraction_set = False
+        self._closed = True
+
+    def __enter__(self) -> OffloadSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def abort(self) -> None:
+        """A pass failed: drop its swapped activations and return their buffers."""
+        self._backward_end.remove()
+        self.engine.abort_step()
+        self._pass = None
+
+    def check_model(self, model: nn.Module) -> None:
+        """Refuse what cannot train under the session, before training: ``keep_on_device``
+        patterns matching no module, and ``torch.compile``'d modules."""
+        if id(model) in self._checked_models:
+            return
+        if is_compiled_module(model):
+            raise ValueError(
+                "lightning-accudnn refuses a torch.compile'd model: the saved-tensor hooks it relies on are "
+                "not reliably honoured inside compiled graphs (pytorch issues #116221, #148222), so "
+                "activations could silently stay on the device. Pass the uncompiled module, or use "
+                "torch.compile with torch._functorch.config.activation_memory_budget instead."
+            )
+        check_keep_on_device(self.config.keep_on_device, model)
+        self._checked_models.add(id(model))
+
+    @contextmanager
+    def planning_alone(self) -> Iterator[None]:
+        """Within the block this process plans from its own profile, with no collectives
+        (the batch-size search runs each rank on its own)."""
+        coordinator, self.coordinator = self.coordinator, RankCoordinator()
+        try:
+            yield
+        finally:
+            self.coordinator = coordinator
+
+    # -- one step ----------------------------------------------------------------------
+
+    @contextmanager
+    def step(
+        self,
+        model: nn.Module,
+        optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] = (),
+        *,
+        batch: Any = None,
+        close_on_backward: bool = True,
+    ) -> Iterator[None]:
+        """Run the forward passes inside under this session's plan.
+
+        ``optimizers`` count towards the static memory (their state, also before it exists).
+        ``batch`` tells the passes of different batch shapes apart; without it the shapes of
+        the model's first call in the block are used (so ``model`` must be called in the
+        block). With ``close_on_backward`` the pass closes itself when a backward through
+        the model's output ends (measure, plan); a driver that runs backward itself (a
+        strategy) passes ``False`` and calls :meth:`begin_backward` and
+        :meth:`end_backward` around it. Several passes may run inside one block (manual
+        optimization: forward, backward, optimizer step, forward, ...), each with its own
+        plan, as long as backward runs inside the block for all but the last.
+        """
+        if self._closed:
+            raise RuntimeError("this OffloadSession is closed; make a new one")
+        if self._block is not None:
+            raise RuntimeError("session.step blocks do not nest: one is already open")
+        if self.engine.step_open:  # the previous pass never ran its backward
+            self.abort()
+        self._backward_end.remove()
+        self.check_model(model)
+        if isinstance(optimizers, torch.optim.Optimizer):
+            optimizers = (optimizers,)
+        block = _Block(
+            model=model,
+            optimizers=tuple(optimizers),
+            signature=None if batch is None else batch_signature(batch),
+            thread=threading.get_ident(),
+        )
+        self._block = block
+        try:
+            if batch is None:
+                block.hooks.append(model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
+            else:
+                self._enter_pass()
+            if close_on_backward:
+                block.hooks.append(model.register_forward_hook(self._on_model_output))
+            yield
+        except BaseException as error:
+            self._leave_pass(error)
+            raise
+        else:
+            if block.engine_context is None and not block.pass_closed:
+                raise RuntimeError(
+                    f"nothing ran under session.step: the model ({type(model).__name__}) was not called "
+                    "inside the block. Call it there, or pass batch=... when the forward calls only its "
+                    "submodules."
+                )
+            self._leave_pass(None)
+        finally:
+            for handle in block.hooks:
+                handle.remove()
+            self._block = None
+
+    def begin_backward(self) -> None:
+        """The forward pass is over and backward starts (for drivers that run backward)."""
+        self.engine.begin_backward()
+
+    def end_backward(self) -> OffloadStats | None:
+        """After backward: measure the pass, plan when needed, and ready the next pass of the step.
+
+        Returns the pass's figures, or ``None`` when no pass was open (it closed itself).
+        Raises :class:`~lightning_accudnn.planner.BudgetTooSmallError` when no plan fits.
+        """
+        stats = self._close_pass()
+        block = self._block
+        if block is not None and block.engine_context is not None and block.thread == threading.get_ident():
+            # Manual optimization: the next forward in this block is the next pass of the step.
+            self._leave_pass(None)
+            self._enter_pass()
+        return stats
+
+    # -- passes ------------------------------------------------------------------------
+
+    def _on_model_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        block = self._block
+        if block is None:
+            return
+        if block.engine_context is None:
+            block.signature = batch_signature((args, kwargs))
+            self._enter_pass()
+        elif block.pass_closed and not self.engine.step_open:
+            # The previous pass closed from inside backward; this call starts the next one.
+            self._leave_pass(None)
+            self._enter_pass()
+
+    def _on_model_output(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        self._backward_end.watch(output)
+
+    def _enter_pass(self) -> None:
+        block = self._block
+        assert block is not None
+        key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
+        static_bytes = model_state_bytes(block.model, block.optimizers)
+        plan = self._book.plan(key)
+        if plan is not None and static_bytes != plan.profile.static_bytes:
+            plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
+            self._book.keep(key, plan, refined=not self._book.needs_refining(key))
+        self.plan = plan if plan is not None else self.plan
+        self._pass = _Pass(key, plan)
+        if plan is None:
+            schedule = SwapSchedule.swap_everything(max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT)
+        else:
+            kept = {layer.name for layer in plan.profile.layers} - plan.swapped_layers
+            schedule = SwapSchedule.keep_layers_named(
+                kept, plan.prefetch_window_bytes, plan.max_copying_out_bytes
+            )
+        context = self.engine.offload(block.model, schedule, static_bytes=static_bytes)
+        context.__enter__()
+        block.engine_context = context
+        block.pass_closed = False
+
+    def _leave_pass(self, error: BaseException | None) -> None:
+        block = self._block
+        if block is None or block.engine_context is None:
+            return
+        context, block.engine_context = block.engine_context, None
+        if error is None:
+            context.__exit__(None, None, None)
+        else:
+            context.__exit__(type(error), error, error.__traceback__)  # aborts the engine's step
+
+    def _close_pass_from_backward(self) -> None:
+        self._backward_end.remove()
+        self._close_pass()
+
+    def _close_pass(self) -> OffloadStats | None:
+        """Measure the pass that just ran backward; plan when it calls for it.
+
+        Every rank reaches this after every backward, so the decision to re-plan and the
+        profile planned from are agreed through the coordinator: all ranks plan alike.
+        """
+        step = self.engine.end_step()
+        current, self._pass = self._pass, None
+        if step is None or current is None:
+            return None
+        block = self._block
+        if block is not None:
+            block.position += 1
+            block.pass_closed = True
+        profiling = current.plan is None
+        stats = self._measure(step, current.plan)
+        self.stats = stats
+        profile = self._profile_from(step)
+        usable = self.budget_bytes - self.reserve_bytes
+        overshoot = 0 if profiling else max(0, stats.peak_device_bytes - usable)
+        known = self._book.plan(current.key)
+        changed = known is None or layers_differ(known.profile, profile)
+        refine = not profiling and self._book.needs_refining(current.key)
+        if self.coordinator.any(overshoot > 0 or profiling or refine or changed):
+            overshoot = int(self.coordinator.max(overshoot))
+            if overshoot:
+                self.reserve_bytes += overshoot
+                log.warning(
+                    "accudnn: the pass's peak passed the usable budget %s by %s; reserve raised to %s, "
+                    "re-planned",
+                    format_bytes(usable),
+                    format_bytes(overshoot),
+                    format_bytes(self.reserve_bytes),
+                )
+            plan = self._make_plan(self.coordinator.merge(profile), current.key)
+            self._book.keep(current.key, plan, refined=not profiling)
+            self.plan = plan
+        if self.on_stats is not None:
+            self.on_stats(stats)
+        return stats
+
+    # -- planning and measuring ----------------------------------------------------------
+
+    def _make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
+        """The fastest plan under the budget, with the usual copy-out limit when it fits and the
+        smallest otherwise: the smallest budget an error names is that of the safest mode, the
+        same whatever budget was asked, so a budget an error named always plans."""
+        budget = self.budget_bytes
+        try:
+            plan = plan_swaps(
+                profile, budget, self.reserve_bytes, max_copying_out_bytes=copying_out_limit(budget)
+            )
+        except BudgetTooSmallError:
+            plan = plan_swaps(
+                profile, budget, self.reserve_bytes, max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT
+            )
+        host_limit = self.engine.pool.capacity_bytes
+        if plan.swapped_bytes > host_limit:
+            raise HostMemoryExceeded(
+                f"the plan for a device budget of {format_bytes(budget)} swaps "
+                f"{format_bytes(plan.swapped_bytes)} to host memory, more than the host-memory limit of "
+                f"{format_bytes(host_limit)}. Raise host_memory_limit (system RAM permitting), raise the "
+                "device budget, or lower the batch size."
+            )
+        which = f" (pass {key.position + 1} of the step)" if key.position else ""
+        self.report(
+            f"accudnn plan{which}: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
+            f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
+            f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, "
+            f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
+        )
+        return plan
+
+    def _profile_from(self, step: StepStats) -> StepProfile:
+        link = host_link(self.device)
+        return StepProfile(
+            layers=step.layers,
+            static_bytes=self.engine.ledger.static_bytes,
+            d2h_bytes_per_second=link.d2h_bytes_per_second,
+            h2d_bytes_per_second=link.h2d_bytes_per_second,
+        )
+
+    def _measure(self, step: StepStats, plan: Plan | None) -> OffloadStats:
+        peak, reserved = step.ledger_peak_bytes, step.ledger_peak_bytes
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return OffloadStats(
+            bytes_swapped_out=step.bytes_swapped_out,
+            bytes_swapped_in=step.bytes_swapped_in,
+            wait_seconds=step.wait_seconds,
+            peak_device_bytes=peak,
+            peak_reserved_bytes=reserved,
+            ledger_peak_bytes=step.ledger_peak_bytes,
+            swapped_layers=step.swapped_layers,
+            profiling=plan is None,
+            step_seconds=step.forward_seconds + step.backward_seconds,
+            predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes,
+            predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
+        )

@@ -95,7 +95,7 @@ class MemoryMeter:
     """Peak memory of each step of one run, on CUDA (allocator) or CPU (resident set delta).
 
     ``extra_peak`` passed to :meth:`end_step` folds in a peak measured inside the step by
-    someone who reset the allocator's statistics in between (AccUDNN's controller does, at
+    someone who reset the allocator's statistics in between (AccUDNN's session does, at
     the end of backward).
 
     Example:

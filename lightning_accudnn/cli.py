@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -125,7 +126,7 @@ def resolve_model(name: str) -> ModelSpec:
     return ModelSpec(name, factory)
 
 
-def _torchvision_input_shape(torchvision: object, name: str) -> tuple[int, ...]:
+def _torchvision_input_shape(torchvision: Any, name: str) -> tuple[int, ...]:
     """The crop size of the model's default weights for image classifiers (299 for
     Inception v3, 518 for ViT-H/14), else 3x224x224."""
     try:

@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_accudnn.planner import plan_swaps
-from lightning_accudnn.planner.plan import copying_out_limit
 from lightning_accudnn.profile import StepProfile
 
 
 def _planned_fraction(profile: StepProfile, budget: int) -> float:
-    plan = plan_swaps(profile, budget, 0, max_copying_out_bytes=copying_out_limit(budget))
+    plan = plan_swaps(profile, budget, 0)
     return plan.swapped_bytes / profile.swappable_bytes
 
 
@@ -29,7 +28,7 @@ def budget_swapping_half(
 
     Bisects between the planner's smallest budget (everything swapped) and the profile's
     unconstrained peak (nothing swapped), planning as the strategy does (no reserve on the
-    CPU, the strategy's copy-out limit), until the planned swapped share is within
+    CPU, the copy-out limit the planner chooses), until the planned swapped share is within
     ``tolerance`` of one half. Returns the budget and how it was found.
     """
     if profile.swappable_bytes <= 0:
@@ -54,7 +53,8 @@ def budget_swapping_half(
         "how": (
             "bisection between the planner's smallest budget (plan_swaps(...).min_budget_bytes) and the "
             "profile's unconstrained peak, on the profile the strategy measured in a calibration fit, "
-            "planned as the strategy plans (reserve 0 on CPU, copy-out limit of the budget), until the "
+            "planned as the strategy plans (reserve 0 on CPU, the copy-out limit the planner chooses), "
+            "until the "
             f"plan swaps {0.5 - tolerance:.0%}-{0.5 + tolerance:.0%} of the swappable bytes"
         ),
     }

@@ -1,7 +1,7 @@
 """The ways of keeping activation memory down that a benchmark row can run, one module each.
 
 * ``oracle``: :class:`Technique` itself, nothing done;
-* ``accudnn``: :class:`AccUDNN`, lightning-accudnn's controller as ``AccUDNNStrategy`` drives it;
+* ``accudnn``: :class:`AccUDNN`, lightning-accudnn's session as ``AccUDNNStrategy`` drives it;
 * ``capped``: :class:`Capped`, no offload under the CUDA allocator cap AccUDNN sets;
 * ``save_on_cpu``: :class:`SaveOnCpu`, ``torch.autograd.graph.save_on_cpu``;
 * ``torchtune``: :class:`TorchtuneOffload`, torchtune's ``OffloadActivations``;

@@ -1,4 +1,4 @@
-"""lightning-accudnn itself: the offload controller ``AccUDNNStrategy`` drives, driven the same way.
+"""lightning-accudnn itself: the offload session ``AccUDNNStrategy`` drives, driven the same way.
 
 Example:
     >>> from bench.config import RunConfig
@@ -21,46 +21,54 @@ from bench.techniques.base import Technique
 from bench.workloads import Batch
 from lightning_accudnn.planner import Plan
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
-from lightning_accudnn.strategy import OffloadController
+from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 
 class AccUDNN(Technique):
-    """lightning-accudnn's controller under ``budget_bytes`` (what ``AccUDNNStrategy`` runs)."""
+    """lightning-accudnn's session under ``budget_bytes`` (what ``AccUDNNStrategy`` runs)."""
 
     def __init__(self, budget_bytes: int, config: RunConfig) -> None:
         min_swap = DEFAULT_MIN_SWAP_BYTES if config.min_swap_bytes is None else config.min_swap_bytes
-        self.controller = OffloadController(
+        self.config = OffloadConfig(
             budget=budget_bytes,
             min_swap_bytes=min_swap,
             host_memory_limit=config.host_memory_limit,
             reserve_bytes=config.reserve_bytes,
         )
+        self.session: OffloadSession | None = None
         self.device = config.device
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> nn.Module:
-        self.controller.setup(device)
+        self.teardown()
+        self.session = OffloadSession(self.config, device)
         return model
+
+    def _session(self) -> OffloadSession:
+        if self.session is None:
+            raise RuntimeError("prepare() makes the session before the first step")
+        return self.session
 
     def forward_context(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
     ) -> contextlib.AbstractContextManager:
-        return self.controller.forward(model, [optimizer], batch)
+        return self._session().step(model, [optimizer], batch=batch, close_on_backward=False)
 
     def backward(self, loss: torch.Tensor) -> StepMemory | None:
-        self.controller.begin_backward()
+        session = self._session()
+        session.begin_backward()
         try:
             loss.backward()
         except BaseException:
-            self.controller.abort()
+            session.abort()
             raise
-        stats = self.controller.end_step()
+        stats = session.end_backward()
         if stats is None or self.device.type != "cuda":
             return None
         # end_step read the allocator's peak of forward and backward, then reset it.
         return StepMemory(stats.peak_device_bytes, stats.peak_reserved_bytes)
 
     def step_figures(self) -> dict[str, Any]:
-        stats = self.controller.stats
+        stats = None if self.session is None else self.session.stats
         if stats is None:
             return {}
         return {
@@ -73,12 +81,14 @@ class AccUDNN(Technique):
             "profiling": stats.profiling,
             "predicted_peak_bytes": stats.predicted_peak_bytes,
             "predicted_step_seconds": stats.predicted_step_seconds,
-            "plan_id": id(self.controller.plan),
+            "plan_id": id(self.plan),
         }
 
     @property
     def plan(self) -> Plan | None:
-        return self.controller.plan
+        return None if self.session is None else self.session.plan
 
     def teardown(self) -> None:
-        self.controller.teardown()
+        if self.session is not None:
+            self.session.close()
+            self.session = None

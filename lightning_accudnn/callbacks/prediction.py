@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from lightning_accudnn.callbacks.batch_search import Prediction
 from lightning_accudnn.planner import BudgetTooSmallError, LayerProfile, StepProfile, format_bytes, plan_swaps
-from lightning_accudnn.planner.plan import copying_out_limit
 
 __all__ = ["largest_feasible_batch_size", "predict_batch_sizes", "scale_profile"]
 
@@ -69,11 +68,10 @@ def predict_batch_sizes(
         >>> round(predictions[16].seconds_per_batch, 6)  # 1 ms overhead + twice 9 ms of compute
         0.019
     """
-    limit = copying_out_limit(budget_bytes)
     overhead = 0.0
     if measured_seconds_per_batch is not None:
         try:
-            base = plan_swaps(profile, budget_bytes, reserve_bytes, max_copying_out_bytes=limit)
+            base = plan_swaps(profile, budget_bytes, reserve_bytes)
             overhead = max(0.0, measured_seconds_per_batch - base.predicted_step_seconds)
         except BudgetTooSmallError:
             overhead = 0.0
@@ -81,7 +79,7 @@ def predict_batch_sizes(
     for size in sizes:
         scaled = scale_profile(profile, size / measured_batch_size)
         try:
-            plan = plan_swaps(scaled, budget_bytes, reserve_bytes, max_copying_out_bytes=limit)
+            plan = plan_swaps(scaled, budget_bytes, reserve_bytes)
         except BudgetTooSmallError as error:
             predictions[size] = Prediction(
                 size,
@@ -138,13 +136,12 @@ def largest_feasible_batch_size(
         >>> largest_feasible_batch_size(profile, 8, low=8, high=64, budget_bytes=2_000)
         24
     """
-    limit = copying_out_limit(budget_bytes)
     multiple = 8 if low >= 8 else 1
 
     def fits(size: int) -> bool:
         scaled = scale_profile(profile, size / measured_batch_size)
         try:
-            plan_swaps(scaled, budget_bytes, reserve_bytes, max_copying_out_bytes=limit)
+            plan_swaps(scaled, budget_bytes, reserve_bytes)
         except BudgetTooSmallError:
             return False
         return True

@@ -106,7 +106,7 @@ def _pcie_link(index: int) -> tuple[int | None, int | None]:
     link down to save power, so the current figures read low outside a copy.
     """
     try:
-        import pynvml  # type: ignore[import-untyped]
+        import pynvml
 
         pynvml.nvmlInit()
         try:

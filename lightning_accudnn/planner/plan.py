@@ -18,26 +18,10 @@ from lightning_accudnn.profile import StepProfile
 __all__ = [
     "BudgetTooSmallError",
     "Plan",
-    "copying_out_limit",
     "lower_bound_seconds",
     "min_budget_bytes",
     "plan_swaps",
 ]
-
-
-def copying_out_limit(budget_bytes: int) -> int:
-    """An eighth of the budget: a cap a caller may put on the copy-out limit the plan chooses.
-
-    Kept for callers written when the limit derived from the budget. The limit is now a plan
-    choice (:attr:`Plan.max_copying_out_bytes`, searched like the window); passing this as
-    ``plan_swaps(..., max_copying_out_bytes=...)`` only bounds the search and changes neither
-    the smallest budget nor feasibility. New code passes nothing.
-
-    Example:
-        >>> copying_out_limit(8_000_000_000)
-        1000000000
-    """
-    return budget_bytes // 8
 
 
 class BudgetTooSmallError(ValueError):

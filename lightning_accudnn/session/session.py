@@ -19,11 +19,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, StepStats, SwapSchedule
-from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
+from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
+from lightning_accudnn.planner import Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.coordination import RankCoordinator
-from lightning_accudnn.planner.plan import copying_out_limit, plan_swaps
+from lightning_accudnn.planner.plan import plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.session._torch_internals import is_compiled_module
 from lightning_accudnn.session.backward_end import BackwardEnd
@@ -37,9 +37,8 @@ __all__ = ["SMALLEST_COPY_OUT_LIMIT", "OffloadSession"]
 
 log = logging.getLogger("lightning_accudnn")
 
-#: The copy-out limit of the safest mode: one storage in flight at a time. The profiling pass
-#: runs under it, and a plan falls back to it when the usual limit does not fit, so that the
-#: smallest budget a :class:`BudgetTooSmallError` names never depends on the budget asked.
+#: The copy-out limit of the safest mode, which the profiling pass runs under: one storage in
+#: flight at a time (the least memory any plan holds, as the planner's smallest budget assumes).
 SMALLEST_COPY_OUT_LIMIT = 0
 
 
@@ -119,7 +118,7 @@ class OffloadSession:
         config: OffloadConfig,
         device: torch.device | str | int,
         *,
-        runtime: object | None = None,
+        runtime: Runtime | None = None,
         coordinator: RankCoordinator | None = None,
         report: Callable[[str], None] | None = None,
         on_stats: Callable[[OffloadStats], None] | None = None,
@@ -162,13 +161,12 @@ class OffloadSession:
             if host_budget is None
             else host_budget.resolve(host_total, device_name="host memory")
         )
-        engine_options: dict[str, Any] = {} if runtime is None else {"runtime": runtime}
         self.engine = OffloadEngine(
             self.device,
             min_swap_bytes=config.min_swap_bytes,
             exclude=config.keep_on_device,
             host_memory_limit=host_limit,
-            **engine_options,
+            runtime=runtime,
         )
         spec = "" if config.parsed_budget.kind == "bytes" else f" ({config.budget})"
         self.report(
@@ -405,18 +403,10 @@ class OffloadSession:
     # -- planning and measuring ----------------------------------------------------------
 
     def _make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
-        """The fastest plan under the budget, with the usual copy-out limit when it fits and the
-        smallest otherwise: the smallest budget an error names is that of the safest mode, the
-        same whatever budget was asked, so a budget an error named always plans."""
+        """The fastest plan under the budget. The planner's smallest budget does not depend on
+        the budget asked or on the timings, so a budget an error named always plans."""
         budget = self.budget_bytes
-        try:
-            plan = plan_swaps(
-                profile, budget, self.reserve_bytes, max_copying_out_bytes=copying_out_limit(budget)
-            )
-        except BudgetTooSmallError:
-            plan = plan_swaps(
-                profile, budget, self.reserve_bytes, max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT
-            )
+        plan = plan_swaps(profile, budget, self.reserve_bytes)
         host_limit = self.engine.pool.capacity_bytes
         if plan.swapped_bytes > host_limit:
             raise HostMemoryExceeded(

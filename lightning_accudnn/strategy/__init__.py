@@ -1,13 +1,9 @@
-"""Lightning glue: the AccUDNN strategies and their registration (done when this package is imported).
+"""Lightning glue: the AccUDNN strategies and their registration (done when this package is imported)."""
 
-``OffloadController`` is the previous name of the session, kept for ``bench/`` only.
-"""
-
-from lightning_accudnn.strategy.controller import OffloadController
 from lightning_accudnn.strategy.ddp import AccUDNNDDPStrategy
 from lightning_accudnn.strategy.registry import register_strategies
 from lightning_accudnn.strategy.single_device import AccUDNNStrategy
 
 register_strategies()
 
-__all__ = ["AccUDNNDDPStrategy", "AccUDNNStrategy", "OffloadController", "register_strategies"]
+__all__ = ["AccUDNNDDPStrategy", "AccUDNNStrategy", "register_strategies"]

@@ -6,6 +6,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 
+from lightning_accudnn.ops import Runtime
 from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.session import DistributedCoordinator, OffloadConfig
@@ -23,7 +24,7 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
     :class:`~lightning_accudnn.OffloadConfig` field names); every other keyword goes to
     Lightning's ``DDPStrategy`` (``find_unused_parameters``, ``static_graph``,
     ``gradient_as_bucket_view``, ``start_method``, ...). Multi-node runs work as Lightning's
-    DDP does.
+    DDP does. ``runtime`` is as for :class:`~lightning_accudnn.AccUDNNStrategy` (one per rank).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -33,11 +34,17 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
     strategy_name = "accudnn_ddp"
 
     def __init__(
-        self, budget: Budget | int | str | None = None, *, config: OffloadConfig | None = None, **options: Any
+        self,
+        budget: Budget | int | str | None = None,
+        *,
+        config: OffloadConfig | None = None,
+        runtime: Runtime | None = None,
+        **options: Any,
     ) -> None:
         offload_options = {name: options.pop(name) for name in option_names() if name in options}
         super().__init__(**options)
         self.offload_config = offload_config(config, budget, offload_options)
+        self.offload_runtime = runtime
 
     def make_coordinator(self) -> RankCoordinator:
         return DistributedCoordinator()

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_accudnn.ops import Runtime
 from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import Plan
@@ -34,6 +35,9 @@ class OffloadHooks:
     """
 
     offload_config: OffloadConfig
+    #: The device runtime the session's engine runs on; ``None``: CUDA streams on a GPU, host
+    #: copies on CPU. ``lightning_accudnn.testing.SimulatedGPU`` plays a GPU on CPU.
+    offload_runtime: Runtime | None = None
     #: The offload session (budget, reserve, plan, stats); ``None`` until the Trainer sets up.
     offload: OffloadSession | None = None
 
@@ -67,6 +71,7 @@ class OffloadHooks:
         self.offload = OffloadSession(
             self.offload_config,
             self.root_device,  # type: ignore[attr-defined]
+            runtime=self.offload_runtime,
             coordinator=self.make_coordinator(),
             report=rank_zero_info,
             on_stats=self._log_stats,

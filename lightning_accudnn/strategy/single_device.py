@@ -10,6 +10,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from lightning_accudnn.ops import Runtime
 from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.session import OffloadConfig
 from lightning_accudnn.session.device import require_available
@@ -31,6 +32,8 @@ class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
     ``host_memory_limit``, ``reserve_bytes``), or both (the keywords win). ``device`` is by
     default the one the Trainer's ``accelerator``/``devices`` name; the session
     (``strategy.offload``: budget, reserve, plan, stats) is made when the Trainer sets up.
+    ``runtime`` is the device runtime the engine runs on (default: CUDA streams on a GPU, host
+    copies on CPU; ``lightning_accudnn.testing.SimulatedGPU`` plays a GPU on CPU).
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -53,9 +56,11 @@ class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
         accelerator: pl.accelerators.Accelerator | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
+        runtime: Runtime | None = None,
         **options: Any,
     ) -> None:
         self.offload_config = offload_config(config, budget, options)
+        self.offload_runtime = runtime
         if device is not None:
             require_available(torch.device(device))
         super().__init__(

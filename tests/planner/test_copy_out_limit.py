@@ -1,7 +1,7 @@
 """The copy-out limit is a plan choice: the forward waits for the host link past it."""
 
 from lightning_accudnn.planner import LayerProfile, StepProfile
-from lightning_accudnn.planner.plan import copying_out_limit, min_budget_bytes, plan_swaps
+from lightning_accudnn.planner.plan import min_budget_bytes, plan_swaps
 from lightning_accudnn.planner.timeline import simulate
 
 
@@ -39,8 +39,8 @@ def test_plan_chooses_the_limit_and_a_cap_changes_neither_feasibility_nor_the_sm
     profile = _profile(10, bandwidth=5.0)
     plan = plan_swaps(profile, budget_bytes=500)
     assert plan.max_copying_out_bytes is not None and plan.predicted_peak_bytes <= 500
-    capped = plan_swaps(profile, budget_bytes=500, max_copying_out_bytes=copying_out_limit(500))
-    assert capped.max_copying_out_bytes <= copying_out_limit(500)
+    capped = plan_swaps(profile, budget_bytes=500, max_copying_out_bytes=500 // 8)
+    assert capped.max_copying_out_bytes <= 500 // 8
     assert capped.min_budget_bytes == plan.min_budget_bytes == min_budget_bytes(profile) == 200
     # At the smallest budget the plan needs the smallest limit: one storage in flight.
     tight = plan_swaps(profile, budget_bytes=200)

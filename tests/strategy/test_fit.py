@@ -85,7 +85,11 @@ def test_stats_are_exposed_and_logged():
     trainer.fit(model, loader("mlp"))
 
     stats = strategy.stats
-    assert stats.bytes_swapped_out > 0 and stats.bytes_swapped_in == stats.bytes_swapped_out
+    # What is still in flight when the forward ends (at most the plan's copy-out limit beyond
+    # the newest storage) is read in place in backward; everything else comes back.
+    assert stats.bytes_swapped_out > 0 and 0 < stats.bytes_swapped_in <= stats.bytes_swapped_out
+    largest = max(layer.swappable_bytes for layer in strategy.plan.profile.layers)
+    assert stats.bytes_swapped_out - stats.bytes_swapped_in <= strategy.plan.max_copying_out_bytes + largest
     assert stats.wait_seconds >= 0 and stats.peak_device_bytes > 0
     logged = [m for m in logger.metrics if "accudnn/bytes_swapped_out" in m]
     assert len(logged) == 3

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test test-fast lint typecheck
+.PHONY: venv demo test test-fast lint typecheck gpu-check
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,8 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
+
+# One command on a GPU machine: CUDA tests, the same under TORCH_CUDA_SANITIZER=1, the benchmarks;
+# evidence under bench/results/<device>/ (exits 2 without CUDA).
+gpu-check: venv
+	$(BIN)/python -m bench.gpu_check

@@ -121,6 +121,7 @@ class _StepState:
         self.bytes_in = 0
         self.layer_saved: dict[str, int] = {}
         self.layer_swappable: dict[str, int] = {}
+        self.layer_small: dict[str, list[int]] = {}  # sizes kept only for being below min_swap_bytes
 
 
 class OffloadEngine:
@@ -281,6 +282,7 @@ class OffloadEngine:
                 swappable_bytes=step.layer_swappable.get(name, 0),
                 forward_seconds=forward[name],
                 backward_seconds=backward * forward[name] / total_forward if total_forward > 0 else 0.0,
+                small_storages=tuple(step.layer_small.get(name, ())),
             )
             for name in forward
         )
@@ -401,15 +403,13 @@ class OffloadEngine:
         layer = self.tracker.current
         start, end = record_extent(root, tensor, storage_nbytes)
         nbytes = end - start
-        swappable = (
-            nbytes >= self.min_swap_bytes
-            and nbytes > 0
-            and not self.tracker.excluded
-            and _keep_on_device_depth.get() == 0
-        )
+        allowed = nbytes > 0 and not self.tracker.excluded and _keep_on_device_depth.get() == 0
+        swappable = allowed and nbytes >= self.min_swap_bytes
         step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
         if swappable:
             step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
+        elif allowed:
+            step.layer_small.setdefault(layer, []).append(nbytes)
         return StorageRecord(
             layer=layer,
             start=start,

@@ -9,7 +9,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["compiled_in_place", "copy_all", "is_compiled_wrapper", "run_when_backward_ends", "tensor_leaves"]
+__all__ = [
+    "compiled_in_place",
+    "copy_all",
+    "default_store",
+    "is_compiled_wrapper",
+    "run_when_backward_ends",
+    "tensor_leaves",
+]
 
 
 def run_when_backward_ends(callback: Callable[[], None]) -> None:
@@ -46,3 +53,16 @@ def copy_all(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> N
     (``torch._foreach_copy_``, what PyTorch's optimizers use)."""
     if destinations:
         torch._foreach_copy_(destinations, sources)
+
+
+def default_store() -> Any:
+    """The key-value store of the default process group (what ranks rendezvoused through).
+
+    ``torch.distributed.distributed_c10d._get_default_store``; PyTorch's own elastic and
+    checkpoint code reads it the same way. ``None`` outside an initialised process group.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store()

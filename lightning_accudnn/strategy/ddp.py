@@ -12,6 +12,7 @@ from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.session import DistributedCoordinator, OffloadConfig
 from lightning_accudnn.session.config import option_names
+from lightning_accudnn.session.rank_failure import RankFailureWatch
 from lightning_accudnn.strategy.offload_hooks import OffloadHooks, offload_config
 
 
@@ -54,6 +55,9 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
         super().setup(trainer)
         if self.offload is not None and self.model is not None:
             self.offload.count_gradient_buckets(self.model)  # the DDP wrapper, made by setup
+        if self.failure_watch is None:
+            self.failure_watch = RankFailureWatch(self.global_rank)
+            self.failure_watch.start()
 
     def make_coordinator(self) -> RankCoordinator:
         return DistributedCoordinator()

@@ -20,6 +20,7 @@ from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStat
 from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.session.buffer_snapshot import BufferSnapshot
 from lightning_accudnn.session.compiled import CompiledModelError, refusal_message
+from lightning_accudnn.session.rank_failure import RankFailureWatch
 from lightning_accudnn.session.session import is_out_of_memory
 from lightning_accudnn.strategy._lightning_internals import compiled_by_lightning
 
@@ -52,6 +53,8 @@ class OffloadHooks:
     #: a larger reserve and retried (:meth:`OffloadSession.recover_from_out_of_memory`).
     retries_out_of_memory: bool = True
     _buffers: BufferSnapshot | None = None
+    #: Tells the other ranks about this rank's error and ends this rank on theirs (DDP only).
+    failure_watch: RankFailureWatch | None = None
     _rerunning = False
 
     @property
@@ -104,8 +107,10 @@ class OffloadHooks:
                     return super().training_step(*args, **kwargs)  # type: ignore[misc]
             except BaseException as error:
                 if not (self.retries_out_of_memory and is_out_of_memory(error)):
+                    self._report_failure(error)
                     raise
                 if not session.recover_from_out_of_memory():
+                    self._report_failure(error)
                     raise
                 self._restore_buffers()
 
@@ -158,10 +163,16 @@ class OffloadHooks:
         try:
             session.begin_backward()
             output: Tensor = super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]
-        except BaseException:
+        except BaseException as error:
             session.abort()
+            if not (self.retries_out_of_memory and is_out_of_memory(error)):
+                self._report_failure(error)
             raise
-        session.end_backward()
+        try:
+            session.end_backward()
+        except BaseException as error:
+            self._report_failure(error)
+            raise
         return output
 
     def on_validation_start(self) -> None:
@@ -185,12 +196,20 @@ class OffloadHooks:
         if self.offload is not None:
             self.offload.pause_training()
 
+    def _report_failure(self, error: BaseException) -> None:
+        if self.failure_watch is not None:
+            self.failure_watch.report(error)
+
     def on_exception(self, exception: BaseException) -> None:
+        self._report_failure(exception)
         if self.offload is not None:
             self.offload.abort()
         super().on_exception(exception)  # type: ignore[misc]
 
     def teardown(self) -> None:
+        if self.failure_watch is not None:
+            self.failure_watch.stop()
+            self.failure_watch = None
         if self.offload is not None:
             self.offload.close()
         super().teardown()  # type: ignore[misc]

@@ -94,20 +94,22 @@ def test_host_memory_limit_fails_early_naming_both_budgets():
 
 
 class FailsOnce(Classifier):
-    def __init__(self, error):
+    def __init__(self, error, at=1):
         super().__init__("cnn")
         self.error = error
+        self.at = at
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
-        if batch_idx == 1 and self.error is not None:
+        if batch_idx == self.at and self.error is not None:
             error, self.error = self.error, None
             raise error
         return loss
 
 
-def test_out_of_memory_inside_a_step_leaves_a_usable_trainer():
-    model = FailsOnce(torch.OutOfMemoryError("CUDA out of memory (simulated)"))
+def test_out_of_memory_that_ends_the_run_leaves_a_usable_trainer():
+    # In the profiling step: not retried (a planned step is; tests/strategy/test_out_of_memory.py).
+    model = FailsOnce(torch.OutOfMemoryError("CUDA out of memory (simulated)"), at=0)
     strategy = _strategy()
     trainer = trainer_for(strategy, max_steps=3)
     with pytest.raises(torch.OutOfMemoryError):

@@ -9,7 +9,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["is_compiled_module", "run_when_backward_ends", "tensor_leaves"]
+__all__ = [
+    "compiled_in_place",
+    "copy_all",
+    "default_store",
+    "is_compiled_wrapper",
+    "run_when_backward_ends",
+    "tensor_leaves",
+]
 
 
 def run_when_backward_ends(callback: Callable[[], None]) -> None:
@@ -30,7 +37,32 @@ def tensor_leaves(tree: Any) -> list[torch.Tensor]:
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
-def is_compiled_module(module: nn.Module) -> bool:
-    """True when ``module`` or a submodule is the wrapper ``torch.compile`` returns."""
+def is_compiled_wrapper(module: nn.Module) -> bool:
+    """True when ``module`` is the wrapper ``torch.compile(module)`` returns (``OptimizedModule``)."""
     compiled = getattr(torch._dynamo, "OptimizedModule", None)
-    return compiled is not None and any(isinstance(child, compiled) for child in module.modules())
+    return compiled is not None and isinstance(module, compiled)
+
+
+def compiled_in_place(module: nn.Module) -> bool:
+    """True when ``module.compile()`` was called (``nn.Module._compiled_call_impl`` is set)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def copy_all(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``destination.copy_(source)`` for each pair, in as few kernels as possible
+    (``torch._foreach_copy_``, what PyTorch's optimizers use)."""
+    if destinations:
+        torch._foreach_copy_(destinations, sources)
+
+
+def default_store() -> Any:
+    """The key-value store of the default process group (what ranks rendezvoused through).
+
+    ``torch.distributed.distributed_c10d._get_default_store``; PyTorch's own elastic and
+    checkpoint code reads it the same way. ``None`` outside an initialised process group.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store()

@@ -78,6 +78,10 @@ class PlanBook:
     def keep(self, key: PassKey, plan: Plan, *, refined: bool) -> None:
         self._entries[key] = _Entry(plan, refined)
 
+    def passes(self) -> list[PassKey]:
+        """The passes with a plan, in the order they were first seen."""
+        return list(self._entries)
+
     def __len__(self) -> int:
         return len(self._entries)
 

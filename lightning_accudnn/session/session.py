@@ -25,21 +25,38 @@ from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
-from lightning_accudnn.session._torch_internals import is_compiled_module
+from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
+from lightning_accudnn.session.compiled import refuse_compiled
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
 from lightning_accudnn.session.device import device_memory, require_available
+from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
+from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, batch_signature, layers_differ
 from lightning_accudnn.session.stats import OffloadStats
 
-__all__ = ["SMALLEST_COPY_OUT_LIMIT", "OffloadSession"]
+__all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
 log = logging.getLogger("lightning_accudnn")
 
 #: The copy-out limit of the safest mode, which the profiling pass runs under: one storage in
 #: flight at a time (the least memory any plan holds, as the planner's smallest budget assumes).
 SMALLEST_COPY_OUT_LIMIT = 0
+
+#: How many times in a row a planned pass that ran out of device memory is re-planned with a
+#: larger reserve and retried before the error ends the run.
+MAX_OUT_OF_MEMORY_RETRIES = 3
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for a device out-of-memory error (``torch.OutOfMemoryError``, CUDA's included).
+
+    Example:
+        >>> is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")), is_out_of_memory(ValueError())
+        (True, False)
+    """
+    return isinstance(error, torch.OutOfMemoryError)
 
 
 @dataclass
@@ -98,6 +115,9 @@ class OffloadSession:
         report: where one-line reports go (budget, each new plan); default the
             ``lightning_accudnn`` logger at INFO.
         on_stats: called with every pass's :class:`OffloadStats` (a strategy logs them).
+        allocator: how the device's allocator is capped and its peaks read (see
+            :class:`~lightning_accudnn.session.allocator.AllocatorControl`); by default CUDA's
+            caching allocator, none on CPU. Tests pass a fake.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -122,6 +142,7 @@ class OffloadSession:
         coordinator: RankCoordinator | None = None,
         report: Callable[[str], None] | None = None,
         on_stats: Callable[[OffloadStats], None] | None = None,
+        allocator: AllocatorControl | None = None,
     ) -> None:
         self.config = config
         self.device = torch.device(device)
@@ -136,30 +157,31 @@ class OffloadSession:
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
         self._checked_models: set[int] = set()
-        self._memory_fraction_set = False
         self._closed = False
+        self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
+        self._out_of_memory_retries = 0  # in a row, since the last pass that completed
+        self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
+        self.allocator: AllocatorControl = (
+            allocator if allocator is not None else allocator_control_for(self.device)
+        )
 
         total, free, name = device_memory(self.device)
         self.budget_bytes: int = config.parsed_budget.resolve(total, free, device_name=name)
         self.reserve_bytes: int = config.reserve_bytes if config.reserve_bytes is not None else 0
         if config.reserve_bytes is None and self.device.type == "cuda":
             self.reserve_bytes = max(256 * 2**20, self.budget_bytes // 20)
-        if self.device.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(self.budget_bytes / total, self.device)
-            self._memory_fraction_set = True
-        else:
+        if self.device.type != "cuda":
             warnings.warn(
                 "lightning-accudnn on CPU: activations are copied through the host-copy backend and the "
                 "budget is checked against the engine's ledger, but no memory is saved. Use a CUDA device "
                 "to train beyond its memory.",
                 stacklevel=2,
             )
-        host_total = psutil.virtual_memory().total
         host_budget = config.parsed_host_memory_limit
         host_limit = (
-            int(host_total * DEFAULT_HOST_MEMORY_SHARE)
+            default_host_memory_limit(DEFAULT_HOST_MEMORY_SHARE)
             if host_budget is None
-            else host_budget.resolve(host_total, device_name="host memory")
+            else host_budget.resolve(host_total_bytes(), device_name="host memory")
         )
         self.engine = OffloadEngine(
             self.device,
@@ -181,10 +203,57 @@ class OffloadSession:
         """Abort any open pass, free the host pool, lift the allocator cap. Idempotent."""
         self._backward_end.remove()
         self.engine.close()
-        if self._memory_fraction_set:
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
-            self._memory_fraction_set = False
+        self.allocator.lift()
         self._closed = True
+
+    def pause_training(self) -> None:
+        """Training pauses (validation, testing, prediction run next): lift the allocator cap.
+
+        The memory fraction in force before the session capped it is back, so evaluation
+        with larger batches is not held to the training budget; the next training step caps
+        the allocator again.
+        """
+        self.allocator.lift()
+
+    def count_gradient_buckets(self, wrapper: nn.Module) -> None:
+        """Count ``wrapper``'s gradient buckets (a ``DistributedDataParallel``) as model state.
+
+        See :func:`~lightning_accudnn.session.gradient_buckets.gradient_bucket_bytes` for
+        what is counted; the figure is added to every pass's static memory from now on.
+        """
+        self.gradient_bucket_bytes = gradient_bucket_bytes(wrapper)
+
+    def recover_from_out_of_memory(self) -> bool:
+        """A pass ran out of device memory: abort it and re-plan with a larger reserve.
+
+        Returns ``True`` when the caller may retry the step: the pass that failed ran under
+        a plan, it has not failed :data:`MAX_OUT_OF_MEMORY_RETRIES` times in a row, and the
+        reserve (grown by an eighth of the budget) still leaves a plan; every known plan is
+        re-made with it (logged as a warning). Returns ``False`` when retrying cannot help
+        (a profiling pass already runs in the least memory): the caller re-raises. A budget
+        left too small by the larger reserve raises
+        :class:`~lightning_accudnn.planner.BudgetTooSmallError`.
+        """
+        self.abort()
+        failed = self._last_entered
+        if failed is None or failed.plan is None or self._out_of_memory_retries >= MAX_OUT_OF_MEMORY_RETRIES:
+            return False
+        self._out_of_memory_retries += 1
+        self.reserve_bytes += max(1, self.budget_bytes // 8)
+        log.warning(
+            "accudnn: device out of memory in a planned pass (retry %d of %d); reserve raised to %s, "
+            "re-planned",
+            self._out_of_memory_retries,
+            MAX_OUT_OF_MEMORY_RETRIES,
+            format_bytes(self.reserve_bytes),
+        )
+        for key in self._book.passes():
+            plan = self._book.plan(key)
+            assert plan is not None
+            refined = not self._book.needs_refining(key)
+            self._book.keep(key, self._make_plan(plan.profile, key), refined=refined)
+        self.plan = self._book.plan(failed.key)
+        return True
 
     def __enter__(self) -> OffloadSession:
         return self
@@ -203,13 +272,7 @@ class OffloadSession:
         patterns matching no module, and ``torch.compile``'d modules."""
         if id(model) in self._checked_models:
             return
-        if is_compiled_module(model):
-            raise ValueError(
-                "lightning-accudnn refuses a torch.compile'd model: the saved-tensor hooks it relies on are "
-                "not reliably honoured inside compiled graphs (pytorch issues #116221, #148222), so "
-                "activations could silently stay on the device. Pass the uncompiled module, or use "
-                "torch.compile with torch._functorch.config.activation_memory_budget instead."
-            )
+        refuse_compiled(model)
         check_keep_on_device(self.config.keep_on_device, model)
         self._checked_models.add(id(model))
 
@@ -254,6 +317,7 @@ class OffloadSession:
             self.abort()
         self._backward_end.remove()
         self.check_model(model)
+        self.allocator.cap(self.budget_bytes)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = (optimizers,)
         block = _Block(
@@ -326,13 +390,13 @@ class OffloadSession:
         block = self._block
         assert block is not None
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
-        static_bytes = model_state_bytes(block.model, block.optimizers)
+        static_bytes = model_state_bytes(block.model, block.optimizers) + self.gradient_bucket_bytes
         plan = self._book.plan(key)
         if plan is not None and static_bytes != plan.profile.static_bytes:
             plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
             self._book.keep(key, plan, refined=not self._book.needs_refining(key))
         self.plan = plan if plan is not None else self.plan
-        self._pass = _Pass(key, plan)
+        self._pass = self._last_entered = _Pass(key, plan)
         if plan is None:
             schedule = SwapSchedule.swap_everything(max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT)
         else:
@@ -374,11 +438,13 @@ class OffloadSession:
             block.position += 1
             block.pass_closed = True
         profiling = current.plan is None
+        self._out_of_memory_retries = 0
         stats = self._measure(step, current.plan)
         self.stats = stats
         profile = self._profile_from(step)
         usable = self.budget_bytes - self.reserve_bytes
-        overshoot = 0 if profiling else max(0, stats.peak_device_bytes - usable)
+        # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
+        overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
         known = self._book.plan(current.key)
         changed = known is None or layers_differ(known.profile, profile)
         refine = not profiling and self._book.needs_refining(current.key)
@@ -434,11 +500,8 @@ class OffloadSession:
         )
 
     def _measure(self, step: StepStats, plan: Plan | None) -> OffloadStats:
-        peak, reserved = step.ledger_peak_bytes, step.ledger_peak_bytes
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
-            reserved = torch.cuda.max_memory_reserved(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        peaks = self.allocator.peaks()
+        peak, reserved = (step.ledger_peak_bytes, step.ledger_peak_bytes) if peaks is None else peaks
         return OffloadStats(
             bytes_swapped_out=step.bytes_swapped_out,
             bytes_swapped_in=step.bytes_swapped_in,
@@ -452,3 +515,8 @@ class OffloadSession:
             predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes,
             predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
         )
+
+
+def host_total_bytes() -> int:
+    """The machine's RAM (what a ``host_memory_limit`` share such as ``"25%"`` is a share of)."""
+    return int(psutil.virtual_memory().total)

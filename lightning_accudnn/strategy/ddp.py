@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_accudnn.ops import Runtime
@@ -11,6 +12,7 @@ from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.session import DistributedCoordinator, OffloadConfig
 from lightning_accudnn.session.config import option_names
+from lightning_accudnn.session.rank_failure import RankFailureWatch
 from lightning_accudnn.strategy.offload_hooks import OffloadHooks, offload_config
 
 
@@ -32,6 +34,9 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
     """
 
     strategy_name = "accudnn_ddp"
+    #: A retried forward would repeat DDP's collectives (buffer broadcast) on one rank only:
+    #: an out-of-memory error ends the run on every rank instead.
+    retries_out_of_memory = False
 
     def __init__(
         self,
@@ -45,6 +50,14 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
         super().__init__(**options)
         self.offload_config = offload_config(config, budget, offload_options)
         self.offload_runtime = runtime
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        super().setup(trainer)
+        if self.offload is not None and self.model is not None:
+            self.offload.count_gradient_buckets(self.model)  # the DDP wrapper, made by setup
+        if self.failure_watch is None:
+            self.failure_watch = RankFailureWatch(self.global_rank)
+            self.failure_watch.start()
 
     def make_coordinator(self) -> RankCoordinator:
         return DistributedCoordinator()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -16,6 +17,11 @@ from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStats
+from lightning_accudnn.session.allocator import AllocatorControl
+from lightning_accudnn.session.buffer_snapshot import BufferSnapshot
+from lightning_accudnn.session.compiled import CompiledModelError, refusal_message
+from lightning_accudnn.session.rank_failure import RankFailureWatch
+from lightning_accudnn.session.session import is_out_of_memory
 from lightning_accudnn.strategy._lightning_internals import compiled_by_lightning
 
 
@@ -38,8 +44,18 @@ class OffloadHooks:
     #: The device runtime the session's engine runs on; ``None``: CUDA streams on a GPU, host
     #: copies on CPU. ``lightning_accudnn.testing.SimulatedGPU`` plays a GPU on CPU.
     offload_runtime: Runtime | None = None
+    #: How the session caps the device allocator and reads its peaks; ``None``: CUDA's caching
+    #: allocator on a GPU, nothing on CPU. Tests set a fake before ``fit``.
+    offload_allocator: AllocatorControl | None = None
     #: The offload session (budget, reserve, plan, stats); ``None`` until the Trainer sets up.
     offload: OffloadSession | None = None
+    #: Whether a training step that runs out of device memory under a plan is re-planned with
+    #: a larger reserve and retried (:meth:`OffloadSession.recover_from_out_of_memory`).
+    retries_out_of_memory: bool = True
+    _buffers: BufferSnapshot | None = None
+    #: Tells the other ranks about this rank's error and ends this rank on theirs (DDP only).
+    failure_watch: RankFailureWatch | None = None
+    _rerunning = False
 
     @property
     def stats(self) -> OffloadStats | None:
@@ -58,11 +74,7 @@ class OffloadHooks:
     def setup(self, trainer: pl.Trainer) -> None:
         module = trainer.lightning_module
         if compiled_by_lightning(module):
-            raise ValueError(
-                "AccUDNN strategies refuse a torch.compile'd model: the saved-tensor hooks they rely on are "
-                "not reliably honoured inside compiled graphs (pytorch issues #116221, #148222), so "
-                "activations could silently stay on the device. Pass the uncompiled module."
-            )
+            raise CompiledModelError(refusal_message("torch.compile(model) of the LightningModule"))
         if trainer.state.fn != TrainerFn.FITTING:  # evaluation runs without hooks: keep the last figures
             super().setup(trainer)  # type: ignore[misc]
             return
@@ -72,39 +84,132 @@ class OffloadHooks:
             self.offload_config,
             self.root_device,  # type: ignore[attr-defined]
             runtime=self.offload_runtime,
+            allocator=self.offload_allocator,
             coordinator=self.make_coordinator(),
             report=rank_zero_info,
             on_stats=self._log_stats,
         )
         self.offload.check_model(module)
         super().setup(trainer)  # type: ignore[misc]
+        # Taken before each step, put back before a retry (buffers on their device by now).
+        self._buffers = BufferSnapshot(module) if self.retries_out_of_memory else None
+        self._rerunning = False
 
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         batch = args[0] if args else kwargs.get("batch", ())
         session = self._session()
         module = self.lightning_module  # type: ignore[attr-defined]
-        with session.step(module, self.optimizers, batch=batch, close_on_backward=False):  # type: ignore[attr-defined]
-            return super().training_step(*args, **kwargs)  # type: ignore[misc]
+        if self._buffers is not None and not self._rerunning:
+            self._buffers.take()
+        while True:
+            try:
+                with session.step(module, self.optimizers, batch=batch, close_on_backward=False):  # type: ignore[attr-defined]
+                    return super().training_step(*args, **kwargs)  # type: ignore[misc]
+            except BaseException as error:
+                if not (self.retries_out_of_memory and is_out_of_memory(error)):
+                    self._report_failure(error)
+                    raise
+                if not session.recover_from_out_of_memory():
+                    self._report_failure(error)
+                    raise
+                self._restore_buffers()
+
+    def optimizer_step(
+        self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
+        """Lightning's optimizer step; a closure that runs out of device memory in backward is
+        re-planned and run again (training step, zero_grad, backward) when that is exact."""
+        retried = self._retrying(closure) if self._closure_can_rerun() else closure
+        return super().optimizer_step(optimizer, retried, model, **kwargs)  # type: ignore[misc]
+
+    def _closure_can_rerun(self) -> bool:
+        """Running the closure again gives the same gradients only when it zeroes them itself:
+        automatic optimization without gradient accumulation (Lightning's closure then runs
+        training_step, zero_grad, backward)."""
+        module = self.lightning_module  # type: ignore[attr-defined]
+        trainer = None if module is None else module.trainer
+        return (
+            self.retries_out_of_memory
+            and trainer is not None
+            and module.automatic_optimization
+            and trainer.accumulate_grad_batches == 1
+        )
+
+    def _retrying(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        session = self._session()
+
+        def run() -> Any:
+            while True:
+                try:
+                    return closure()
+                except BaseException as error:
+                    if not is_out_of_memory(error) or not session.recover_from_out_of_memory():
+                        raise
+                finally:
+                    self._rerunning = False
+                self._restore_buffers()
+                self._rerunning = True  # the training step must not take the snapshot again
+
+        return run
+
+    def _restore_buffers(self) -> None:
+        if self._buffers is not None:
+            self._buffers.restore()
 
     def backward(
         self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
     ) -> Tensor:
         session = self._session()
-        session.begin_backward()
         try:
+            session.begin_backward()
             output: Tensor = super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]
-        except BaseException:
+        except BaseException as error:
             session.abort()
+            if not (self.retries_out_of_memory and is_out_of_memory(error)):
+                self._report_failure(error)
             raise
-        session.end_backward()
+        try:
+            session.end_backward()
+        except BaseException as error:
+            self._report_failure(error)
+            raise
         return output
 
+    def on_validation_start(self) -> None:
+        self._pause_training()
+        super().on_validation_start()  # type: ignore[misc]
+
+    def on_test_start(self) -> None:
+        self._pause_training()
+        super().on_test_start()  # type: ignore[misc]
+
+    def on_predict_start(self) -> None:
+        self._pause_training()
+        super().on_predict_start()  # type: ignore[misc]
+
+    def on_train_end(self) -> None:
+        self._pause_training()
+        super().on_train_end()  # type: ignore[misc]
+
+    def _pause_training(self) -> None:
+        """Evaluation is not held to the training budget: the allocator cap is lifted."""
+        if self.offload is not None:
+            self.offload.pause_training()
+
+    def _report_failure(self, error: BaseException) -> None:
+        if self.failure_watch is not None:
+            self.failure_watch.report(error)
+
     def on_exception(self, exception: BaseException) -> None:
+        self._report_failure(exception)
         if self.offload is not None:
             self.offload.abort()
         super().on_exception(exception)  # type: ignore[misc]
 
     def teardown(self) -> None:
+        if self.failure_watch is not None:
+            self.failure_watch.stop()
+            self.failure_watch = None
         if self.offload is not None:
             self.offload.close()
         super().teardown()  # type: ignore[misc]

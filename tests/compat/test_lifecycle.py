@@ -6,6 +6,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.ops import HostMemoryExceeded
+from lightning_accudnn.session.compiled import CompiledModelError
 from tests._torch_internals import forward_pre_hook_count, module_hook_count
 from tests.models import Classifier, loader
 from tests.strategy.helpers import memory_need, trainer_for
@@ -93,20 +94,22 @@ def test_host_memory_limit_fails_early_naming_both_budgets():
 
 
 class FailsOnce(Classifier):
-    def __init__(self, error):
+    def __init__(self, error, at=1):
         super().__init__("cnn")
         self.error = error
+        self.at = at
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
-        if batch_idx == 1 and self.error is not None:
+        if batch_idx == self.at and self.error is not None:
             error, self.error = self.error, None
             raise error
         return loss
 
 
-def test_out_of_memory_inside_a_step_leaves_a_usable_trainer():
-    model = FailsOnce(torch.OutOfMemoryError("CUDA out of memory (simulated)"))
+def test_out_of_memory_that_ends_the_run_leaves_a_usable_trainer():
+    # In the profiling step: not retried (a planned step is; tests/strategy/test_out_of_memory.py).
+    model = FailsOnce(torch.OutOfMemoryError("CUDA out of memory (simulated)"), at=0)
     strategy = _strategy()
     trainer = trainer_for(strategy, max_steps=3)
     with pytest.raises(torch.OutOfMemoryError):
@@ -142,9 +145,37 @@ def test_a_second_strategy_on_the_same_model_does_not_stack_hooks():
     assert module_hook_count(model) == 0
 
 
-def test_compiled_module_is_refused_before_training():
+def _lightning_module_compiled():
     model = Classifier("cnn")
+    model.compile()  # LightningModule.compile(), nn.Module's in-place form
+    return model, model
+
+
+def _torch_compiled():
+    model = Classifier("cnn")
+    return model, torch.compile(model)  # Lightning unwraps it and remembers it was compiled
+
+
+def _submodule_compiled():
+    model = Classifier("cnn")
+    model.model.blocks[1].compile()  # the regional form
+    return model, model
+
+
+@pytest.mark.parametrize(
+    ("make", "form"),
+    [
+        (_lightning_module_compiled, "Classifier.compile() on the model"),
+        (_torch_compiled, "torch.compile(model) of the LightningModule"),
+        (_submodule_compiled, "module.compile() on submodule 'model.blocks.1' (the regional form)"),
+    ],
+    ids=["LightningModule.compile()", "torch.compile(model)", "submodule.compile()"],
+)
+def test_every_compiled_form_is_refused_before_training_with_one_message(make, form):
+    model, given = make()
     before = {name: value.clone() for name, value in model.named_parameters()}
-    with pytest.raises(ValueError, match="torch.compile"):
-        trainer_for(_strategy()).fit(torch.compile(model), loader("cnn"))
+    with pytest.raises(CompiledModelError) as raised:
+        trainer_for(_strategy()).fit(given, loader("cnn"))
+    assert f"found {form}" in str(raised.value)
+    assert "the regional form, module.compile() or torch.compile(block) on submodules" in str(raised.value)
     assert all(torch.equal(value, dict(model.named_parameters())[name]) for name, value in before.items())

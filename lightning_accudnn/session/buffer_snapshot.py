@@ -1,0 +1,46 @@
+"""The model's buffers as they were before a step, so that a retried step starts from them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightning_accudnn.session._torch_internals import copy_all
+
+__all__ = ["BufferSnapshot"]
+
+
+class BufferSnapshot:
+    """A copy of ``model``'s buffers (BatchNorm's running statistics and counters), on their device.
+
+    A forward pass updates some buffers in place; a step retried after an out-of-memory
+    error would update them twice. :meth:`take` before the step, :meth:`restore` before
+    running it again, and the retried step is the step that would have run. The copy costs
+    the buffers' bytes once and one fused copy per step.
+
+    Example:
+        >>> model = nn.BatchNorm1d(4)
+        >>> snapshot = BufferSnapshot(model)
+        >>> snapshot.take()
+        >>> _ = model(torch.randn(8, 4))  # updates the running statistics
+        >>> snapshot.restore()
+        >>> bool(model.running_mean.eq(0).all()), int(model.num_batches_tracked)
+        (True, 0)
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.buffers = [buffer for buffer in model.buffers() if buffer.device.type != "meta"]
+        self.copies = [buffer.detach().clone() for buffer in self.buffers]
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the copy holds."""
+        return sum(copy.untyped_storage().nbytes() for copy in self.copies)
+
+    def take(self) -> None:
+        with torch.no_grad():
+            copy_all(self.copies, self.buffers)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            copy_all(self.buffers, self.copies)

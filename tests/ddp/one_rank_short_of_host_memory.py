@@ -1,0 +1,36 @@
+"""Run by tests/ddp/test_rank_failure.py as a script: Lightning's default DDP launcher (popen)
+starts rank 1 as a child running this file again; rank 1 alone has a host-memory limit too
+small to swap anything, so it raises HostMemoryExceeded in its first forward pass while rank 0
+goes on into the gradient all-reduce."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from lightning.pytorch import Trainer  # noqa: E402
+
+from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
+from tests.models import Classifier, loader  # noqa: E402
+
+
+class OneRankShortOfHostMemory(AccUDNNDDPStrategy):
+    def setup(self, trainer):
+        if self.global_rank == 1:
+            self.offload_config = self.offload_config.replace(host_memory_limit=1)
+        super().setup(trainer)
+
+
+if __name__ == "__main__":
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=OneRankShortOfHostMemory(budget="1GB", min_swap_bytes=0),
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Classifier("cnn"), loader("cnn", batches=8))
+    print("fit returned", flush=True)

@@ -1,0 +1,123 @@
+"""The allocator cap is on around training steps only, the user's fraction comes back, and the
+overshoot check reads reserved bytes. CPU: the allocator is faked behind AllocatorControl."""
+
+import torch
+
+from lightning_accudnn import AccUDNNStrategy
+from lightning_accudnn.session import OffloadConfig, OffloadSession
+from lightning_accudnn.session.allocator import CudaAllocatorControl
+from tests.models import Classifier, loader, loss_of, make_batch, make_model
+from tests.strategy.helpers import memory_need, trainer_for
+
+
+class FakeAllocator:
+    """A per-process memory fraction like CUDA's: the user's own to start with."""
+
+    def __init__(self, total: int, user_fraction: float = 0.7) -> None:
+        self.total = total
+        self.fraction = user_fraction
+        self._previous = None
+        self.calls = []
+        self.reported_peaks = None
+
+    @property
+    def capped(self) -> bool:
+        return self._previous is not None
+
+    def cap(self, budget_bytes):
+        if self._previous is None:
+            self._previous = self.fraction
+            self.fraction = budget_bytes / self.total
+            self.calls.append("cap")
+
+    def lift(self):
+        if self._previous is not None:
+            self.fraction, self._previous = self._previous, None
+            self.calls.append("lift")
+
+    def peaks(self):
+        return self.reported_peaks
+
+
+class RecordsTheCap(Classifier):
+    """Notes whether the cap is on in each training and validation step; validates on larger batches."""
+
+    def __init__(self, allocator: FakeAllocator) -> None:
+        super().__init__("cnn")
+        self.allocator = allocator
+        self.capped_in = []
+
+    def training_step(self, batch, batch_idx):
+        self.capped_in.append(("train", self.allocator.capped))
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        assert batch[0].shape[0] == 32
+        self.capped_in.append(("validate", self.allocator.capped))
+        super().validation_step(batch, batch_idx)
+
+
+def test_cap_is_on_in_training_steps_only_and_the_users_fraction_is_restored():
+    static, saved = memory_need("cnn")
+    allocator = FakeAllocator(total=100 * (static + saved))
+    strategy = AccUDNNStrategy(budget=static + saved // 2, min_swap_bytes=0)
+    strategy.offload_allocator = allocator
+    model = RecordsTheCap(allocator)
+    trainer = trainer_for(strategy, max_steps=4, val_check_interval=2, limit_val_batches=1)
+    trainer.fit(model, loader("cnn", batches=4), loader("cnn", batches=1, batch_size=32))
+
+    assert model.capped_in == [
+        ("validate", False),  # the sanity check, before any training step
+        ("train", True),
+        ("train", True),
+        ("validate", False),  # a larger evaluation batch is not held to the training budget
+        ("train", True),
+        ("train", True),
+        ("validate", False),
+    ]
+    assert allocator.fraction == 0.7  # the user's own, not 1.0
+    trainer.validate(model, loader("cnn", batches=1, batch_size=32))
+    assert allocator.fraction == 0.7 and not allocator.capped
+
+
+def test_cuda_control_restores_the_previous_fraction_not_one(monkeypatch):
+    fractions = {"now": 0.6}
+    properties = type("Properties", (), {"total_memory": 1000})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: fractions["now"])
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: fractions.update(now=fraction)
+    )
+    control = CudaAllocatorControl(torch.device("cuda", 0))
+    control.cap(250)
+    assert fractions["now"] == 0.25
+    control.cap(250)  # idempotent: the fraction to restore is still the user's
+    control.lift()
+    assert fractions["now"] == 0.6
+    control.lift()
+    assert fractions["now"] == 0.6
+
+
+def test_overshoot_is_measured_on_reserved_bytes():
+    model = make_model("cnn")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    static, saved = memory_need("cnn")
+    budget = static + saved
+    allocator = FakeAllocator(total=10 * budget)
+    session = OffloadSession(
+        OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=1000), "cpu", allocator=allocator
+    )
+    for step in range(2):
+        # Allocated well within the usable budget, reserved (fragmentation) 990 bytes over it.
+        allocator.reported_peaks = (budget // 2, budget - 10)
+        with session.step(model, optimizer):
+            loss = loss_of(model, make_batch("cnn", seed=step))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:
+            assert session.reserve_bytes == 1000, "a profiling pass is not checked"
+    # The planned pass: reserved - (budget - reserve) = 990 bytes over; allocated would say none.
+    assert session.reserve_bytes == 1000 + 990
+    assert session.stats.peak_reserved_bytes == budget - 10
+    session.close()

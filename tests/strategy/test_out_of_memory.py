@@ -1,0 +1,93 @@
+"""A device out-of-memory error inside a planned step re-plans with a larger reserve and retries it."""
+
+import logging
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from lightning_accudnn.ops import HostCopyRuntime
+from lightning_accudnn.session.session import MAX_OUT_OF_MEMORY_RETRIES
+from tests.models import loader
+from tests.strategy.helpers import StatsRecorder, copies, swapping_strategy, trainer_for
+
+
+class FaultyDevice(HostCopyRuntime):
+    """Host copies that raise ``torch.OutOfMemoryError`` on the next ``hold`` (forward) or
+    ``allocate`` (backward prefetch) once armed, ``times`` times in a row."""
+
+    def __init__(self, where: str, times: int = 1) -> None:
+        super().__init__()
+        self.where = where
+        self.times = times
+        self.armed = False
+        self.fired = 0
+
+    def _maybe_fail(self, operation: str) -> None:
+        if self.armed and operation == self.where and self.fired < self.times:
+            self.fired += 1
+            raise torch.OutOfMemoryError(f"injected out of memory in {operation}")
+
+    def hold(self, key, nbytes):
+        self._maybe_fail("hold")
+        super().hold(key, nbytes)
+
+    def allocate(self, nbytes):
+        self._maybe_fail("allocate")
+        return super().allocate(nbytes)
+
+
+class ArmAt(Callback):
+    def __init__(self, device: FaultyDevice, batch_idx: int) -> None:
+        self.device = device
+        self.batch_idx = batch_idx
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.device.armed = batch_idx >= self.batch_idx
+
+
+@pytest.mark.parametrize("where", ["hold", "allocate"], ids=["forward", "backward"])
+def test_injected_oom_in_a_planned_step_replans_and_the_fit_equals_plain_training(where, caplog):
+    plain, swapped = copies("cnn")
+    trainer_for("auto", max_steps=5).fit(plain, loader("cnn", batches=5))
+
+    device = FaultyDevice(where)
+    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device)
+    recorder = StatsRecorder()
+    trainer = trainer_for(strategy, max_steps=5, callbacks=[recorder, ArmAt(device, batch_idx=3)])
+    with caplog.at_level(logging.WARNING, logger="lightning_accudnn"):
+        trainer.fit(swapped, loader("cnn", batches=5))
+
+    assert device.fired == 1, "the injected error should have been raised once"
+    assert trainer.global_step == 5
+    assert strategy.offload.reserve_bytes == strategy.offload.budget_bytes // 8  # grown once from 0
+    assert any(
+        "out of memory" in record.message and "re-planned" in record.message for record in caplog.records
+    )
+    assert recorder.plans[3] is not recorder.plans[2], "the step after the error ran a new plan"
+    assert (
+        recorder.plans[3].predicted_peak_bytes
+        <= strategy.offload.budget_bytes - strategy.offload.reserve_bytes
+    )
+    for (name, a), b in zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True):
+        assert torch.equal(a, b), f"{name} differs"
+    assert strategy.offload.engine.pool.in_use_bytes == 0
+
+
+def test_oom_that_persists_ends_the_run_after_a_bounded_number_of_retries():
+    device = FaultyDevice("hold", times=100)
+    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device)
+    trainer = trainer_for(strategy, max_steps=5, callbacks=[ArmAt(device, batch_idx=2)])
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        trainer.fit(copies("cnn")[0], loader("cnn", batches=5))
+    assert device.fired == MAX_OUT_OF_MEMORY_RETRIES + 1
+
+
+def test_oom_in_the_profiling_step_is_not_retried():
+    device = FaultyDevice("hold")
+    strategy = swapping_strategy("cnn", runtime=device)
+    trainer = trainer_for(strategy, max_steps=2, callbacks=[ArmAt(device, batch_idx=0)])
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        trainer.fit(copies("cnn")[0], loader("cnn", batches=2))
+    assert device.fired == 1
+    assert strategy.offload.reserve_bytes == 0

@@ -21,8 +21,8 @@ step. The rules (:func:`scale_profile`):
   price of an over-count for linear layers until the step's own measurements refine the
   plan. :func:`fit_growth` learns ``g`` per layer from two measured shapes. The split
   between swappable and resident bytes scales with the layer (the ``min_swap_bytes``
-  threshold is not re-applied: a storage that crosses it is only seen in measured bytes), and
-  ``small_storages`` is dropped (unknown).
+  threshold is not re-applied: a storage that crosses it is only seen in measured bytes),
+  ``resaved_by`` scales with the layer, and ``small_storages`` is dropped (unknown).
 * **Times follow the work.** Each layer's forward and backward seconds are multiplied by its
   bytes ratio when measured bytes are given (saved bytes and work grow alike: a matmul,
   convolution or attention saves inputs of the same shape as the work it does), else by
@@ -181,13 +181,21 @@ backward_seconds=0.004)
     scaled = []
     for layer, size, work in zip(layers, bytes_factors, time_factors, strict=True):
         saved = math.ceil(layer.saved_bytes * size)
+        swappable = min(saved, math.ceil(layer.swappable_bytes * size))
+        resaved, left = [], swappable
+        for later, nbytes in layer.resaved_by:
+            moved = min(left, math.ceil(nbytes * size))
+            if moved:
+                resaved.append((later, moved))
+                left -= moved
         scaled.append(
             LayerProfile(
                 layer.name,
                 saved_bytes=saved,
-                swappable_bytes=min(saved, math.ceil(layer.swappable_bytes * size)),
+                swappable_bytes=swappable,
                 forward_seconds=layer.forward_seconds * work,
                 backward_seconds=layer.backward_seconds * work,
+                resaved_by=tuple(resaved),
             )
         )
     return replace(profile, layers=tuple(scaled))

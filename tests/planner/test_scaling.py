@@ -196,3 +196,15 @@ def test_a_batch_size_ratio_is_what_the_tuner_scales_by(profile, ratio):
     from lightning_accudnn.callbacks.prediction import scale_profile as tuner_scale
 
     assert scale_profile(profile, ratio) == tuner_scale(profile, ratio)
+
+
+def test_resaved_bytes_scale_with_their_layer():
+    profile = StepProfile(
+        (LayerProfile("relu", 100, 100, resaved_by=(("conv", 60),)), LayerProfile("conv", 0, 0)), 0
+    )
+    scaled = scale_profile(profile, ShapeRatio(2.0, 1.0))
+    assert scaled.layers[0].resaved_by == (("conv", 120),)
+    measured = scale_profile(
+        profile, 2.0, measured=(LayerProfile("relu", 200, 200), LayerProfile("conv", 0, 0))
+    )
+    assert measured.layers[0].resaved_by == ()  # what the new step reported

@@ -27,6 +27,15 @@ class LayerProfile:
     sizes of the storages that stay only because they are below ``min_swap_bytes`` (empty
     when unknown), so that the planner can say what a smaller threshold would save.
 
+    ``resaved_by`` lists, as ``(later layer, bytes)``, the part of ``swappable_bytes`` in
+    storages that a later layer saves again (a ResNet block's input, saved by the previous
+    block's last ReLU and again by the next block's first convolution and downsample), each
+    under the **last** layer that saves it. The engine brings a storage back in reverse order
+    of its last save, so in backward those bytes are on the device from the start of that
+    later layer's backward until this layer's backward ends; the planner counts them so
+    (see :mod:`lightning_accudnn.planner.timeline`). The later layer must be in the profile
+    (with 0 saved bytes if it saved nothing new); an entry naming this layer has no effect.
+
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
         LayerProfile(name='layer1.0.conv1', saved_bytes=4000000, swappable_bytes=4000000, \
@@ -39,6 +48,7 @@ forward_seconds=0.0, backward_seconds=0.0)
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
     small_storages: tuple[int, ...] = field(default=(), repr=False)
+    resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
@@ -50,6 +60,12 @@ forward_seconds=0.0, backward_seconds=0.0)
             raise ValueError(
                 f"layer {self.name!r}: small_storages must be positive sizes summing to at most "
                 f"the resident bytes ({self.resident_bytes}), got {self.small_storages}"
+            )
+        resaved = [nbytes for _, nbytes in self.resaved_by]
+        if any(nbytes <= 0 for nbytes in resaved) or sum(resaved) > self.swappable_bytes:
+            raise ValueError(
+                f"layer {self.name!r}: resaved_by must hold positive byte counts summing to at most "
+                f"swappable_bytes ({self.swappable_bytes}), got {self.resaved_by}"
             )
 
     @property
@@ -85,6 +101,15 @@ class StepProfile:
             raise ValueError("layer names in a StepProfile must be unique")
         if self.static_bytes < 0:
             raise ValueError(f"static_bytes must be >= 0, got {self.static_bytes}")
+        position = {name: i for i, name in enumerate(names)}
+        for i, layer in enumerate(self.layers):
+            for later, _ in layer.resaved_by:
+                if position.get(later, -1) < i:
+                    raise ValueError(
+                        f"layer {layer.name!r}: resaved_by names {later!r}, which is not this layer or a "
+                        "later layer of the profile (a layer that saves a storage again must be listed, "
+                        "with 0 saved bytes if it saves nothing new)"
+                    )
 
     @property
     def saved_bytes(self) -> int:

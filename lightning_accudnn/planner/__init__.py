@@ -8,6 +8,7 @@ from lightning_accudnn.planner.plan import (
     min_budget_bytes,
     plan_swaps,
 )
+from lightning_accudnn.planner.scaling import ShapeRatio, fit_growth, plan_covers, scale_profile, shape_ratio
 from lightning_accudnn.planner.timeline import (
     LayerTiming,
     MemoryEstimate,
@@ -31,18 +32,23 @@ __all__ = [
     "LayerTiming",
     "MemoryEstimate",
     "Plan",
+    "ShapeRatio",
     "PlanChoice",
     "SimulationResult",
     "Simulator",
     "StepProfile",
     "StepTimes",
     "Timeline",
+    "fit_growth",
     "format_bytes",
     "limit_candidates",
     "lower_bound_seconds",
     "min_budget_bytes",
+    "plan_covers",
     "plan_swaps",
     "prefetch_window_candidates",
+    "scale_profile",
+    "shape_ratio",
     "simulate",
     "unconstrained_seconds",
 ]

@@ -32,6 +32,15 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
   ``max(R_i, R_n, min(w, sum_{j<=i} R_j))`` where ``n`` is the next layer below ``i`` with
   ``R_n > 0``: the engine may consume ``i``'s storages one by one and refill the window with
   later ones before ``B_i`` ends, or hold one storage of ``n`` alone.
+* Storages saved again by a later layer (``LayerProfile.resaved_by``: ``W`` bytes of layer
+  ``f`` last saved by layer ``p > f``) come back for ``B_p`` and are consumed when ``B_f`` ends.
+  The planner does not know which of ``f``'s bytes were retired, so it takes the worst case:
+  ``E_i``, the sum over such ``f < i <= p`` of ``H_f(i) = min(R_f, bytes of f re-saved at or
+  above i)``, is added to the level of every ``B_i`` in between; the window's other content is
+  bounded by ``min(w, sum_{j<=i} R_j - E_i)``, and the storage admitted alone is one of the
+  nearest position ``n < i`` with something to bring: ``Q_n = R_n - H_n(i)`` plus the re-saved
+  bytes whose last save is ``n`` replaces ``R_n`` (an ``H_n(i)`` that over-counts ``E_i`` under-counts
+  ``Q_n`` by no more). The level never grows when ``R_f`` grows, so the facts below still hold.
 
 So the peak never increases when a layer is swapped, nor when ``L`` or ``w`` shrink: the least
 peak of any plan is swapping every swappable layer with ``L = w = 0``.
@@ -45,7 +54,9 @@ not copied back; the compute stream waits for the end of their copy out after th
 (before the reference is dropped). Retired layers are prefetched in reverse order at the end
 of forward and whenever one is consumed, while the bytes admitted and not consumed plus the
 next layer's fit ``w`` (or nothing admitted waits); a copy in starts when admitted and the
-copy stream is free, and ``B_j`` waits for it.
+copy stream is free, and ``B_j`` waits for it. A retired layer's re-saved bytes are copied in
+at the position of their last save (before ``B_p``, which waits for them) and leave the window
+when ``B_f`` ends.
 
 A layer marked swapped whose swappable bytes are 0 has nothing to copy: it is kept (and
 reported as not swapped).
@@ -283,7 +294,13 @@ class Simulator:
         self.fwd = tuple(float(layer.forward_seconds) for layer in layers)
         self.bwd = tuple(float(layer.backward_seconds) for layer in layers)
         self.out = tuple(w / profile.d2h_bytes_per_second for w in self.swappable)
-        self.inn = tuple(w / profile.h2d_bytes_per_second for w in self.swappable)
+        position = {name: i for i, name in enumerate(self.names)}
+        # Per layer: (index of the later layer that saves it last, bytes), later layers only.
+        self.resaved = tuple(
+            tuple((position[later], nbytes) for later, nbytes in layer.resaved_by if position[later] > i)
+            for i, layer in enumerate(layers)
+        )
+        self.has_resaves = any(self.resaved)
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -327,6 +344,10 @@ class Simulator:
         )
         peak = max(self.static, max(forward_levels, default=0))
         window = choice.prefetch_window_bytes
+        if self.has_resaves:
+            for kept, own, nxt, below in self._backward_terms(retired):
+                peak = max(peak, kept + max(own, nxt, min(window, below)))
+            return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
         for saved, own in zip(self.saved, retired, strict=True):
             kept_below += saved - own
@@ -392,7 +413,11 @@ class Simulator:
         return forward_levels, retired
 
     def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
-        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j)``, ``R_i``, ``R_n``, ``sum_{j<=i} R_j``)."""
+        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j) + E_i``, ``R_i``, ``Q_n``,
+        ``sum_{j<=i} R_j - E_i``); without re-saved storages ``E_i = 0`` and ``Q_n = R_n``
+        (see the module docstring)."""
+        if self.has_resaves:
+            return self._backward_terms_resaved(retired)
         terms = []
         kept_below = self.static
         retired_below = 0
@@ -403,6 +428,37 @@ class Simulator:
             terms.append((kept_below, retired[i], next_retired, retired_below))
             if retired[i] > 0:
                 next_retired = retired[i]
+        return terms
+
+    def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
+        # held[f][i]: bytes of f brought back for a later save at or above i, held while B_i runs
+        held: list[dict[int, int]] = [{} for _ in range(self.k)]
+        arrivals: list[list[tuple[int, int]]] = [[] for _ in range(self.k)]  # (first, bytes) by last save
+        for first, entries in enumerate(self.resaved):
+            if not entries or retired[first] == 0:
+                continue
+            for i in range(first + 1, max(last for last, _ in entries) + 1):
+                held[first][i] = min(retired[first], sum(nbytes for last, nbytes in entries if last >= i))
+            for last in {last for last, _ in entries}:
+                arrivals[last].append((first, sum(nbytes for other, nbytes in entries if other == last)))
+        holders = [first for first in range(self.k) if held[first]]
+        terms = []
+        kept_below = self.static
+        retired_below = 0
+        for i in range(self.k):
+            kept_below += self.saved[i] - retired[i]
+            retired_below += retired[i]
+            early = sum(held[first].get(i, 0) for first in holders)
+            next_retired = 0
+            for n in range(i - 1, -1, -1):  # the nearest position below i with something to bring
+                # what is left of each first saver's retired bytes once E_i took its share
+                content = retired[n] - held[n].get(i, 0)
+                for first, moved in arrivals[n]:
+                    content += min(retired[first] - held[first].get(i, 0), moved)
+                if content > 0:
+                    next_retired = content
+                    break
+            terms.append((kept_below + early, retired[i], next_retired, retired_below - early))
         return terms
 
     # -- time -----------------------------------------------------------------------------
@@ -443,7 +499,7 @@ class Simulator:
     def _simulate_times(
         self, swap: tuple[bool, ...], choice: PlanChoice, record: bool
     ) -> tuple[StepTimes, list[LayerTiming] | None]:
-        k, fwd, bwd, out, inn, swappable = self.k, self.fwd, self.bwd, self.out, self.inn, self.swappable
+        k, fwd, bwd, out, swappable = self.k, self.fwd, self.bwd, self.out, self.swappable
         limit, window = choice.max_copying_out_bytes, choice.prefetch_window_bytes
         now = 0.0  # compute stream clock
         stream = 0.0  # copy stream: free from this instant
@@ -475,37 +531,56 @@ class Simulator:
                     now = out_end[oldest]
         end_forward = now
 
-        order = [i for i in range(k - 1, -1, -1) if retired[i]]
+        # Copies in, in prefetch order: (needed by B of, bytes, owner). A retired layer's bytes
+        # come back for its own backward, except the re-saved ones: for the later layer's.
+        items: list[list[tuple[int, int, int]]] = [[] for _ in range(k)]
+        for j in range(k):
+            if not retired[j]:
+                continue
+            left = swappable[j]
+            for last, nbytes in self.resaved[j]:
+                moved = min(left, nbytes)
+                if moved:
+                    items[last].append((last, moved, j))
+                    left -= moved
+            if left:
+                items[j].append((j, left, j))
+        order = [item for i in range(k - 1, -1, -1) for item in items[i]]
         admitted = 0
         waiting_bytes = 0
         admitted_at: list[float | None] = [None] * k
         in_start: list[float | None] = [None] * k
-        ready = [0.0] * k
+        ready = [0.0] * k  # when every copy B_i needs is in
+        owned = [0] * k  # bytes of each layer's copies in, freed when its backward ends
 
         def prefetch(at: float) -> None:
             nonlocal admitted, waiting_bytes, stream
             while admitted < len(order):
-                j = order[admitted]
-                if waiting_bytes > 0 and waiting_bytes + swappable[j] > window:
+                needed_by, nbytes, owner = order[admitted]
+                if waiting_bytes > 0 and waiting_bytes + nbytes > window:
                     return
                 admitted += 1
-                waiting_bytes += swappable[j]
+                waiting_bytes += nbytes
+                owned[owner] += nbytes
                 start = max(at, stream)
-                stream = start + inn[j]
-                admitted_at[j], in_start[j], ready[j] = at, start, stream
+                stream = start + nbytes / self.profile.h2d_bytes_per_second
+                if admitted_at[owner] is None:
+                    admitted_at[owner], in_start[owner] = at, start
+                ready[needed_by] = max(ready[needed_by], stream)
+                ready[owner] = max(ready[owner], stream)
 
         prefetch(end_forward)
         backward_start = [0.0] * k
         backward_end = [0.0] * k
         for i in range(k - 1, -1, -1):
-            if retired[i] and now < ready[i]:
+            if now < ready[i]:  # copies this backward reads: its own and re-saved ones
                 wait += ready[i] - now
                 now = ready[i]
             backward_start[i] = now
             now += bwd[i]
             backward_end[i] = now
             if retired[i]:
-                waiting_bytes -= swappable[i]
+                waiting_bytes -= owned[i]
                 prefetch(now)
             elif swap[i] and now < out_end[i]:  # left in the FIFO: wait for its copy before the free
                 wait += out_end[i] - now

@@ -1,45 +1,27 @@
 """Predict which batch sizes fit a memory budget, and how fast, from one measured profile.
 
-Saved activations and layer compute times scale linearly with the batch size; the static
-memory (parameters, gradients, optimizer state) does not. The rest of a training batch
-(optimizer step, data loading, launch overhead) is taken as a constant: the measured time
-per batch less the planned compute time. For each candidate the swap planner then says
-whether any plan fits the budget and what its step would cost.
+Saved activations and layer compute times scale linearly with the batch size (the planner's
+:func:`~lightning_accudnn.planner.scale_profile` with a batch ratio); the static memory
+(parameters, gradients, optimizer state) does not. The rest of a training batch (optimizer
+step, data loading, launch overhead) is taken as a constant: the measured time per batch
+less the planned compute time. For each candidate the swap planner then says whether any
+plan fits the budget and what its step would cost.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from lightning_accudnn.callbacks.batch_search import Prediction
-from lightning_accudnn.planner import BudgetTooSmallError, LayerProfile, StepProfile, format_bytes, plan_swaps
+from lightning_accudnn.planner import (
+    BudgetTooSmallError,
+    StepProfile,
+    format_bytes,
+    plan_swaps,
+    scale_profile,
+)
 
-__all__ = ["largest_feasible_batch_size", "predict_batch_sizes", "scale_profile"]
-
-
-def scale_profile(profile: StepProfile, ratio: float) -> StepProfile:
-    """The profile of the same step with a batch ``ratio`` times as large.
-
-    Example:
-        >>> profile = StepProfile((LayerProfile("a", 100, 80, 1e-3, 2e-3),), static_bytes=1_000)
-        >>> scaled = scale_profile(profile, 2.0)
-        >>> scaled.layers[0].saved_bytes, scaled.layers[0].swappable_bytes, scaled.static_bytes
-        (200, 160, 1000)
-    """
-    if ratio <= 0:
-        raise ValueError(f"ratio must be > 0, got {ratio}")
-    layers = tuple(
-        LayerProfile(
-            layer.name,
-            saved_bytes=round(layer.saved_bytes * ratio),
-            swappable_bytes=min(round(layer.saved_bytes * ratio), round(layer.swappable_bytes * ratio)),
-            forward_seconds=layer.forward_seconds * ratio,
-            backward_seconds=layer.backward_seconds * ratio,
-        )
-        for layer in profile.layers
-    )
-    return dataclasses.replace(profile, layers=layers)
+__all__ = ["largest_feasible_batch_size", "predict_batch_sizes"]
 
 
 def predict_batch_sizes(
@@ -60,6 +42,7 @@ def predict_batch_sizes(
     in between that fits (see :func:`largest_feasible_batch_size`) is predicted too.
 
     Example:
+        >>> from lightning_accudnn.profile import LayerProfile
         >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1e-3, 2e-3) for i in range(3))
         >>> profile = StepProfile(layers, static_bytes=1_000)
         >>> predictions = predict_batch_sizes(profile, 8, 0.010, [8, 16, 64], budget_bytes=1_500)
@@ -131,6 +114,7 @@ def largest_feasible_batch_size(
     GPU kernels like), smaller ones to integers.
 
     Example:
+        >>> from lightning_accudnn.profile import LayerProfile
         >>> layers = tuple(LayerProfile(f"l{i}", 100, 0) for i in range(3))  # nothing swappable
         >>> profile = StepProfile(layers, static_bytes=1_000)  # 300 activation bytes at batch 8
         >>> largest_feasible_batch_size(profile, 8, low=8, high=64, budget_bytes=2_000)

@@ -188,16 +188,6 @@ def test_a_plan_does_not_cover_a_larger_shape_or_another_pass():
     assert not plan_covers(plan, renamed)
 
 
-@settings(max_examples=100, deadline=None)
-@given(profiles(max_layers=6), st.sampled_from([1.0, 2.0, 3.0, 8.0]))
-def test_a_batch_size_ratio_is_what_the_tuner_scales_by(profile, ratio):
-    """The tuner's batch-size predictions (callbacks.prediction.scale_profile) are this function
-    with a float ratio: every layer linear in the batch (the results agree where the bytes are whole)."""
-    from lightning_accudnn.callbacks.prediction import scale_profile as tuner_scale
-
-    assert scale_profile(profile, ratio) == tuner_scale(profile, ratio)
-
-
 def test_resaved_bytes_scale_with_their_layer():
     profile = StepProfile(
         (LayerProfile("relu", 100, 100, resaved_by=(("conv", 60),)), LayerProfile("conv", 0, 0)), 0

@@ -70,14 +70,17 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
     for index, name in enumerate(names):
         candidates = [p.layers[index] for p in profiles]
         saved = max(layer.saved_bytes for layer in candidates)
-        resident = max(layer.resident_bytes for layer in candidates)
+        most_resident = max(candidates, key=lambda layer: layer.resident_bytes)
+        swappable = saved - most_resident.resident_bytes
         layers.append(
             LayerProfile(
                 name,
                 saved_bytes=saved,
-                swappable_bytes=saved - resident,
+                swappable_bytes=swappable,
                 forward_seconds=max(layer.forward_seconds for layer in candidates),
                 backward_seconds=max(layer.backward_seconds for layer in candidates),
+                small_storages=most_resident.small_storages,
+                resaved_by=_merged_resaves(candidates, swappable),
             )
         )
     return dataclasses.replace(
@@ -97,3 +100,15 @@ def _collective_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _merged_resaves(candidates: Sequence[LayerProfile], swappable: int) -> tuple[tuple[str, int], ...]:
+    """Per later layer the most bytes any rank saw saved again there, within the merged swappable bytes."""
+    most: dict[str, int] = {}
+    for layer in candidates:
+        for later, nbytes in layer.resaved_by:
+            most[later] = max(most.get(later, 0), nbytes)
+    total = sum(most.values())
+    if total > swappable:  # ranks disagree on what is swappable: keep the proportions, within bounds
+        most = {later: nbytes * swappable // total for later, nbytes in most.items()}
+    return tuple((later, nbytes) for later, nbytes in most.items() if nbytes > 0)

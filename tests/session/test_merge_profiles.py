@@ -1,0 +1,20 @@
+"""Ranks plan from one merged profile: what a rank saw saved again or kept for being small survives."""
+
+from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.session.distributed import merge_profiles
+
+
+def _profile(resaved: int, small: tuple[int, ...]) -> StepProfile:
+    layers = (
+        LayerProfile("relu", 100 + sum(small), 100, resaved_by=(("conv", resaved),), small_storages=small),
+        LayerProfile("conv", 0, 0),
+    )
+    return StepProfile(layers, static_bytes=10)
+
+
+def test_merged_profile_keeps_resaved_and_small_storages():
+    merged = merge_profiles([_profile(40, (8,)), _profile(60, (8, 4))])
+    relu = merged.layers[0]
+    assert relu.resaved_by == (("conv", 60),)  # the most any rank saw saved again
+    assert relu.small_storages == (8, 4)  # from the rank with the most resident bytes
+    assert relu.saved_bytes == 112 and relu.swappable_bytes == 100

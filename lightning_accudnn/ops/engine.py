@@ -360,6 +360,8 @@ class OffloadEngine:
                 "this saved activation belonged to a training step that was aborted (an exception "
                 "was raised in it); run the forward pass again before calling backward"
             )
+        if self._in_forward and not record.read_in_forward:
+            self._mark_read_in_forward(record)
         if not record.swap:
             assert packed.tensor is not None
             tensor = packed.tensor
@@ -374,9 +376,18 @@ class OffloadEngine:
         if not packed.unpacked:
             packed.unpacked = True
             record.pending_unpacks -= 1
-        if record.swap and record.pending_unpacks == 0:
+        if record.swap and record.pending_unpacks == 0 and not record.read_in_forward:
             self._drop_fetched(record)
         return tensor
+
+    def _mark_read_in_forward(self, record: StorageRecord) -> None:
+        """A backward inside the forward (a gradient penalty) reads this record: it stays on the
+        device until its last handle dies, and its bytes are reported as not swappable, so
+        that the plan keeps them and counts them for the whole step."""
+        record.read_in_forward = True
+        step = self._step
+        if record.swappable and step is not None:
+            step.layer_swappable[record.layer] -= record.nbytes
 
     # -- filter and records -----------------------------------------------------------
 
@@ -416,6 +427,7 @@ class OffloadEngine:
             end=end,
             last_save=step.saves,
             swap=swappable and self._schedule.swaps(layer),
+            swappable=swappable,
             root=root,
             source_block=entry.block,
             on_last_handle=self._release_record,
@@ -570,7 +582,7 @@ class OffloadEngine:
                 step.bytes_in += record.nbytes
         record.fetched_block = block
         block.hold()
-        if step is not None and not block.in_prefetch_window:
+        if step is not None and not block.in_prefetch_window and not self._in_forward:
             step.window_used += block.nbytes
             block.in_prefetch_window = True
 

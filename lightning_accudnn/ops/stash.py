@@ -119,6 +119,8 @@ class StorageRecord:
         "nbytes",
         "last_save",
         "swap",
+        "swappable",
+        "read_in_forward",
         "root",
         "version",
         "source_block",
@@ -146,6 +148,7 @@ class StorageRecord:
         last_save: int,
         swap: bool,
         root: torch.Tensor,
+        swappable: bool | None = None,
         source_block: DeviceBlock,
         on_last_handle: Callable[[StorageRecord], None],
     ) -> None:
@@ -153,6 +156,8 @@ class StorageRecord:
         self.start, self.end, self.nbytes = start, end, end - start
         self.last_save = last_save
         self.swap = swap
+        self.swappable = swap if swappable is None else swappable  # the filter allowed a swap
+        self.read_in_forward = False  # unpacked by a backward run inside the forward (double backward)
         self.root = weakref.ref(root)
         self.version = root._version
         self.source_block = source_block

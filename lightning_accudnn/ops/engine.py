@@ -426,12 +426,16 @@ class OffloadEngine:
             start=start,
             end=end,
             last_save=step.saves,
-            swap=swappable and self._schedule.swaps(layer),
+            swap=swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes),
             swappable=swappable,
             root=root,
             source_block=entry.block,
             on_last_handle=self._release_record,
         )
+
+    def _host_can_hold(self, nbytes: int) -> bool:
+        """False only when the schedule keeps what passes the host cap and this would."""
+        return not self._schedule.keep_beyond_host_limit or self.pool.can_hold(nbytes)
 
     def _on_counted(self, nbytes: int) -> None:
         self.ledger.acquire(nbytes)

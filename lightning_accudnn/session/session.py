@@ -334,7 +334,10 @@ class OffloadSession:
         self.plan = plan if plan is not None else self.plan
         self._pass = _Pass(key, plan)
         if plan is None:
-            schedule = SwapSchedule.swap_everything(max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT)
+            # Profile within the host cap: what does not fit there stays (and is still measured).
+            schedule = SwapSchedule.swap_everything(
+                max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
+            )
         else:
             kept = {layer.name for layer in plan.profile.layers} - plan.swapped_layers
             schedule = SwapSchedule.keep_layers_named(
@@ -412,8 +415,11 @@ class OffloadSession:
             raise HostMemoryExceeded(
                 f"the plan for a device budget of {format_bytes(budget)} swaps "
                 f"{format_bytes(plan.swapped_bytes)} to host memory, more than the host-memory limit of "
-                f"{format_bytes(host_limit)}. Raise host_memory_limit (system RAM permitting), raise the "
-                "device budget, or lower the batch size."
+                f"{format_bytes(host_limit)}. Raise host_memory_limit by at least "
+                f"{format_bytes(plan.swapped_bytes - host_limit)} (to {format_bytes(plan.swapped_bytes)}, "
+                "system RAM permitting), or raise the device budget so that less is swapped (at "
+                f"{format_bytes(profile.unconstrained_peak_bytes + self.reserve_bytes)} nothing is), "
+                "or lower the batch size."
             )
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(

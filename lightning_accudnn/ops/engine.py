@@ -401,14 +401,14 @@ class OffloadEngine:
             step.by_storage[key] = entry
         step.saves += 1
         root = lineage_root(tensor)
-        start, end = byte_extent(tensor)
+        extent = start, end = byte_extent(tensor)
         for record in entry.records:
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
                 record.last_save = step.saves
                 break
         else:
-            record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded)
+            record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent)
             entry.records.append(record)
             if record.swap:
                 self._start_copy_out(step, record, storage)
@@ -428,6 +428,7 @@ class OffloadEngine:
                 "this saved activation belonged to a training step that was aborted (an exception "
                 "was raised in it); run the forward pass again before calling backward"
             )
+        packed.check_version()
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
         if not record.swap:
@@ -461,9 +462,11 @@ class OffloadEngine:
 
     def _is_activation(self, tensor: torch.Tensor) -> bool:
         return (
-            type(tensor) is torch.Tensor
+            type(tensor) is torch.Tensor  # tensor subclasses (a jagged nested tensor, DTensor) stay
             and tensor.device == self.device
             and tensor.layout == torch.strided
+            and not tensor.is_nested
+            and not tensor.is_quantized
             and not tensor.is_conj()
             and not tensor.is_neg()
             and tensor.untyped_storage().data_ptr() not in self._model_storages
@@ -478,8 +481,9 @@ class OffloadEngine:
         storage_nbytes: int,
         layer: str,
         excluded: bool,
+        extent: tuple[int, int],
     ) -> StorageRecord:
-        start, end = record_extent(root, tensor, storage_nbytes)
+        start, end = record_extent(root, tensor, storage_nbytes, extent)
         nbytes = end - start
         swappable = (
             nbytes >= self.min_swap_bytes and nbytes > 0 and not excluded and _keep_on_device_depth.get() == 0

@@ -413,8 +413,6 @@ class OffloadSession:
             # kind runs hooked, and its layers (which then differ) are planned from.
             self._sequences.pop(current.key, None)
             overshoot, changed = 0, False
-        elif not step.timed and known is not None:
-            profile = replace(profile, layers=_with_times_of(profile.layers, known.profile.layers))
         refine = not profiling and self._book.needs_refining(current.key)
         if self.coordinator.any(overshoot > 0 or profiling or refine or changed):
             overshoot = int(self.coordinator.max(overshoot))
@@ -427,6 +425,8 @@ class OffloadSession:
                     format_bytes(overshoot),
                     format_bytes(self.reserve_bytes),
                 )
+            if not step.timed and known is not None:  # untimed (replayed): the times measured before
+                profile = replace(profile, layers=_with_times_of(profile.layers, known.profile.layers))
             plan = self._make_plan(self.coordinator.merge(profile), current.key)
             self._book.keep(current.key, plan, refined=not profiling)
             self.plan = plan

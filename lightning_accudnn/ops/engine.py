@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextvars
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +32,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from lightning_accudnn.ops.errors import StaleSavedTensorError
-from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.ops.layers import LayerTracker, SaveSequence
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
@@ -45,8 +45,12 @@ from lightning_accudnn.ops.stash import (
     lineage_root,
     record_extent,
 )
-from lightning_accudnn.ops.timing import LayerTimer, clock_for
+from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile
+
+#: The layer a saved tensor is attributed to when, in a pass replayed by ordinal, the graph
+#: departed from the profiled sequence (an unknown name: a plan swaps it, the safe side).
+CHANGED_GRAPH_LAYER = "(changed graph)"
 
 _keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
 
@@ -91,7 +95,14 @@ class StepStats:
 
     A layer's ``forward_seconds`` is its self time plus that of the layers before it which
     saved nothing (so the layers' times add up to the forward pass); ``backward_seconds``
-    shares the measured backward time out in proportion to forward time."""
+    shares the measured backward time out in proportion to forward time. Times are zero in a
+    pass replayed by ordinal (``timed`` false)."""
+    timed: bool = True
+    """Whether layers were hooked and timed (a pass run without a ``sequence``)."""
+    sequence: SaveSequence | None = field(default=None, repr=False)
+    """The saves of a hooked pass, to replay the next passes of the same graph by ordinal."""
+    graph_changed: bool = False
+    """A pass replayed by ordinal saved a different sequence: its layers are not to be trusted."""
 
 
 class _StorageEntry:
@@ -122,6 +133,7 @@ class _StepState:
         self.layer_saved: dict[str, int] = {}
         self.layer_swappable: dict[str, int] = {}
         self.layer_small: dict[str, list[int]] = {}  # sizes kept only for being below min_swap_bytes
+        self.graph_changed = False
 
 
 class OffloadEngine:
@@ -165,11 +177,15 @@ class OffloadEngine:
         self.pool = HostBufferPool(pin_memory=self.runtime.pin_memory, capacity_bytes=host_memory_limit)
         self.ledger = DeviceLedger()
         self.timer = LayerTimer(clock_for(self.device))
+        self.pass_timer = PassTimer(self.timer.clock)  # passes replayed by ordinal (no layer marks)
         self.tracker = LayerTracker(
             exclude=tuple(exclude), on_enter=self.timer.enter, on_exit=self.timer.exit
         )
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
+        self._storages_model: object = None  # the model ``_model_storages`` belongs to
+        self._recording: SaveSequence | None = None  # hooked pass: the saves, in order
+        self._replaying: SaveSequence | None = None  # pass attributed by ordinal (no hooks)
         self._step: _StepState | None = None
         self._hooked = False
         self._in_forward = False
@@ -179,8 +195,22 @@ class OffloadEngine:
     # -- the step -------------------------------------------------------------------
 
     @contextmanager
-    def offload(self, model: nn.Module, schedule: SwapSchedule, static_bytes: int = 0) -> Iterator[None]:
-        """Hook the forward passes run inside; the first saved tensor opens a step.
+    def offload(
+        self,
+        model: nn.Module,
+        schedule: SwapSchedule,
+        static_bytes: int = 0,
+        sequence: SaveSequence | None = None,
+    ) -> Iterator[None]:
+        """Run the forward passes inside under ``schedule``; the first saved tensor opens a step.
+
+        Without ``sequence`` every module is hooked and timed, and the step's
+        :attr:`StepStats.sequence` records who saved what. With the ``sequence`` of an
+        earlier pass of the same graph no module hook is installed and nothing is timed: each
+        saved tensor is attributed by its ordinal, and a save that departs from the sequence
+        marks the step ``graph_changed`` (its saves then count under
+        :data:`CHANGED_GRAPH_LAYER`, which a plan swaps). The parameters' storages are
+        re-read in hooked passes and whenever the model object changes.
 
         ``static_bytes`` (model state) starts the ledger of each step opened inside. The
         block may hold backward passes too (Lightning's manual optimization): call
@@ -192,13 +222,17 @@ class OffloadEngine:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
         self._schedule = schedule
         self._static_bytes = static_bytes
-        self._model_storages = _storages_of(model)
-        if self._step is None:
+        if sequence is None or model is not self._storages_model:
+            self._model_storages = _storages_of(model)
+            self._storages_model = model
+        self._replaying = sequence
+        self._recording = SaveSequence() if sequence is None else None
+        if self._step is None and sequence is None:
             self.timer.start()
         self._hooked = True
         try:
             with (
-                self.tracker.attached(model),
+                self.tracker.attached(model) if sequence is None else nullcontext(),
                 torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
             ):
                 yield
@@ -219,6 +253,7 @@ class OffloadEngine:
         """
         self._in_forward = False
         self.timer.end_forward()
+        self.pass_timer.end_forward()
         step = self._step
         if step is not None:
             step.swapped.sort(key=lambda record: record.last_save)
@@ -241,20 +276,40 @@ class OffloadEngine:
             self._retire(step, step.copying_out.popleft())
         self._reap()
         self._release_lingering()
-        layers = self._layer_usage(step)
+        replaying, recording = self._replaying, self._recording
+        if replaying is not None and step.saves != len(replaying):
+            step.graph_changed = True
+        if recording is not None:
+            layers = self._layer_usage(step)
+            forward_seconds = sum(layer.forward_seconds for layer in layers)
+            backward_seconds = sum(layer.backward_seconds for layer in layers)
+        else:
+            layers = self._untimed_layers(step)
+            forward_seconds, backward_seconds = self.pass_timer.end_backward()
         stats = StepStats(
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,
             wait_seconds=self.runtime.collect_wait_seconds(),
             ledger_peak_bytes=self.ledger.peak_bytes,
             swapped_layers=len({record.layer for record in step.swapped}),
-            forward_seconds=sum(layer.forward_seconds for layer in layers),
-            backward_seconds=sum(layer.backward_seconds for layer in layers),
+            forward_seconds=forward_seconds,
+            backward_seconds=backward_seconds,
             layers=layers,
+            timed=recording is not None,
+            sequence=recording,
+            graph_changed=step.graph_changed,
         )
         self._step = None
+        self._recording = SaveSequence() if recording is not None else None  # next pass in the block
         self.timer.reset()
         return stats
+
+    @staticmethod
+    def _untimed_layers(step: _StepState) -> tuple[LayerProfile, ...]:
+        return tuple(
+            LayerProfile(name, saved_bytes=saved, swappable_bytes=step.layer_swappable.get(name, 0))
+            for name, saved in step.layer_saved.items()
+        )
 
     def _layer_usage(self, step: _StepState) -> tuple[LayerProfile, ...]:
         """Bytes and times per saving layer; time of layers that saved nothing goes to the next one."""
@@ -328,21 +383,34 @@ class OffloadEngine:
         step = self._open_step()
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
+        storage_nbytes = storage.nbytes()
+        ordinal = step.saves
+        if self._recording is not None:
+            layer, excluded = self.tracker.current, self.tracker.excluded
+            self._recording.append(layer, excluded, storage_nbytes)
+        else:
+            replaying = self._replaying
+            assert replaying is not None
+            if not step.graph_changed and replaying.matches(ordinal, storage_nbytes):
+                layer, excluded = replaying.layers[ordinal], replaying.excluded[ordinal]
+            else:
+                step.graph_changed = True
+                layer, excluded = CHANGED_GRAPH_LAYER, False
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
-            block = DeviceBlock(key, storage.nbytes(), self._on_counted, self._on_found_block_released)
+            block = DeviceBlock(key, storage_nbytes, self._on_counted, self._on_found_block_released)
             entry = _StorageEntry(StorageWeakRef(storage), block)  # type: ignore[no-untyped-call]
             step.by_storage[key] = entry
         step.saves += 1
         root = lineage_root(tensor)
-        start, end = byte_extent(tensor)
+        extent = start, end = byte_extent(tensor)
         for record in entry.records:
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
                 record.last_save = step.saves
                 break
         else:
-            record = self._new_record(step, entry, root, tensor, storage.nbytes())
+            record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent)
             entry.records.append(record)
             if record.swap:
                 self._start_copy_out(step, record, storage)
@@ -362,6 +430,9 @@ class OffloadEngine:
                 "this saved activation belonged to a training step that was aborted (an exception "
                 "was raised in it); run the forward pass again before calling backward"
             )
+        packed.check_version()
+        if self._in_forward and not record.read_in_forward:
+            self._mark_read_in_forward(record)
         if not record.swap:
             assert packed.tensor is not None
             tensor = packed.tensor
@@ -376,17 +447,28 @@ class OffloadEngine:
         if not packed.unpacked:
             packed.unpacked = True
             record.pending_unpacks -= 1
-        if record.swap and record.pending_unpacks == 0:
+        if record.swap and record.pending_unpacks == 0 and not record.read_in_forward:
             self._drop_fetched(record)
         return tensor
+
+    def _mark_read_in_forward(self, record: StorageRecord) -> None:
+        """A backward inside the forward (a gradient penalty) reads this record: it stays on the
+        device until its last handle dies, and its bytes are reported as not swappable, so
+        that the plan keeps them and counts them for the whole step."""
+        record.read_in_forward = True
+        step = self._step
+        if record.swappable and step is not None:
+            step.layer_swappable[record.layer] -= record.nbytes
 
     # -- filter and records -----------------------------------------------------------
 
     def _is_activation(self, tensor: torch.Tensor) -> bool:
         return (
-            type(tensor) is torch.Tensor
+            type(tensor) is torch.Tensor  # tensor subclasses (a jagged nested tensor, DTensor) stay
             and tensor.device == self.device
             and tensor.layout == torch.strided
+            and not tensor.is_nested
+            and not tensor.is_quantized
             and not tensor.is_conj()
             and not tensor.is_neg()
             and tensor.untyped_storage().data_ptr() not in self._model_storages
@@ -399,11 +481,13 @@ class OffloadEngine:
         root: torch.Tensor,
         tensor: torch.Tensor,
         storage_nbytes: int,
+        layer: str,
+        excluded: bool,
+        extent: tuple[int, int],
     ) -> StorageRecord:
-        layer = self.tracker.current
-        start, end = record_extent(root, tensor, storage_nbytes)
+        start, end = record_extent(root, tensor, storage_nbytes, extent)
         nbytes = end - start
-        allowed = nbytes > 0 and not self.tracker.excluded and _keep_on_device_depth.get() == 0
+        allowed = nbytes > 0 and not excluded and _keep_on_device_depth.get() == 0
         swappable = allowed and nbytes >= self.min_swap_bytes
         step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
         if swappable:
@@ -415,11 +499,16 @@ class OffloadEngine:
             start=start,
             end=end,
             last_save=step.saves,
-            swap=swappable and self._schedule.swaps(layer),
+            swap=swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes),
+            swappable=swappable,
             root=root,
             source_block=entry.block,
             on_last_handle=self._release_record,
         )
+
+    def _host_can_hold(self, nbytes: int) -> bool:
+        """False only when the schedule keeps what passes the host cap and this would."""
+        return not self._schedule.keep_beyond_host_limit or self.pool.can_hold(nbytes)
 
     def _on_counted(self, nbytes: int) -> None:
         self.ledger.acquire(nbytes)
@@ -570,7 +659,7 @@ class OffloadEngine:
                 step.bytes_in += record.nbytes
         record.fetched_block = block
         block.hold()
-        if step is not None and not block.in_prefetch_window:
+        if step is not None and not block.in_prefetch_window and not self._in_forward:
             step.window_used += block.nbytes
             block.in_prefetch_window = True
 
@@ -593,7 +682,9 @@ class OffloadEngine:
     def _open_step(self) -> _StepState:
         self._in_forward = True
         if self._step is None:
-            if not self.timer.started:
+            if self._recording is None:
+                self.pass_timer.start()
+            elif not self.timer.started:
                 self.timer.start()
             self._step = _StepState()
             self.ledger.start_step(self._static_bytes)

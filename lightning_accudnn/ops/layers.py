@@ -125,3 +125,38 @@ class _Attached:
 
     def __exit__(self, *exc: object) -> None:
         self.tracker.detach()
+
+
+class SaveSequence:
+    """The saved tensors of one profiled pass, in save order: who saved each, and its size.
+
+    A pass run again with the same graph saves the same sequence, so in steady state a saved
+    tensor is attributed by its ordinal (no module hooks). :meth:`matches` is the cheap check
+    that the graph did not change: the storage size at the same ordinal.
+
+    Example:
+        >>> sequence = SaveSequence()
+        >>> sequence.append("fc1", False, 1024); sequence.append("fc2", False, 512)
+        >>> sequence.matches(1, 512), sequence.matches(1, 64), sequence.matches(2, 512)
+        (True, False, False)
+        >>> sequence.layers[1], len(sequence)
+        ('fc2', 2)
+    """
+
+    __slots__ = ("layers", "excluded", "sizes")
+
+    def __init__(self) -> None:
+        self.layers: list[str] = []
+        self.excluded: list[bool] = []
+        self.sizes: list[int] = []
+
+    def append(self, layer: str, excluded: bool, storage_nbytes: int) -> None:
+        self.layers.append(layer)
+        self.excluded.append(excluded)
+        self.sizes.append(storage_nbytes)
+
+    def matches(self, ordinal: int, storage_nbytes: int) -> bool:
+        return ordinal < len(self.sizes) and self.sizes[ordinal] == storage_nbytes
+
+    def __len__(self) -> int:
+        return len(self.sizes)

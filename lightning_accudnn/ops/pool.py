@@ -35,6 +35,8 @@ class HostBufferPool:
         >>> pool.release(buffer)
         >>> pool.acquire(1000) is buffer
         True
+        >>> pool.can_hold(2**20)
+        False
     """
 
     def __init__(self, pin_memory: bool, capacity_bytes: int) -> None:
@@ -50,6 +52,11 @@ class HostBufferPool:
     @property
     def idle_bytes(self) -> int:
         return self.allocated_bytes - self.in_use_bytes
+
+    def can_hold(self, nbytes: int) -> bool:
+        """Whether :meth:`acquire` of ``nbytes`` would succeed now (idle buffers may be freed)."""
+        size = _bucket(nbytes)
+        return bool(self._idle.get(size)) or self.in_use_bytes + size <= self.capacity_bytes
 
     def acquire(self, nbytes: int) -> torch.Tensor:
         size = _bucket(nbytes)

@@ -20,6 +20,10 @@ class SwapSchedule:
     engine's in-flight FIFO: past it (and while the FIFO holds more than one storage) the
     compute stream waits on the oldest copy and its device bytes go, in stream order.
     ``None``: no bound, so nothing swapped leaves the device before backward.
+    With ``keep_beyond_host_limit`` a storage that does not fit in the host pool's cap stays
+    on the device (still counted as swappable) instead of raising
+    :class:`~lightning_accudnn.ops.HostMemoryExceeded`: the profiling pass measures every
+    activation within any host cap, and the plan made from it is checked against the cap.
 
     Example:
         >>> schedule = SwapSchedule.swap_layers_named(["layer1.0.conv1"], prefetch_window_bytes=2**26)
@@ -35,6 +39,7 @@ class SwapSchedule:
     prefetch_window_bytes: int = 0
     max_copying_out_bytes: int | None = None
     keep_layers: frozenset[str] = frozenset()
+    keep_beyond_host_limit: bool = False
 
     def __post_init__(self) -> None:
         if self.prefetch_window_bytes < 0:
@@ -44,9 +49,15 @@ class SwapSchedule:
 
     @classmethod
     def swap_everything(
-        cls, prefetch_window_bytes: int = 0, max_copying_out_bytes: int | None = None
+        cls,
+        prefetch_window_bytes: int = 0,
+        max_copying_out_bytes: int | None = None,
+        *,
+        keep_beyond_host_limit: bool = False,
     ) -> SwapSchedule:
-        return cls(None, prefetch_window_bytes, max_copying_out_bytes)
+        return cls(
+            None, prefetch_window_bytes, max_copying_out_bytes, keep_beyond_host_limit=keep_beyond_host_limit
+        )
 
     @classmethod
     def keep_everything(cls) -> SwapSchedule:

@@ -119,6 +119,8 @@ class StorageRecord:
         "nbytes",
         "last_save",
         "swap",
+        "swappable",
+        "read_in_forward",
         "root",
         "version",
         "source_block",
@@ -146,6 +148,7 @@ class StorageRecord:
         last_save: int,
         swap: bool,
         root: torch.Tensor,
+        swappable: bool | None = None,
         source_block: DeviceBlock,
         on_last_handle: Callable[[StorageRecord], None],
     ) -> None:
@@ -153,6 +156,8 @@ class StorageRecord:
         self.start, self.end, self.nbytes = start, end, end - start
         self.last_save = last_save
         self.swap = swap
+        self.swappable = swap if swappable is None else swappable  # the filter allowed a swap
+        self.read_in_forward = False  # unpacked by a backward run inside the forward (double backward)
         self.root = weakref.ref(root)
         self.version = root._version
         self.source_block = source_block
@@ -185,10 +190,14 @@ class StorageRecord:
         return self.host_buffer[: self.nbytes]
 
 
-def record_extent(root: torch.Tensor, tensor: torch.Tensor, storage_nbytes: int) -> tuple[int, int]:
-    """The extent a new record copies: its lineage root's, widened to hold ``tensor``, aligned."""
-    root_start, root_end = byte_extent(root)
-    start, end = byte_extent(tensor)
+def record_extent(
+    root: torch.Tensor, tensor: torch.Tensor, storage_nbytes: int, extent: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """The extent a new record copies: its lineage root's, widened to hold ``tensor``, aligned.
+
+    ``extent`` is ``byte_extent(tensor)`` when the caller has it already."""
+    start, end = byte_extent(tensor) if extent is None else extent
+    root_start, root_end = (start, end) if root is tensor else byte_extent(root)
     start = min(start, root_start) // _ALIGN * _ALIGN
     return start, min(max(end, root_end), storage_nbytes)
 
@@ -200,10 +209,21 @@ class SavedTensor:
     its dtype, shape, strides and offset into the storage.
     """
 
-    __slots__ = ("record", "tensor", "dtype", "shape", "stride", "offset", "unpacked", "__weakref__")
+    __slots__ = (
+        "record",
+        "tensor",
+        "dtype",
+        "shape",
+        "stride",
+        "offset",
+        "version",
+        "unpacked",
+        "__weakref__",
+    )
 
     def __init__(self, record: StorageRecord, tensor: torch.Tensor) -> None:
         self.record = record
+        self.version = tensor._version  # autograd checks it no longer (hooks are set): the engine does
         self.unpacked = False
         record.live_handles += 1
         record.pending_unpacks += 1
@@ -213,6 +233,39 @@ class SavedTensor:
             self.stride, self.offset = tensor.stride(), tensor.storage_offset()
         else:
             self.tensor = tensor
+
+    def check_version(self) -> None:
+        """Raise as plain autograd does when the saved tensor was changed in place since it was saved.
+
+        A kept tensor is always checked; a swapped one through its lineage root while that
+        lives (a tensor changed in place and then freed before backward is not detected).
+
+        Example:
+
+            >>> x = torch.ones(3)
+            >>> record = StorageRecord(layer="a", start=0, end=12, last_save=1, swap=False,
+            ...     root=x, source_block=DeviceBlock(0, 12, int, id), on_last_handle=id)
+            >>> saved = SavedTensor(record, x)
+            >>> _ = x.mul_(2)
+            >>> saved.check_version()
+            Traceback (most recent call last):
+            ...
+            RuntimeError: one of the variables needed ... is at version 1; expected version 0 instead. ...
+            >>> saved.version = x._version; saved.check_version()
+        """
+        if self.tensor is not None:
+            current: torch.Tensor | None = self.tensor
+            dtype, shape = self.tensor.dtype, self.tensor.shape
+        else:
+            current = self.record.root()
+            dtype, shape = self.dtype, self.shape
+        if current is not None and current._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: [{dtype} {list(shape)}] is at version {current._version}; expected version "
+                f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
+                "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True)."
+            )
 
     def rebuild(self, device_bytes: torch.Tensor, start: int) -> torch.Tensor:
         """The saved view over ``device_bytes``, which hold the storage's bytes from ``start`` on."""

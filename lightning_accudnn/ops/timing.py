@@ -21,6 +21,8 @@ class Clock(Protocol):
 
     def seconds_between(self, start: Any, end: Any) -> float: ...
 
+    def ready(self, mark: Any) -> bool: ...
+
 
 class WallClock:
     """Marks are ``time.perf_counter()`` readings.
@@ -37,6 +39,9 @@ class WallClock:
 
     def seconds_between(self, start: float, end: float) -> float:
         return end - start
+
+    def ready(self, mark: float) -> bool:
+        return True
 
 
 class CudaEventClock:
@@ -56,6 +61,10 @@ class CudaEventClock:
     def seconds_between(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         end.synchronize()
         return float(start.elapsed_time(end)) / 1000.0
+
+    def ready(self, mark: torch.cuda.Event) -> bool:
+        """Whether the device reached the mark (reading it then does not wait)."""
+        return bool(mark.query())  # type: ignore[no-untyped-call]
 
 
 def clock_for(device: torch.device) -> Clock:
@@ -133,3 +142,44 @@ class LayerTimer:
         if self._forward_end is None or self._backward_end is None:
             return 0.0
         return self.clock.seconds_between(self._forward_end, self._backward_end)
+
+
+class PassTimer:
+    """Forward and backward time of whole passes, three marks each, read without waiting.
+
+    For the steady state, where layers are not timed: a pass's times are read once the
+    device has reached its last mark, so on a GPU they usually arrive a pass late (the most
+    recent pass read is reported), and the CPU never waits for the device.
+
+    Example:
+        >>> timer = PassTimer(WallClock())
+        >>> timer.start(); timer.end_forward()
+        >>> forward, backward = timer.end_backward()
+        >>> forward >= 0 and backward >= 0
+        True
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._marks: list[Any] = []
+        self._pending: list[list[Any]] = []
+
+    def start(self) -> None:
+        self._marks = [self.clock.mark()]
+
+    def end_forward(self) -> None:
+        if len(self._marks) == 1:
+            self._marks.append(self.clock.mark())
+
+    def end_backward(self) -> tuple[float, float]:
+        """Close the pass; the forward and backward seconds of the latest pass read (0 if none)."""
+        if len(self._marks) == 2:
+            self._marks.append(self.clock.mark())
+            self._pending.append(self._marks)
+        self._marks = []
+        times = (0.0, 0.0)
+        while self._pending and self.clock.ready(self._pending[0][2]):
+            start, middle, end = self._pending.pop(0)
+            times = (self.clock.seconds_between(start, middle), self.clock.seconds_between(middle, end))
+        del self._pending[:-2]  # a device far behind: keep the last two passes only
+        return times

@@ -20,11 +20,13 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
+from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
 from lightning_accudnn.session.compiled import refuse_compiled
@@ -157,6 +159,11 @@ class OffloadSession:
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
         self._checked_models: set[int] = set()
+        # Steady state (the hot path): each pass kind's save sequence, replayed by ordinal with
+        # no module hooks, and the model-state bytes, recomputed only when they may change.
+        self._sequences: dict[PassKey, SaveSequence] = {}
+        self._state_bytes_key: tuple[object, ...] | None = None
+        self._state_bytes = 0
         self._closed = False
         self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
         self._out_of_memory_retries = 0  # in a row, since the last pass that completed
@@ -390,24 +397,42 @@ class OffloadSession:
         block = self._block
         assert block is not None
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
-        static_bytes = model_state_bytes(block.model, block.optimizers) + self.gradient_bucket_bytes
         plan = self._book.plan(key)
+        hooked = plan is None or self._book.needs_refining(key) or key not in self._sequences
+        static_bytes = self._model_state_bytes(block, refresh=hooked)
         if plan is not None and static_bytes != plan.profile.static_bytes:
             plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
             self._book.keep(key, plan, refined=not self._book.needs_refining(key))
         self.plan = plan if plan is not None else self.plan
         self._pass = self._last_entered = _Pass(key, plan)
         if plan is None:
-            schedule = SwapSchedule.swap_everything(max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT)
+            # Profile within the host cap: what does not fit there stays (and is still measured).
+            schedule = SwapSchedule.swap_everything(
+                max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
+            )
         else:
             kept = {layer.name for layer in plan.profile.layers} - plan.swapped_layers
             schedule = SwapSchedule.keep_layers_named(
                 kept, plan.prefetch_window_bytes, plan.max_copying_out_bytes
             )
-        context = self.engine.offload(block.model, schedule, static_bytes=static_bytes)
+        sequence = None if hooked else self._sequences[key]
+        context = self.engine.offload(block.model, schedule, static_bytes=static_bytes, sequence=sequence)
         context.__enter__()
         block.engine_context = context
         block.pass_closed = False
+
+    def _model_state_bytes(self, block: _Block, *, refresh: bool) -> int:
+        """:func:`model_state_bytes`, walked again only in hooked passes or when the model, the
+        optimizers or their number of states changed (the first optimizer step creates them)."""
+        key = (
+            id(block.model),
+            *(id(optimizer) for optimizer in block.optimizers),
+            *(len(optimizer.state) for optimizer in block.optimizers),
+        )
+        if refresh or key != self._state_bytes_key:
+            self._state_bytes = model_state_bytes(block.model, block.optimizers)
+            self._state_bytes_key = key
+        return self._state_bytes + self.gradient_bucket_bytes
 
     def _leave_pass(self, error: BaseException | None) -> None:
         block = self._block
@@ -441,12 +466,19 @@ class OffloadSession:
         self._out_of_memory_retries = 0
         stats = self._measure(step, current.plan)
         self.stats = stats
+        if step.sequence is not None:
+            self._sequences[current.key] = step.sequence
         profile = self._profile_from(step)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
         known = self._book.plan(current.key)
         changed = known is None or layers_differ(known.profile, profile)
+        if step.graph_changed:
+            # Replayed by ordinal, the graph departed from its sequence: the next pass of this
+            # kind runs hooked, and its layers (which then differ) are planned from.
+            self._sequences.pop(current.key, None)
+            overshoot, changed = 0, False
         refine = not profiling and self._book.needs_refining(current.key)
         if self.coordinator.any(overshoot > 0 or profiling or refine or changed):
             overshoot = int(self.coordinator.max(overshoot))
@@ -459,6 +491,8 @@ class OffloadSession:
                     format_bytes(overshoot),
                     format_bytes(self.reserve_bytes),
                 )
+            if not step.timed and known is not None:  # untimed (replayed): the times measured before
+                profile = replace(profile, layers=_with_times_of(profile.layers, known.profile.layers))
             plan = self._make_plan(self.coordinator.merge(profile), current.key)
             self._book.keep(current.key, plan, refined=not profiling)
             self.plan = plan
@@ -478,8 +512,11 @@ class OffloadSession:
             raise HostMemoryExceeded(
                 f"the plan for a device budget of {format_bytes(budget)} swaps "
                 f"{format_bytes(plan.swapped_bytes)} to host memory, more than the host-memory limit of "
-                f"{format_bytes(host_limit)}. Raise host_memory_limit (system RAM permitting), raise the "
-                "device budget, or lower the batch size."
+                f"{format_bytes(host_limit)}. Raise host_memory_limit by at least "
+                f"{format_bytes(plan.swapped_bytes - host_limit)} (to {format_bytes(plan.swapped_bytes)}, "
+                "system RAM permitting), or raise the device budget so that less is swapped (at "
+                f"{format_bytes(profile.unconstrained_peak_bytes + self.reserve_bytes)} nothing is), "
+                "or lower the batch size."
             )
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(
@@ -520,3 +557,16 @@ class OffloadSession:
 def host_total_bytes() -> int:
     """The machine's RAM (what a ``host_memory_limit`` share such as ``"25%"`` is a share of)."""
     return int(psutil.virtual_memory().total)
+
+
+def _with_times_of(
+    layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
+) -> tuple[LayerProfile, ...]:
+    """The layers of an untimed pass with the times an earlier, timed pass of it measured."""
+    seconds = {layer.name: (layer.forward_seconds, layer.backward_seconds) for layer in timed}
+    return tuple(
+        replace(layer, forward_seconds=seconds[layer.name][0], backward_seconds=seconds[layer.name][1])
+        if layer.name in seconds
+        else layer
+        for layer in layers
+    )

@@ -1,7 +1,8 @@
 """Run by tests/ddp/test_rank_failure.py as a script: Lightning's default DDP launcher (popen)
-starts rank 1 as a child running this file again; rank 1 alone has a host-memory limit too
-small to swap anything, so it raises HostMemoryExceeded in its first forward pass while rank 0
-goes on into the gradient all-reduce."""
+starts rank 1 as a child running this file again. The budget forces swapping; rank 1 alone has
+a host-memory limit too small to swap anything, so its profiling pass keeps everything and its
+plan, made after the first backward, raises HostMemoryExceeded while rank 0 goes on into the
+next step's collectives."""
 
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from lightning.pytorch import Trainer  # noqa: E402
 
 from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
 from tests.models import Classifier, loader  # noqa: E402
+from tests.strategy.helpers import memory_need  # noqa: E402
 
 
 class OneRankShortOfHostMemory(AccUDNNDDPStrategy):
@@ -22,10 +24,11 @@ class OneRankShortOfHostMemory(AccUDNNDDPStrategy):
 
 
 if __name__ == "__main__":
+    static, saved = memory_need("cnn")
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=OneRankShortOfHostMemory(budget="1GB", min_swap_bytes=0),
+        strategy=OneRankShortOfHostMemory(budget=static + saved // 2, min_swap_bytes=0),
         max_steps=4,
         logger=False,
         enable_checkpointing=False,

@@ -173,6 +173,20 @@ class SimulatedGPU:
         while self._queue and self._queue[0].position <= position:
             self._queue.popleft().run()
 
+    def _ordered_copy(
+        self, after: StreamEvent, device: torch.Tensor, *, missing: str, early: str
+    ) -> _Block | None:
+        """Order the copy stream after ``after``; report a copy of device memory the engine does
+        not hold, or one not ordered after the compute op that wrote or allocated its block."""
+        self._copy_waits(after)
+        block = self._block_of(device)
+        seen = self._clocks[_COPY][_COMPUTE]
+        if block is None:
+            self.violations.append(missing.format(address=f"{device.data_ptr():#x}"))
+        elif block.ready_at > seen:
+            self.violations.append(early.format(key=f"{block.key:#x}", ready=block.ready_at, seen=seen))
+        return block
+
     def _block_of(self, tensor: torch.Tensor) -> _Block | None:
         return self._blocks.get(tensor.untyped_storage().data_ptr())
 
@@ -183,18 +197,13 @@ class SimulatedGPU:
         return _Event(self._clocks[_COMPUTE])
 
     def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
-        self._copy_waits(after)
-        block = self._block_of(source)
-        seen = self._clocks[_COPY][_COMPUTE]
-        if block is None:
-            self.violations.append(
-                f"copy out of device memory at {source.data_ptr():#x} that the engine does not hold"
-            )
-        elif block.ready_at > seen:
-            self.violations.append(
-                f"copy out of block {block.key:#x} is not ordered after its write "
-                f"(compute op {block.ready_at}; the copy stream has seen compute op {seen})"
-            )
+        block = self._ordered_copy(
+            after,
+            source,
+            missing="copy out of device memory at {address} that the engine does not hold",
+            early="copy out of block {key} is not ordered after its write (compute op {ready}; "
+            "the copy stream has seen compute op {seen})",
+        )
         host_key = host.data_ptr()
 
         def run() -> None:
@@ -214,18 +223,13 @@ class SimulatedGPU:
         return tensor
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
-        self._copy_waits(after)
-        block = self._block_of(dest)
-        seen = self._clocks[_COPY][_COMPUTE]
-        if block is None:
-            self.violations.append(
-                f"copy in to device memory at {dest.data_ptr():#x} the engine does not hold"
-            )
-        elif block.ready_at > seen:
-            self.violations.append(
-                f"copy in writes block {block.key:#x} before its allocation on the compute stream is "
-                f"ordered before it (compute op {block.ready_at}; the copy stream has seen {seen})"
-            )
+        block = self._ordered_copy(
+            after,
+            dest,
+            missing="copy in to device memory at {address} the engine does not hold",
+            early="copy in writes block {key} before its allocation on the compute stream is ordered "
+            "before it (compute op {ready}; the copy stream has seen {seen})",
+        )
         host_key = host.data_ptr()
 
         def run() -> None:

@@ -9,12 +9,30 @@ standard library, so both ``ops`` and ``planner`` may import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 #: The layer that owns work done outside every submodule (the loss in ``training_step``).
 ROOT_LAYER = "(root)"
 
 #: Saved tensors smaller than this stay on the device (copying them costs more than it frees).
 DEFAULT_MIN_SWAP_BYTES = 2**20
+
+
+class LayerChoice(str, Enum):
+    """What a plan does with the activations a layer saves for backward.
+
+    ``KEEP`` leaves them on the device, ``SWAP`` copies them to host memory in forward and
+    back in backward, ``RECOMPUTE`` saves only the layer's inputs and runs the layer again
+    in backward. The values are the words the plan table and ``--json`` use.
+
+    Example:
+        >>> LayerChoice("swap") is LayerChoice.SWAP, LayerChoice.RECOMPUTE.value
+        (True, 'recompute')
+    """
+
+    KEEP = "keep"
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
 
 
 @dataclass(frozen=True)

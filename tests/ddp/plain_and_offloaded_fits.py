@@ -1,0 +1,59 @@
+"""Run by tests/ddp/test_ddp.py as a script: every DDP configuration trained twice in the same
+two ranks, once with Lightning's DDPStrategy and once with AccUDNNDDPStrategy (swapping forced),
+and rank 0 prints whether the weights are bitwise equal.
+
+Lightning's default launcher (popen) starts rank 1 as a child running this file again; the
+later Trainers of both ranks find the process group already there and reuse it, so the eight
+fits cost one launch instead of eight."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+
+from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
+from tests.models import Classifier, loader  # noqa: E402
+from tests.strategy.helpers import memory_need, trainer_for  # noqa: E402
+
+
+class PartlyUnused(Classifier):
+    """A second head that gets no gradient: DDP needs find_unused_parameters for it."""
+
+    def __init__(self):
+        super().__init__("cnn")
+        self.unused_head = torch.nn.Linear(16, 10)
+
+
+CONFIGURATIONS = {
+    "defaults": (Classifier, {}, {}),
+    "static-graph-bucket-view": (Classifier, {"static_graph": True, "gradient_as_bucket_view": True}, {}),
+    "accumulation-no-sync": (Classifier, {}, {"accumulate_grad_batches": 2}),
+    "find-unused-parameters": (PartlyUnused, {"find_unused_parameters": True}, {}),
+}
+
+
+def differing_weights(model_class, ddp_options, trainer_options, budget):
+    torch.manual_seed(0)
+    plain, swapped = model_class(), model_class()
+    swapped.load_state_dict(plain.state_dict())
+    trainer_for(DDPStrategy(**ddp_options), max_steps=4, devices=2, **trainer_options).fit(
+        plain, loader("cnn", batches=8)
+    )
+    strategy = AccUDNNDDPStrategy(budget=budget, min_swap_bytes=0, **ddp_options)
+    trainer = trainer_for(strategy, max_steps=4, devices=2, **trainer_options)
+    trainer.fit(swapped, loader("cnn", batches=8))
+    if not trainer.strategy.stats.bytes_swapped_out:
+        return ["(nothing was swapped)"]
+    pairs = zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True)
+    return [name for (name, a), b in pairs if not torch.equal(a, b)]
+
+
+if __name__ == "__main__":
+    static, saved = memory_need("cnn", batch_size=4)
+    for name, configuration in CONFIGURATIONS.items():
+        differing = differing_weights(*configuration, budget=static + saved // 2)
+        if torch.distributed.get_rank() == 0:
+            print(f"{name}: {'equal' if not differing else 'differs in ' + ', '.join(differing)}", flush=True)

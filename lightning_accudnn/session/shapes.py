@@ -188,4 +188,3 @@ class ShapePlanner:
 
 def _shapes(key: PassKey) -> str:
     return ", ".join("x".join(map(str, shape)) for shape, _ in key.batch)
-

@@ -30,8 +30,8 @@ class OffloadStats:
         >>> round(stats.peak_error, 2), round(stats.step_time_error, 2)
         (-0.1, 0.25)
         >>> metrics = stats.as_metrics()
-        >>> metrics["accudnn/bytes_swapped_out"], metrics["accudnn/plan_scaled"], metrics["accudnn/plan_profiling"]
-        (100.0, 1.0, 0.0)
+        >>> [metrics[f"accudnn/{name}"] for name in ("bytes_swapped_out", "plan_scaled", "plan_profiling")]
+        [100.0, 1.0, 0.0]
     """
 
     bytes_swapped_out: int

@@ -138,6 +138,7 @@ class ShapePlanner:
             return None
         covering = self._covering(key, static_bytes, others)
         if covering is not None:
+            log.debug("accudnn: batch shape %s runs the plan of a larger shape of its pass", _shapes(key))
             self.book.keep(key, covering, PlanSource.COVERED)
             return covering
         scaled = self._tightest_scaled(key, static_bytes, others)
@@ -152,6 +153,7 @@ class ShapePlanner:
                 error,
             )
             return None
+        log.debug("accudnn: batch shape %s planned from a scaled profile, not profiled", _shapes(key))
         self.book.keep(key, plan, PlanSource.SCALED)
         return plan
 

@@ -92,7 +92,8 @@ class EfficiencyTuner(Callback):
         max_trials: most batch sizes measured.
         steps_per_trial: timed optimizer steps per trial.
         trial_warmup_steps: untimed optimizer steps first (default 2 under AccUDNN, whose
-            first step at a new size profiles and the second re-plans; else 1).
+            first step at a new size runs hooked under a plan scaled from the sizes measured
+            and the second re-plans from its own measurements; else 1).
         tolerance: share of the best throughput a smaller batch may give up and still win.
         lr_scaling: ``"auto"``, ``"linear"``, ``"sqrt"``, ``"none"`` or ``ratio -> factor``.
         base_batch_size: the global batch the configured learning rate was chosen for.
@@ -328,7 +329,8 @@ class EfficiencyTuner(Callback):
         def predict(first: Trial, sizes: Sequence[int]) -> dict[int, Prediction]:
             local: dict[int, Prediction] = {}
             plan, budget = view.plan, view.budget_bytes
-            # The plan's profile is the first trial's unless a short last batch re-profiled.
+            # The plan's profile is the first trial's unless its last batch was short (then the
+            # plan is that batch's, scaled or reused from another shape).
             if plan is not None and budget is not None and session.probe.last_samples == first.batch_size:
                 local = predict_batch_sizes(
                     plan.profile,

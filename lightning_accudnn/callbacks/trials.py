@@ -9,7 +9,7 @@ rank, so an out-of-memory error on one rank cannot hang the others; ranks agree 
 trial instead (see :mod:`.rank_agreement`).
 
 :class:`ThroughputProbe` times the steps after the warm-up ones (the first steps at a new
-size allocate, and an AccUDNN strategy profiles in them): samples per second is the
+size allocate, and an AccUDNN strategy plans the new size in them): samples per second is the
 number of samples in the timed batches over the time from the end of the last warm-up
 batch to the end of the last batch, data loading included.
 """

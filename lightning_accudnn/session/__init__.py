@@ -12,7 +12,7 @@ Example:
 from lightning_accudnn.session.config import OffloadConfig
 from lightning_accudnn.session.distributed import DistributedCoordinator, merge_profiles
 from lightning_accudnn.session.patterns import UnmatchedPatternError, check_keep_on_device
-from lightning_accudnn.session.plan_book import PassKey, PlanBook, batch_signature
+from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
 from lightning_accudnn.session.session import OffloadSession
 from lightning_accudnn.session.stats import OffloadStats
 
@@ -23,6 +23,7 @@ __all__ = [
     "OffloadStats",
     "PassKey",
     "PlanBook",
+    "PlanSource",
     "UnmatchedPatternError",
     "batch_signature",
     "check_keep_on_device",

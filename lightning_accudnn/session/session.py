@@ -35,7 +35,8 @@ from lightning_accudnn.session.device import device_memory, require_available
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
-from lightning_accudnn.session.plan_book import PassKey, PlanBook, batch_signature, layers_differ
+from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
+from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
@@ -67,6 +68,7 @@ class _Pass:
 
     key: PassKey
     plan: Plan | None  # None: a profiling pass
+    source: PlanSource  # how the plan was made
 
 
 @dataclass
@@ -92,7 +94,9 @@ class OffloadSession:
     timings; a pass whose layers changed re-plans from its own measurements; a pass whose
     peak passed the usable budget grows the reserve by the overshoot and re-plans. A pass is
     told apart by the model, the batch's shapes and its position in the step, so a short
-    last batch or a GAN's second optimizer keeps its own plan. A budget too small for any
+    last batch or a GAN's second optimizer keeps its own plan; a batch shape not seen before
+    runs a plan scaled from, or made for, another shape of the same pass
+    (:mod:`~lightning_accudnn.session.shapes`), not a profiling step. A budget too small for any
     plan raises :class:`~lightning_accudnn.planner.BudgetTooSmallError` at the end of the
     first backward, before any optimizer step, naming the smallest budget that works.
 
@@ -155,6 +159,7 @@ class OffloadSession:
         self.plan: Plan | None = None
         self.stats: OffloadStats | None = None
         self._book = PlanBook()
+        self._shapes = ShapePlanner(self._book, self._make_plan)
         self._pass: _Pass | None = None
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
@@ -257,8 +262,7 @@ class OffloadSession:
         for key in self._book.passes():
             plan = self._book.plan(key)
             assert plan is not None
-            refined = not self._book.needs_refining(key)
-            self._book.keep(key, self._make_plan(plan.profile, key), refined=refined)
+            self._book.replan(key, self._make_plan(plan.profile, key))
         self.plan = self._book.plan(failed.key)
         return True
 
@@ -400,11 +404,13 @@ class OffloadSession:
         plan = self._book.plan(key)
         hooked = plan is None or self._book.needs_refining(key) or key not in self._sequences
         static_bytes = self._model_state_bytes(block, refresh=hooked)
+        if plan is None:  # a new batch shape: planned from other shapes of the pass if it can be
+            plan = self._shapes.plan_for(key, static_bytes)
         if plan is not None and static_bytes != plan.profile.static_bytes:
             plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
-            self._book.keep(key, plan, refined=not self._book.needs_refining(key))
+            self._book.replan(key, plan)
         self.plan = plan if plan is not None else self.plan
-        self._pass = self._last_entered = _Pass(key, plan)
+        self._pass = self._last_entered = _Pass(key, plan, self._book.source(key))
         if plan is None:
             # Profile within the host cap: what does not fit there stays (and is still measured).
             schedule = SwapSchedule.swap_everything(
@@ -464,7 +470,7 @@ class OffloadSession:
             block.pass_closed = True
         profiling = current.plan is None
         self._out_of_memory_retries = 0
-        stats = self._measure(step, current.plan)
+        stats = self._measure(step, current.plan, current.source)
         self.stats = stats
         if step.sequence is not None:
             self._sequences[current.key] = step.sequence
@@ -473,7 +479,7 @@ class OffloadSession:
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
         known = self._book.plan(current.key)
-        changed = known is None or layers_differ(known.profile, profile)
+        changed = self._book.departs(current.key, profile)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.
@@ -494,7 +500,7 @@ class OffloadSession:
             if not step.timed and known is not None:  # untimed (replayed): the times measured before
                 profile = replace(profile, layers=_with_times_of(profile.layers, known.profile.layers))
             plan = self._make_plan(self.coordinator.merge(profile), current.key)
-            self._book.keep(current.key, plan, refined=not profiling)
+            self._book.keep(current.key, plan, PlanSource.PROFILED if profiling else PlanSource.REFINED)
             self.plan = plan
         if self.on_stats is not None:
             self.on_stats(stats)
@@ -536,7 +542,7 @@ class OffloadSession:
             h2d_bytes_per_second=link.h2d_bytes_per_second,
         )
 
-    def _measure(self, step: StepStats, plan: Plan | None) -> OffloadStats:
+    def _measure(self, step: StepStats, plan: Plan | None, source: PlanSource) -> OffloadStats:
         peaks = self.allocator.peaks()
         peak, reserved = (step.ledger_peak_bytes, step.ledger_peak_bytes) if peaks is None else peaks
         return OffloadStats(
@@ -551,6 +557,7 @@ class OffloadSession:
             step_seconds=step.forward_seconds + step.backward_seconds,
             predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes,
             predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
+            plan_source=source,
         )
 
 

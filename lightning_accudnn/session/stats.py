@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from lightning_accudnn.session.plan_book import PlanSource
+
 __all__ = ["OffloadStats"]
 
 
@@ -16,14 +18,20 @@ class OffloadStats:
     caching allocator's reserve on CUDA and equals the ledger on CPU. ``step_seconds`` is
     the measured forward plus backward time (CUDA events on GPU, wall clock on CPU); the
     ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step)
-    and the ``*_error`` figures are measured over predicted, less one.
+    and the ``*_error`` figures are measured over predicted, less one. ``plan_source`` says
+    how the pass was planned (:class:`~lightning_accudnn.session.plan_book.PlanSource`:
+    ``profiling`` for a profiling step, else ``profiled``, ``scaled`` from another batch
+    shape, ``covered`` by another shape's plan, or ``refined`` from its own measurements);
+    the session always sets it.
 
     Example:
-        >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008)
+        >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
+        ...                      plan_source=PlanSource.SCALED)
         >>> round(stats.peak_error, 2), round(stats.step_time_error, 2)
         (-0.1, 0.25)
-        >>> stats.as_metrics()["accudnn/bytes_swapped_out"]
-        100.0
+        >>> metrics = stats.as_metrics()
+        >>> [metrics[f"accudnn/{name}"] for name in ("bytes_swapped_out", "plan_scaled", "plan_profiling")]
+        [100.0, 1.0, 0.0]
     """
 
     bytes_swapped_out: int
@@ -37,6 +45,7 @@ class OffloadStats:
     step_seconds: float
     predicted_peak_bytes: int | None = None
     predicted_step_seconds: float | None = None
+    plan_source: PlanSource | None = None
 
     @property
     def peak_error(self) -> float | None:
@@ -51,7 +60,8 @@ class OffloadStats:
         return self.step_seconds / self.predicted_step_seconds - 1.0
 
     def as_metrics(self) -> dict[str, float]:
-        """The figures as ``accudnn/*`` metrics for a logger (those that exist)."""
+        """The figures as ``accudnn/*`` metrics for a logger (those that exist); how the pass
+        was planned as ``accudnn/plan_<source>``, 1 for this pass's source and 0 for the others."""
         names = (
             "bytes_swapped_out",
             "bytes_swapped_in",
@@ -63,4 +73,8 @@ class OffloadStats:
             "step_time_error",
         )
         values = {name: getattr(self, name) for name in names}
-        return {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}
+        metrics = {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}
+        if self.plan_source is not None:
+            for source in PlanSource:
+                metrics[f"accudnn/plan_{source.value}"] = float(source is self.plan_source)
+        return metrics

@@ -1,5 +1,6 @@
 """OffloadSession from a plain PyTorch loop: the step closes itself at the end of backward,
-profiles, plans, re-plans on a new batch shape, and trains bitwise like the loop without it."""
+profiles, plans, plans a new batch shape from the scaled profile (then refines it), and trains
+bitwise like the loop without it."""
 
 import copy
 
@@ -15,17 +16,17 @@ def _sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def test_plain_loop_profiles_plans_replans_on_a_new_batch_shape_and_matches_plain_training_bitwise():
+def test_plain_loop_profiles_plans_scales_a_new_batch_shape_and_matches_plain_training_bitwise():
     torch.manual_seed(0)
     model = SmallResNet()
     reference = copy.deepcopy(model)
     optimizer, reference_optimizer = _sgd(model), _sgd(reference)
     static, saved = memory_need(copy.deepcopy(model), _sgd(copy.deepcopy(model)), "cnn")
-    budget = static + int(0.5 * saved)
+    budget = static + int(0.3 * saved)  # the batch of 3 (under half of 8) must swap too
     assert static + saved > budget  # without swapping the step would not fit
 
     session = OffloadSession(OffloadConfig(budget=budget, min_swap_bytes=0), torch.device("cpu"))
-    sizes = [8, 8, 8, 4, 4, 8]
+    sizes = [8, 8, 8, 3, 3, 8]  # 3 is under half of 8: its own plan (scaled), not 8's plan reused
     stats, plans = [], []
     for index, size in enumerate(sizes):
         batch = make_batch("cnn", size, seed=index)
@@ -42,7 +43,9 @@ def test_plain_loop_profiles_plans_replans_on_a_new_batch_shape_and_matches_plai
             opt.zero_grad()
     session.close()
 
-    assert [s.profiling for s in stats] == [True, False, False, True, False, False]
+    assert [s.profiling for s in stats] == [True, False, False, False, False, False]
+    sources = [s.plan_source.value for s in stats]
+    assert sources == ["profiling", "profiled", "refined", "scaled", "refined", "refined"]
     assert all(s.bytes_swapped_out > 0 for s in stats)
     assert all(s.peak_device_bytes <= budget for s in stats)
     big, small = plans[2], plans[4]

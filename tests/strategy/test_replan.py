@@ -1,4 +1,5 @@
-"""The plan follows the workload: a new batch shape profiles again; a refined plan uses timings."""
+"""The plan follows the workload: a new batch shape is planned from the scaled profile, then
+refined from its own measurements; a refined plan uses timings."""
 
 import torch
 
@@ -13,18 +14,18 @@ def _loader_with_batch_sizes(sizes):
     return torch.utils.data.DataLoader(batches, batch_size=None)
 
 
-def test_changed_batch_size_profiles_again_and_replans():
+def test_changed_batch_size_is_planned_from_the_scaled_profile_not_profiled_and_replans():
     static, saved = memory_need("cnn", batch_size=8)
     budget = static + int(0.6 * saved)
     recorder = StatsRecorder()
     strategy = AccUDNNStrategy(budget=budget, min_swap_bytes=0)
     model, _ = copies("cnn")
     trainer_for(strategy, max_steps=6, callbacks=[recorder]).fit(
-        model, _loader_with_batch_sizes([8, 8, 8, 4, 4, 4])
+        model, _loader_with_batch_sizes([8, 8, 8, 3, 3, 3])
     )
 
-    profiling = [stats.profiling for stats in recorder.stats]
-    assert profiling == [True, False, False, True, False, False]
+    sources = [stats.plan_source.value for stats in recorder.stats]
+    assert sources == ["profiling", "profiled", "refined", "scaled", "refined", "refined"]
     big, small = recorder.plans[2], recorder.plans[5]
     assert big.profile.saved_bytes > 1.9 * small.profile.saved_bytes  # activations scale with the batch
     assert small.swapped_bytes < big.swapped_bytes

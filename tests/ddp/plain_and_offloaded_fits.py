@@ -52,6 +52,7 @@ def differing_weights(model_class, ddp_options, trainer_options, budget):
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
     static, saved = memory_need("cnn", batch_size=4)
     for name, configuration in CONFIGURATIONS.items():
         differing = differing_weights(*configuration, budget=static + saved // 2)

@@ -22,9 +22,9 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
-from lightning_accudnn.planner.bandwidth import host_link
+from lightning_accudnn.planner.bandwidth import probe_host_link
 from lightning_accudnn.planner.coordination import RankCoordinator
-from lightning_accudnn.planner.plan import plan_swaps
+from lightning_accudnn.planner.plan import HostLimitTooSmallError, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
@@ -37,6 +37,7 @@ from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, batch_signature, layers_differ
 from lightning_accudnn.session.stats import OffloadStats
+from lightning_accudnn.session.transfers import layer_host_bytes, transfer_sizes
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
@@ -197,6 +198,8 @@ class OffloadSession:
             host_memory_limit=host_limit,
             runtime=runtime,
         )
+        # The link probe allocates device memory: before the allocator is capped (each step caps it).
+        probe_host_link(self.device)
         spec = "" if config.parsed_budget.kind == "bytes" else f" ({config.budget})"
         self.report(
             f"accudnn: budget {format_bytes(self.budget_bytes)}{spec} on {name}, reserve "
@@ -468,7 +471,7 @@ class OffloadSession:
         self.stats = stats
         if step.sequence is not None:
             self._sequences[current.key] = step.sequence
-        profile = self._profile_from(step)
+        profile = self._profile_from(step, current.key)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
@@ -506,18 +509,20 @@ class OffloadSession:
         """The fastest plan under the budget. The planner's smallest budget does not depend on
         the budget asked or on the timings, so a budget an error named always plans."""
         budget = self.budget_bytes
-        plan = plan_swaps(profile, budget, self.reserve_bytes)
-        host_limit = self.engine.pool.capacity_bytes
-        if plan.swapped_bytes > host_limit:
-            raise HostMemoryExceeded(
-                f"the plan for a device budget of {format_bytes(budget)} swaps "
-                f"{format_bytes(plan.swapped_bytes)} to host memory, more than the host-memory limit of "
-                f"{format_bytes(host_limit)}. Raise host_memory_limit by at least "
-                f"{format_bytes(plan.swapped_bytes - host_limit)} (to {format_bytes(plan.swapped_bytes)}, "
-                "system RAM permitting), or raise the device budget so that less is swapped (at "
-                f"{format_bytes(profile.unconstrained_peak_bytes + self.reserve_bytes)} nothing is), "
-                "or lower the batch size."
+        pool = self.engine.pool
+        host_bytes = layer_host_bytes(
+            profile, self._sequences.get(key), self.config.min_swap_bytes, pool.host_bytes
+        )
+        try:
+            plan = plan_swaps(
+                profile,
+                budget,
+                self.reserve_bytes,
+                host_limit_bytes=pool.capacity_bytes,
+                host_bytes=host_bytes,
             )
+        except HostLimitTooSmallError as error:
+            raise HostMemoryExceeded(str(error)) from error
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(
             f"accudnn plan{which}: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
@@ -527,8 +532,10 @@ class OffloadSession:
         )
         return plan
 
-    def _profile_from(self, step: StepStats) -> StepProfile:
-        link = host_link(self.device)
+    def _profile_from(self, step: StepStats, key: PassKey) -> StepProfile:
+        """The pass's profile, with the host link's rates at the sizes of its swappable storages."""
+        sizes = transfer_sizes(self._sequences.get(key), self.config.min_swap_bytes)
+        link = probe_host_link(self.device).link_for(sizes)
         return StepProfile(
             layers=step.layers,
             static_bytes=self.engine.ledger.static_bytes,

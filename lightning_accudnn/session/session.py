@@ -169,6 +169,7 @@ class OffloadSession:
         self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
         self._out_of_memory_retries = 0  # in a row, since the last pass that completed
         self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
+        self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         self.allocator: AllocatorControl = (
             allocator if allocator is not None else allocator_control_for(self.device)
         )
@@ -275,6 +276,7 @@ class OffloadSession:
         """A pass failed: drop its swapped activations and return their buffers."""
         self._backward_end.remove()
         self.engine.abort_step()
+        self.engine.weight_copies.take()  # the aborted pass's count
         self._pass = None
 
     def check_model(self, model: nn.Module) -> None:
@@ -402,7 +404,7 @@ class OffloadSession:
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
         plan = self._book.plan(key)
         hooked = plan is None or self._book.needs_refining(key) or key not in self._sequences
-        static_bytes = self._model_state_bytes(block, refresh=hooked)
+        static_bytes = self._model_state_bytes(block, refresh=hooked) + self._weight_copy_bytes.get(key, 0)
         if plan is not None and static_bytes != plan.profile.static_bytes:
             plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
             self._book.keep(key, plan, refined=not self._book.needs_refining(key))
@@ -471,7 +473,12 @@ class OffloadSession:
         self.stats = stats
         if step.sequence is not None:
             self._sequences[current.key] = step.sequence
-        profile = self._profile_from(step, current.key)
+        # Autocast's weight copies (kept, never swapped) are model state: the pass's own count
+        # replaces the one its static bytes started from.
+        copies = self.engine.weight_copies.take()
+        static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(current.key, 0) + copies
+        self._weight_copy_bytes[current.key] = copies
+        profile = self._profile_from(step, current.key, static_bytes)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
@@ -532,13 +539,13 @@ class OffloadSession:
         )
         return plan
 
-    def _profile_from(self, step: StepStats, key: PassKey) -> StepProfile:
+    def _profile_from(self, step: StepStats, key: PassKey, static_bytes: int) -> StepProfile:
         """The pass's profile, with the host link's rates at the sizes of its swappable storages."""
         sizes = transfer_sizes(self._sequences.get(key), self.config.min_swap_bytes)
         link = probe_host_link(self.device).link_for(sizes)
         return StepProfile(
             layers=step.layers,
-            static_bytes=self.engine.ledger.static_bytes,
+            static_bytes=static_bytes,
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,8 +22,8 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
-from lightning_accudnn.planner.bandwidth import probe_host_link
-from lightning_accudnn.planner.coordination import RankCoordinator
+from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
+from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.planner.plan import HostLimitTooSmallError, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
@@ -68,6 +68,22 @@ class _Pass:
 
     key: PassKey
     plan: Plan | None  # None: a profiling pass
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A pass kind's latest measurement: its profile, the plan whose times an untimed pass
+    borrows, and whether it ran under a plan (a plan made from it is then refined)."""
+
+    profile: StepProfile
+    times_of: Plan | None
+    planned: bool
+
+    def profile_to_plan(self) -> StepProfile:
+        if self.times_of is None:
+            return self.profile
+        layers = _with_times_of(self.profile.layers, self.times_of.profile.layers)
+        return replace(self.profile, layers=layers)
 
 
 @dataclass
@@ -170,6 +186,13 @@ class OffloadSession:
         self._out_of_memory_retries = 0  # in a row, since the last pass that completed
         self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
+        # Agreement between ranks (the coordinator's): requests waiting for the next agreement
+        # point, each pass kind's latest measurement, and its name on every rank.
+        self._requests: dict[PassKey, ReplanRequest] = {}
+        self._measured: dict[PassKey, _Measured] = {}
+        self._wire_keys: dict[PassKey, tuple[object, ...]] = {}
+        self._model_ordinals: dict[int, int] = {}
+        self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
         self.allocator: AllocatorControl = (
             allocator if allocator is not None else allocator_control_for(self.device)
         )
@@ -454,10 +477,12 @@ class OffloadSession:
         self._close_pass()
 
     def _close_pass(self) -> OffloadStats | None:
-        """Measure the pass that just ran backward; plan when it calls for it.
+        """Measure the pass that just ran backward; plan when the ranks agree to.
 
-        Every rank reaches this after every backward, so the decision to re-plan and the
-        profile planned from are agreed through the coordinator: all ranks plan alike.
+        What this rank alone notices (a peak over the budget, a changed graph) waits as a
+        request until the coordinator's next agreement point; a profiling or refining pass
+        (every rank runs it at the same pass) is one. All ranks then plan alike, from merged
+        profiles, with no collective on the other passes.
         """
         step = self.engine.end_step()
         current, self._pass = self._pass, None
@@ -467,48 +492,75 @@ class OffloadSession:
         if block is not None:
             block.position += 1
             block.pass_closed = True
+        key = current.key
         profiling = current.plan is None
         self._out_of_memory_retries = 0
         stats = self._measure(step, current.plan)
         self.stats = stats
         if step.sequence is not None:
-            self._sequences[current.key] = step.sequence
+            self._sequences[key] = step.sequence
+            self._links.pop(key, None)
         # Autocast's weight copies (kept, never swapped) are model state: the pass's own count
         # replaces the one its static bytes started from.
         copies = self.engine.weight_copies.take()
-        static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(current.key, 0) + copies
-        self._weight_copy_bytes[current.key] = copies
-        profile = self._profile_from(step, current.key, static_bytes)
+        static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(key, 0) + copies
+        self._weight_copy_bytes[key] = copies
+        profile = self._profile_from(step, key, static_bytes)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
-        known = self._book.plan(current.key)
-        changed = known is None or layers_differ(known.profile, profile)
+        known = self._book.plan(key)
+        changed = known is not None and layers_differ(known.profile, profile)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.
-            self._sequences.pop(current.key, None)
+            self._sequences.pop(key, None)
             overshoot, changed = 0, False
-        refine = not profiling and self._book.needs_refining(current.key)
-        if self.coordinator.any(overshoot > 0 or profiling or refine or changed):
-            overshoot = int(self.coordinator.max(overshoot))
-            if overshoot:
-                self.reserve_bytes += overshoot
-                log.warning(
-                    "accudnn: the pass's peak passed the usable budget %s by %s; reserve raised to %s, "
-                    "re-planned",
-                    format_bytes(usable),
-                    format_bytes(overshoot),
-                    format_bytes(self.reserve_bytes),
-                )
-            if not step.timed and known is not None:  # untimed (replayed): the times measured before
-                profile = replace(profile, layers=_with_times_of(profile.layers, known.profile.layers))
-            plan = self._make_plan(self.coordinator.merge(profile), current.key)
-            self._book.keep(current.key, plan, refined=not profiling)
-            self.plan = plan
+        self._measured[key] = _Measured(profile, None if step.timed else known, planned=not profiling)
+        self._wire_keys.setdefault(key, (self._model_ordinal(key.model), key.batch, key.position))
+        request = ReplanRequest(replan=changed, overshoot_bytes=overshoot)
+        if request:
+            self._requests[key] = self._requests.get(key, ReplanRequest()) | request
+        scheduled = profiling or self._book.needs_refining(key)
+        if self.coordinator.due(scheduled):
+            self._agree(key if scheduled else None, key)
         if self.on_stats is not None:
             self.on_stats(stats)
         return stats
+
+    def _agree(self, scheduled: PassKey | None, last: PassKey) -> None:
+        """An agreement point: merge every rank's requests, re-plan the passes they name."""
+        requests, self._requests = self._requests, {}
+        if scheduled is not None:
+            requests[scheduled] = requests.get(scheduled, ReplanRequest()) | ReplanRequest(replan=True)
+        agreed = self.coordinator.agree({self._wire_keys[key]: request for key, request in requests.items()})
+        if not agreed:
+            return
+        overshoot = max(request.overshoot_bytes for request in agreed.values())
+        if overshoot:
+            usable = self.budget_bytes - self.reserve_bytes
+            self.reserve_bytes += overshoot
+            log.warning(
+                "accudnn: the pass's peak passed the usable budget %s by %s; reserve raised to %s, "
+                "re-planned",
+                format_bytes(usable),
+                format_bytes(overshoot),
+                format_bytes(self.reserve_bytes),
+            )
+        keys: dict[Hashable, PassKey] = {wire: key for key, wire in self._wire_keys.items() if wire in agreed}
+        profiles = self.coordinator.merge(
+            {wire: self._measured[key].profile_to_plan() for wire, key in keys.items()}
+        )
+        for wire, profile in profiles.items():
+            key = keys[wire]
+            plan = self._make_plan(profile, key)
+            self._book.keep(key, plan, refined=self._measured[key].planned)
+            if key == last:
+                self.plan = plan
+
+    def _model_ordinal(self, model: int) -> int:
+        """The model's number in the order this session met it (the same on every rank)."""
+        return self._model_ordinals.setdefault(model, len(self._model_ordinals))
 
     # -- planning and measuring ----------------------------------------------------------
 
@@ -541,8 +593,10 @@ class OffloadSession:
 
     def _profile_from(self, step: StepStats, key: PassKey, static_bytes: int) -> StepProfile:
         """The pass's profile, with the host link's rates at the sizes of its swappable storages."""
-        sizes = transfer_sizes(self._sequences.get(key), self.config.min_swap_bytes)
-        link = probe_host_link(self.device).link_for(sizes)
+        link = self._links.get(key)
+        if link is None:
+            sizes = transfer_sizes(self._sequences.get(key), self.config.min_swap_bytes)
+            link = self._links[key] = probe_host_link(self.device).link_for(sizes)
         return StepProfile(
             layers=step.layers,
             static_bytes=static_bytes,

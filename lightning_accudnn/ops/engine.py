@@ -46,6 +46,7 @@ from lightning_accudnn.ops.stash import (
     record_extent,
 )
 from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
+from lightning_accudnn.ops.weight_copies import WeightCopies
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerProfile
 
 #: The layer a saved tensor is attributed to when, in a pass replayed by ordinal, the graph
@@ -183,6 +184,7 @@ class OffloadEngine:
         )
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
+        self.weight_copies = WeightCopies()  # autocast's copies of parameters: kept, counted apart
         self._storages_model: object = None  # the model ``_model_storages`` belongs to
         self._recording: SaveSequence | None = None  # hooked pass: the saves, in order
         self._replaying: SaveSequence | None = None  # pass attributed by ordinal (no hooks)
@@ -472,6 +474,7 @@ class OffloadEngine:
             and not tensor.is_conj()
             and not tensor.is_neg()
             and tensor.untyped_storage().data_ptr() not in self._model_storages
+            and not self.weight_copies.recognise(tensor, self._model_storages)
         )
 
     def _new_record(

@@ -2,6 +2,8 @@
 
 Pinned allocation (``cudaHostAlloc``) costs milliseconds per call, and a training step
 asks for the same sizes every time, so buffers are kept by size and handed out again.
+PyTorch's caching host allocator rounds every pinned request up to a power of two, so a
+pinned pool asks for (and counts) the rounded size: the cap bounds the bytes really pinned.
 """
 
 from __future__ import annotations
@@ -19,13 +21,20 @@ def _bucket(nbytes: int) -> int:
     return max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
 
 
+def _power_of_two_at_least(nbytes: int) -> int:
+    return 1 << (nbytes - 1).bit_length()
+
+
 class HostBufferPool:
     """Byte buffers on the host, pinned when ``pin_memory`` is true, at most ``capacity_bytes``.
 
     :meth:`acquire` returns a flat ``uint8`` tensor of at least the asked size (rounded up
-    to 512 bytes) and :meth:`release` takes it back for reuse. When a new buffer would pass
-    the cap, idle buffers of other sizes are freed first; if that is not enough
-    :class:`HostMemoryExceeded` is raised.
+    to 512 bytes, then, with ``pinned_rounding``, to a power of two: what PyTorch's caching
+    host allocator really pins) and :meth:`release` takes it back for reuse. Every byte
+    count (the cap included) is of these rounded sizes (:meth:`host_bytes`).
+    ``pinned_rounding`` defaults to ``pin_memory``; tests turn it on without a GPU. When a
+    new buffer would pass the cap, idle buffers of other sizes are freed first; if that is
+    not enough :class:`HostMemoryExceeded` is raised.
 
     Example:
         >>> pool = HostBufferPool(pin_memory=False, capacity_bytes=2**20)
@@ -37,12 +46,15 @@ class HostBufferPool:
         True
         >>> pool.can_hold(2**20)
         False
+        >>> HostBufferPool(pin_memory=False, capacity_bytes=2**20, pinned_rounding=True).host_bytes(600_000)
+        1048576
     """
 
-    def __init__(self, pin_memory: bool, capacity_bytes: int) -> None:
+    def __init__(self, pin_memory: bool, capacity_bytes: int, pinned_rounding: bool | None = None) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.pin_memory = pin_memory
+        self.pinned_rounding = pin_memory if pinned_rounding is None else pinned_rounding
         self.capacity_bytes = capacity_bytes
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
         self.allocated_bytes = 0
@@ -53,13 +65,18 @@ class HostBufferPool:
     def idle_bytes(self) -> int:
         return self.allocated_bytes - self.in_use_bytes
 
+    def host_bytes(self, nbytes: int) -> int:
+        """The host bytes a buffer for ``nbytes`` takes (what the cap counts)."""
+        size = _bucket(nbytes)
+        return _power_of_two_at_least(size) if self.pinned_rounding else size
+
     def can_hold(self, nbytes: int) -> bool:
         """Whether :meth:`acquire` of ``nbytes`` would succeed now (idle buffers may be freed)."""
-        size = _bucket(nbytes)
+        size = self.host_bytes(nbytes)
         return bool(self._idle.get(size)) or self.in_use_bytes + size <= self.capacity_bytes
 
     def acquire(self, nbytes: int) -> torch.Tensor:
-        size = _bucket(nbytes)
+        size = self.host_bytes(nbytes)
         idle = self._idle.get(size)
         if idle:
             buffer = idle.pop()
@@ -67,8 +84,9 @@ class HostBufferPool:
             if self.allocated_bytes + size > self.capacity_bytes:
                 self.trim()
             if self.allocated_bytes + size > self.capacity_bytes:
+                pinned = f" ({size} pinned)" if size != nbytes and self.pinned_rounding else ""
                 raise HostMemoryExceeded(
-                    f"swapping {nbytes} more bytes would pass the host-memory cap "
+                    f"swapping {nbytes} more bytes{pinned} would pass the host-memory cap "
                     f"({self.capacity_bytes} bytes; {self.in_use_bytes} in use). Raise host_memory_limit, "
                     "raise the device budget so that less is swapped, or lower the batch size."
                 )

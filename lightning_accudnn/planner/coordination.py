@@ -1,26 +1,69 @@
-"""How the ranks of a distributed run agree on planning; one process agrees with itself."""
+"""How the ranks of a distributed run agree on planning; one process agrees with itself.
+
+Ranks agree at **agreement points** only, never on every pass: every ``N``-th pass (the
+coordinator's schedule, the same pass on every rank, since every rank runs as many passes).
+Nothing else can be one: ranks fed batches of other shapes profile and refine at other
+passes. In between, a rank plans a profiling or refining pass from its own figures, and
+what it notices (a pass to plan, a peak over the budget, a graph that changed) waits as a
+:class:`ReplanRequest` keyed by the pass it concerns; the next agreement merges the
+requests of every rank per key and plans those passes alike on every rank.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+
 from lightning_accudnn.profile import StepProfile
+
+__all__ = ["RankCoordinator", "ReplanRequest"]
+
+
+@dataclass(frozen=True)
+class ReplanRequest:
+    """What a rank asks for one pass kind: plan it again (from its latest profile), and grow
+    the reserve by ``overshoot_bytes`` first.
+
+    Example:
+        >>> ReplanRequest(overshoot_bytes=10) | ReplanRequest(replan=True, overshoot_bytes=4)
+        ReplanRequest(replan=True, overshoot_bytes=10)
+    """
+
+    replan: bool = False
+    overshoot_bytes: int = 0
+
+    def __or__(self, other: ReplanRequest) -> ReplanRequest:
+        return ReplanRequest(self.replan or other.replan, max(self.overshoot_bytes, other.overshoot_bytes))
+
+    def __bool__(self) -> bool:
+        return self.replan or self.overshoot_bytes > 0
 
 
 class RankCoordinator:
-    """How ranks agree on planning; a single process agrees with itself.
+    """How ranks agree on planning; a single process agrees with itself, after every pass.
+
+    Keys are the same on every rank (a pass kind as every rank names it). ``collectives``
+    counts the collective operations run so far (none here).
 
     Example:
-        >>> RankCoordinator().any(True), RankCoordinator().max(3.0)
-        (True, 3.0)
+        >>> coordinator = RankCoordinator()
+        >>> coordinator.due()
+        True
+        >>> coordinator.agree({"pass 0": ReplanRequest(overshoot_bytes=5), "pass 1": ReplanRequest()})
+        {'pass 0': ReplanRequest(replan=False, overshoot_bytes=5)}
     """
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is true on some rank."""
-        return flag
+    collectives = 0
 
-    def max(self, value: float) -> float:
-        """The largest ``value`` over the ranks."""
-        return value
+    def due(self) -> bool:
+        """Called once per pass on every rank: whether the ranks agree after this pass."""
+        return True
 
-    def merge(self, profile: StepProfile) -> StepProfile:
-        """One profile every rank plans from."""
-        return profile
+    def agree(self, requests: Mapping[Hashable, ReplanRequest]) -> dict[Hashable, ReplanRequest]:
+        """Every rank's requests, merged per key (any re-plan, the largest overshoot); the
+        same on every rank. Keys no rank asks anything of are left out."""
+        return {key: request for key, request in requests.items() if request}
+
+    def merge(self, profiles: Mapping[Hashable, StepProfile | None]) -> dict[Hashable, StepProfile]:
+        """Per key, one profile every rank plans from (``None``: this rank has none to give)."""
+        return {key: profile for key, profile in profiles.items() if profile is not None}

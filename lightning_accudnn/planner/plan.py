@@ -8,15 +8,17 @@ Every plan is scored by the two-stream simulator in :mod:`.timeline`; the search
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.search import search
+from lightning_accudnn.planner.search import fewest_bytes_swapped, search
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline
 from lightning_accudnn.profile import StepProfile
 
 __all__ = [
     "BudgetTooSmallError",
+    "HostLimitTooSmallError",
     "Plan",
     "lower_bound_seconds",
     "min_budget_bytes",
@@ -71,6 +73,45 @@ class BudgetTooSmallError(ValueError):
                 f"{_rounded_up(smaller)} ({format_bytes(min_budget_bytes - smaller)} less)."
             )
         super().__init__(message)
+
+
+class HostLimitTooSmallError(ValueError):
+    """Plans fit the device budget, but none within the host-memory limit as well.
+
+    ``host_bytes_needed`` is what a plan within the device budget that swaps few bytes puts
+    in host memory (rounded as the host pool rounds); ``nothing_swapped_budget_bytes`` the
+    device budget at which nothing is swapped.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = (LayerProfile("a", 400, 400), *(LayerProfile(name, 100, 100) for name in "bcd"))
+        >>> try:
+        ...     plan_swaps(StepProfile(layers, static_bytes=1_000), budget_bytes=1_600, host_limit_bytes=250)
+        ... except HostLimitTooSmallError as error:
+        ...     error.host_bytes_needed, error.nothing_swapped_budget_bytes
+        (300, 1700)
+    """
+
+    def __init__(
+        self,
+        host_limit_bytes: int,
+        host_bytes_needed: int,
+        budget_bytes: int,
+        nothing_swapped_budget_bytes: int,
+    ) -> None:
+        self.host_limit_bytes = host_limit_bytes
+        self.host_bytes_needed = host_bytes_needed
+        self.budget_bytes = budget_bytes
+        self.nothing_swapped_budget_bytes = nothing_swapped_budget_bytes
+        short = host_bytes_needed - host_limit_bytes
+        super().__init__(
+            f"no plan fits both the device budget of {format_bytes(budget_bytes)} and the host-memory "
+            f"limit of {format_bytes(host_limit_bytes)}: a plan within the device budget swaps "
+            f"{format_bytes(host_bytes_needed)} to host memory. Raise host_memory_limit by at least "
+            f"{format_bytes(short)} (to {format_bytes(host_bytes_needed)}, system RAM permitting), or "
+            "raise the device budget so that less is swapped (at "
+            f"{_rounded_up(nothing_swapped_budget_bytes)} nothing is), or lower the batch size."
+        )
 
 
 def _rounded_up(nbytes: int) -> str:
@@ -236,7 +277,13 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def plan_swaps(
-    profile: StepProfile, budget_bytes: int, reserve_bytes: int = 0, max_copying_out_bytes: int | None = None
+    profile: StepProfile,
+    budget_bytes: int,
+    reserve_bytes: int = 0,
+    max_copying_out_bytes: int | None = None,
+    *,
+    host_limit_bytes: int | None = None,
+    host_bytes: Sequence[int] | None = None,
 ) -> Plan:
     """The fastest predicted plan whose predicted peak is at most ``budget_bytes - reserve_bytes``.
 
@@ -259,6 +306,11 @@ def plan_swaps(
     least peak of any plan (swap everything swappable, limit and window 0) plus the reserve,
     and the planner succeeds with any budget of at least that much.
 
+    With ``host_limit_bytes`` no plan swaps more than that many host bytes: swapping a layer
+    takes ``host_bytes[i]`` of them (default its ``swappable_bytes``; pass the host pool's
+    rounded sizes). When plans fit the device but none the host limit as well,
+    :class:`HostLimitTooSmallError` says by how much and what to change.
+
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1e-3, 2e-3) for i in range(4))
@@ -273,8 +325,19 @@ def plan_swaps(
     if max_copying_out_bytes is not None and max_copying_out_bytes < 0:
         raise ValueError(f"max_copying_out_bytes must be >= 0, got {max_copying_out_bytes}")
     simulator = Simulator(profile)
-    result = search(simulator, budget_bytes - reserve_bytes, max_copying_out_bytes)
+    cap = budget_bytes - reserve_bytes
+    costs = _host_costs(profile, host_limit_bytes, host_bytes)
+    host_limit = host_limit_bytes if host_limit_bytes is not None else 0
+    host_fits = None if costs is None else lambda swap: _host_bytes_of(costs, swap) <= host_limit
+    result = search(simulator, cap, max_copying_out_bytes, host_fits)
     min_budget = result.min_peak_bytes + reserve_bytes
+    if result.best is None and costs is not None and result.min_peak_bytes <= cap:
+        raise HostLimitTooSmallError(
+            host_limit,
+            _host_bytes_of(costs, fewest_bytes_swapped(simulator, cap)),
+            budget_bytes,
+            profile.unconstrained_peak_bytes + reserve_bytes,
+        )
     if result.best is None:
         raise BudgetTooSmallError(
             min_budget,
@@ -298,6 +361,25 @@ def plan_swaps(
         max_copying_out_bytes=choice.max_copying_out_bytes,
         timeline=timeline,
     )
+
+
+def _host_costs(
+    profile: StepProfile, host_limit_bytes: int | None, host_bytes: Sequence[int] | None
+) -> tuple[int, ...] | None:
+    """Host bytes per layer when swapped (``None`` without a host limit)."""
+    if host_limit_bytes is None:
+        if host_bytes is not None:
+            raise ValueError("host_bytes needs host_limit_bytes")
+        return None
+    if host_bytes is None:
+        return tuple(layer.swappable_bytes for layer in profile.layers)
+    if len(host_bytes) != len(profile.layers):
+        raise ValueError(f"host_bytes has {len(host_bytes)} entries for {len(profile.layers)} layers")
+    return tuple(host_bytes)
+
+
+def _host_bytes_of(costs: tuple[int, ...], swap: tuple[bool, ...]) -> int:
+    return sum(cost for cost, swapped in zip(costs, swap, strict=True) if swapped)
 
 
 def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0) -> int:

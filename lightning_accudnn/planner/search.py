@@ -65,10 +65,36 @@ def least_peak_choice(simulator: Simulator) -> PlanChoice:
     return PlanChoice(simulator.swap_everything(), 0, 0)
 
 
-def search(simulator: Simulator, cap: int, max_limit: int | None = None) -> SearchResult:
+def fewest_bytes_swapped(simulator: Simulator, cap: int) -> tuple[bool, ...]:
+    """A swap set within ``cap`` (limit and window 0) that swaps few bytes: from swapping
+    everything, each layer, largest first, is kept whenever the rest still fits. Call it
+    only when swapping everything fits (``cap >= min_peak_bytes``).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = (LayerProfile("a", 400, 400), *(LayerProfile(name, 100, 100) for name in "bcd"))
+        >>> fewest_bytes_swapped(Simulator(StepProfile(layers, static_bytes=1_000)), cap=1_600)
+        (False, True, True, True)
+    """
+    swap = list(simulator.swap_everything())
+    for i in sorted(range(simulator.k), key=lambda i: -simulator.swappable[i]):
+        if swap[i]:
+            swap[i] = False
+            if simulator.peak_bytes(PlanChoice(tuple(swap), 0, 0)) > cap:
+                swap[i] = True
+    return tuple(swap)
+
+
+def search(
+    simulator: Simulator,
+    cap: int,
+    max_limit: int | None = None,
+    host_fits: Callable[[tuple[bool, ...]], bool] | None = None,
+) -> SearchResult:
     """The fastest plan with peak at most ``cap`` bytes, and the least peak of any plan.
 
-    ``max_limit`` bounds the copy-out limits considered (``None``: any).
+    ``max_limit`` bounds the copy-out limits considered (``None``: any); ``host_fits``, if
+    given, says whether a swap set fits the host memory (sets it refuses are never chosen).
     """
     swappable = [i for i in range(simulator.k) if simulator.swappable[i] > 0]
     least = simulator.peak_bytes(least_peak_choice(simulator))
@@ -80,7 +106,7 @@ def search(simulator: Simulator, cap: int, max_limit: int | None = None) -> Sear
             len(swappable) <= EXACT_MAX_SWAPPABLE and (1 << len(swappable)) * simulator.k <= EXACT_MAX_WORK
         )
         return SearchResult(None, least, "exhaustive" if exact else "heuristic")
-    finder = _Finder(simulator, cap, max_limit)
+    finder = _Finder(simulator, cap, max_limit, host_fits)
     n = len(swappable)
     if n <= EXACT_MAX_SWAPPABLE and (1 << n) * max(simulator.k, 1) <= EXACT_MAX_WORK:
         for mask in range(1 << n):
@@ -114,8 +140,15 @@ def _largest_fitting(values: Sequence[int], fits: Callable[[int], bool]) -> int 
 class _Finder:
     """Keeps the best plan found so far and scores swap sets (exactly or by bisection)."""
 
-    def __init__(self, simulator: Simulator, cap: int, max_limit: int | None) -> None:
+    def __init__(
+        self,
+        simulator: Simulator,
+        cap: int,
+        max_limit: int | None,
+        host_fits: Callable[[tuple[bool, ...]], bool] | None = None,
+    ) -> None:
         self.simulator, self.cap, self.max_limit = simulator, cap, max_limit
+        self.host_fits = host_fits
         self.best: SimulationResult | None = None
         self.best_key: _Key | None = None
         self.seen: set[tuple[bool, ...]] = set()
@@ -127,6 +160,8 @@ class _Finder:
         return self.simulator.peak_bytes(PlanChoice(swap, window, limit))
 
     def fits(self, swap: tuple[bool, ...], window: int = 0, limit: int = 0) -> bool:
+        if self.host_fits is not None and not self.host_fits(swap):
+            return False
         return self.peak(swap, window, limit) <= self.cap
 
     def step(self, swap: tuple[bool, ...], window: int, limit: int) -> float:
@@ -232,13 +267,15 @@ class _Finder:
         low, high = 0, n
         while high - low > 1:
             middle = (low + high) // 2
-            if self.fits(_swap_of(k, swappable[:middle])):
+            if self.peak(_swap_of(k, swappable[:middle]), 0, 0) <= self.cap:  # the device alone
                 high = middle
             else:
                 low = middle
         lengths = sorted({high, *(min(n, high + step) for step in _powers_of_two(n))})
         for length in lengths:
             self.consider(_swap_of(k, swappable[:length]))
+        if self.best is None and self.host_fits is not None:  # every prefix passes the host limit
+            self.consider(fewest_bytes_swapped(self.simulator, self.cap))
         self._refine(swappable)
 
     def _refine(self, swappable: list[int]) -> None:
@@ -246,9 +283,8 @@ class _Finder:
         simulator = self.simulator
         limit = self.layer_steps + _REFINE_WORK
         improved = True
-        while improved and self.layer_steps < limit:
+        while improved and self.layer_steps < limit and self.best is not None:
             improved = False
-            assert self.best is not None
             swap = self.best.choice.swap
             swapped = sorted(
                 (i for i in range(simulator.k) if swap[i]), key=lambda i: -simulator.swappable[i]

@@ -1,47 +1,82 @@
-"""Ranks of a process group plan alike: one agreed decision to re-plan, one merged profile.
+"""Ranks of a process group plan alike: agreed decisions to re-plan, one merged profile per pass.
 
 Lightning-free (``torch.distributed`` only), so the DDP strategy and a Fabric or plain DDP
 loop share it: pass ``coordinator=DistributedCoordinator()`` to the session on every rank.
+Ranks agree only at agreement points (see :mod:`lightning_accudnn.planner.coordination`), on
+a gloo side group, so no pass runs a collective of its own and none waits behind NCCL's
+gradient all-reduce or synchronises the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from lightning_accudnn.planner.coordination import RankCoordinator
+from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.profile import LayerProfile, StepProfile
 
-__all__ = ["DistributedCoordinator", "merge_profiles"]
+__all__ = ["AGREE_EVERY_PASSES", "DistributedCoordinator", "merge_profiles"]
+
+#: Passes between two agreements.
+AGREE_EVERY_PASSES = 20
 
 
 class DistributedCoordinator(RankCoordinator):
-    """Ranks of a process group agree: any rank's reason to re-plan re-plans them all, and
-    they plan from one profile made of the largest bytes and times and the slowest link.
+    """Ranks of a process group agree: any rank's request re-plans that pass on every rank,
+    from one profile made of the largest bytes and times and the slowest link.
+
+    Agreements happen after every ``every``-th pass (the same pass on every rank); one agreement is one
+    ``all_gather_object`` of the ranks' requests, plus one of their profiles when something
+    is to be planned. They run on a gloo group made at the first agreement (so every rank
+    must reach it, as they do).
 
     Example:
-        >>> coordinator = DistributedCoordinator()  # inside an initialised process group
+        >>> coordinator = DistributedCoordinator(every=50)  # inside an initialised process group
     """
 
-    def any(self, flag: bool) -> bool:
-        return self.max(float(flag)) > 0
+    def __init__(self, every: int = AGREE_EVERY_PASSES) -> None:
+        if every < 1:
+            raise ValueError(f"every must be >= 1 pass, got {every}")
+        self.every = every
+        self.collectives = 0
+        self._passes = 0  # since the last agreement
+        self._group: Any = None
 
-    def max(self, value: float) -> float:
-        if not _distributed():
-            return value
-        tensor = torch.tensor([float(value)], dtype=torch.float64, device=_collective_device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return float(tensor.item())
+    def due(self) -> bool:
+        self._passes += 1
+        if self._passes >= self.every:
+            self._passes = 0
+            return True
+        return False
 
-    def merge(self, profile: StepProfile) -> StepProfile:
+    def agree(self, requests: Mapping[Hashable, ReplanRequest]) -> dict[Hashable, ReplanRequest]:
+        merged: dict[Hashable, ReplanRequest] = {}
+        for rank_requests in self._gather(dict(requests)):
+            for key, request in rank_requests.items():
+                merged[key] = merged.get(key, ReplanRequest()) | request
+        return {key: request for key, request in merged.items() if request}
+
+    def merge(self, profiles: Mapping[Hashable, StepProfile | None]) -> dict[Hashable, StepProfile]:
+        gathered = self._gather(dict(profiles))
+        merged = {}
+        for key in profiles:
+            given = [rank_profiles[key] for rank_profiles in gathered if rank_profiles.get(key) is not None]
+            if given:
+                merged[key] = merge_profiles(given)
+        return merged
+
+    def _gather(self, payload: dict[Hashable, Any]) -> list[dict[Hashable, Any]]:
         if not _distributed():
-            return profile
-        profiles: list[StepProfile | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(profiles, profile)
-        return merge_profiles([p for p in profiles if p is not None])
+            return [payload]
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        gathered: list[dict[Hashable, Any] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, payload, group=self._group)
+        self.collectives += 1
+        return [rank_payload or {} for rank_payload in gathered]
 
 
 def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
@@ -94,12 +129,6 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _collective_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _merged_resaves(candidates: Sequence[LayerProfile], swappable: int) -> tuple[tuple[str, int], ...]:

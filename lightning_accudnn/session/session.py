@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,9 +22,9 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
-from lightning_accudnn.planner.bandwidth import host_link
-from lightning_accudnn.planner.coordination import RankCoordinator
-from lightning_accudnn.planner.plan import plan_swaps
+from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
+from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
+from lightning_accudnn.planner.plan import HostLimitTooSmallError, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
@@ -38,6 +38,7 @@ from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats
+from lightning_accudnn.session.transfers import layer_host_bytes, transfer_sizes
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
@@ -69,6 +70,22 @@ class _Pass:
     key: PassKey
     plan: Plan | None  # None: a profiling pass
     source: PlanSource  # how the plan was made
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A pass kind's latest measurement: its profile, the plan whose times an untimed pass
+    borrows, and whether it ran under a plan (a plan made from it is then refined)."""
+
+    profile: StepProfile
+    times_of: Plan | None
+    planned: bool
+
+    def profile_to_plan(self) -> StepProfile:
+        if self.times_of is None:
+            return self.profile
+        layers = _with_times_of(self.profile.layers, self.times_of.profile.layers)
+        return replace(self.profile, layers=layers)
 
 
 @dataclass
@@ -173,6 +190,14 @@ class OffloadSession:
         self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
         self._out_of_memory_retries = 0  # in a row, since the last pass that completed
         self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
+        self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
+        # Agreement between ranks (the coordinator's): requests waiting for the next agreement
+        # point, each pass kind's latest measurement, and its name on every rank.
+        self._requests: dict[PassKey, ReplanRequest] = {}
+        self._measured: dict[PassKey, _Measured] = {}
+        self._wire_keys: dict[PassKey, tuple[object, ...]] = {}
+        self._model_ordinals: dict[int, int] = {}
+        self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
         self.allocator: AllocatorControl = (
             allocator if allocator is not None else allocator_control_for(self.device)
         )
@@ -202,6 +227,8 @@ class OffloadSession:
             host_memory_limit=host_limit,
             runtime=runtime,
         )
+        # The link probe allocates device memory: before the allocator is capped (each step caps it).
+        probe_host_link(self.device)
         spec = "" if config.parsed_budget.kind == "bytes" else f" ({config.budget})"
         self.report(
             f"accudnn: budget {format_bytes(self.budget_bytes)}{spec} on {name}, reserve "
@@ -276,6 +303,7 @@ class OffloadSession:
         """A pass failed: drop its swapped activations and return their buffers."""
         self._backward_end.remove()
         self.engine.abort_step()
+        self.engine.weight_copies.take()  # the aborted pass's count
         self._pass = None
 
     def check_model(self, model: nn.Module) -> None:
@@ -403,7 +431,7 @@ class OffloadSession:
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
         plan = self._book.plan(key)
         hooked = plan is None or self._book.needs_refining(key) or key not in self._sequences
-        static_bytes = self._model_state_bytes(block, refresh=hooked)
+        static_bytes = self._model_state_bytes(block, refresh=hooked) + self._weight_copy_bytes.get(key, 0)
         if plan is None:  # a new batch shape: planned from other shapes of the pass if it can be
             plan = self._shapes.plan_for(key, static_bytes)
         if plan is not None and static_bytes != plan.profile.static_bytes:
@@ -455,10 +483,12 @@ class OffloadSession:
         self._close_pass()
 
     def _close_pass(self) -> OffloadStats | None:
-        """Measure the pass that just ran backward; plan when it calls for it.
+        """Measure the pass that just ran backward; plan when the ranks agree to.
 
-        Every rank reaches this after every backward, so the decision to re-plan and the
-        profile planned from are agreed through the coordinator: all ranks plan alike.
+        What this rank alone notices (a peak over the budget, a changed graph) waits as a
+        request until the coordinator's next agreement point; a profiling or refining pass
+        (every rank runs it at the same pass) is one. All ranks then plan alike, from merged
+        profiles, with no collective on the other passes.
         """
         step = self.engine.end_step()
         current, self._pass = self._pass, None
@@ -468,43 +498,81 @@ class OffloadSession:
         if block is not None:
             block.position += 1
             block.pass_closed = True
+        key = current.key
         profiling = current.plan is None
         self._out_of_memory_retries = 0
         stats = self._measure(step, current.plan, current.source)
         self.stats = stats
         if step.sequence is not None:
-            self._sequences[current.key] = step.sequence
-        profile = self._profile_from(step)
+            self._sequences[key] = step.sequence
+            self._links.pop(key, None)
+        # Autocast's weight copies (kept, never swapped) are model state: the pass's own count
+        # replaces the one its static bytes started from.
+        copies = self.engine.weight_copies.take()
+        static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(key, 0) + copies
+        self._weight_copy_bytes[key] = copies
+        profile = self._profile_from(step, key, static_bytes)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
-        known = self._book.plan(current.key)
-        changed = self._book.departs(current.key, profile)
+        known = self._book.plan(key)
+        changed = known is not None and self._book.departs(key, profile)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.
-            self._sequences.pop(current.key, None)
+            self._sequences.pop(key, None)
             overshoot, changed = 0, False
-        refine = not profiling and self._book.needs_refining(current.key)
-        if self.coordinator.any(overshoot > 0 or profiling or refine or changed):
-            overshoot = int(self.coordinator.max(overshoot))
-            if overshoot:
-                self.reserve_bytes += overshoot
-                log.warning(
-                    "accudnn: the pass's peak passed the usable budget %s by %s; reserve raised to %s, "
-                    "re-planned",
-                    format_bytes(usable),
-                    format_bytes(overshoot),
-                    format_bytes(self.reserve_bytes),
-                )
-            if not step.timed and known is not None:  # untimed (replayed): the times measured before
-                profile = replace(profile, layers=_with_times_of(profile.layers, known.profile.layers))
-            plan = self._make_plan(self.coordinator.merge(profile), current.key)
-            self._book.keep(current.key, plan, PlanSource.PROFILED if profiling else PlanSource.REFINED)
-            self.plan = plan
+        self._measured[key] = _Measured(profile, None if step.timed else known, planned=not profiling)
+        self._wire_keys.setdefault(key, (self._model_ordinal(key.model), key.batch, key.position))
+        scheduled = profiling or self._book.needs_refining(key)
+        request = ReplanRequest(replan=changed or scheduled, overshoot_bytes=overshoot)
+        if request:
+            self._requests[key] = self._requests.get(key, ReplanRequest()) | request
+        if self.coordinator.due():
+            self._agree(key)
+        elif scheduled:
+            # Between agreement points a profiling or refining pass is planned from this rank's
+            # own figures (ranks may see other batch shapes); the next agreement merges them.
+            self._keep_new_plan(key, self._measured[key].profile_to_plan(), current=True)
         if self.on_stats is not None:
             self.on_stats(stats)
         return stats
+
+    def _agree(self, last: PassKey) -> None:
+        """An agreement point: merge every rank's requests, re-plan the passes they name."""
+        requests, self._requests = self._requests, {}
+        agreed = self.coordinator.agree({self._wire_keys[key]: request for key, request in requests.items()})
+        if not agreed:
+            return
+        overshoot = max(request.overshoot_bytes for request in agreed.values())
+        if overshoot:
+            usable = self.budget_bytes - self.reserve_bytes
+            self.reserve_bytes += overshoot
+            log.warning(
+                "accudnn: the pass's peak passed the usable budget %s by %s; reserve raised to %s, "
+                "re-planned",
+                format_bytes(usable),
+                format_bytes(overshoot),
+                format_bytes(self.reserve_bytes),
+            )
+        keys: dict[Hashable, PassKey] = {wire: key for key, wire in self._wire_keys.items() if wire in agreed}
+        profiles = self.coordinator.merge(
+            {wire: self._measured[key].profile_to_plan() for wire, key in keys.items()}
+        )
+        for wire, profile in profiles.items():
+            key = keys[wire]
+            self._keep_new_plan(key, profile, current=key == last)
+
+    def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
+        """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""
+        plan = self._make_plan(profile, key)
+        self._book.keep(key, plan, PlanSource.REFINED if self._measured[key].planned else PlanSource.PROFILED)
+        if current:
+            self.plan = plan
+
+    def _model_ordinal(self, model: int) -> int:
+        """The model's number in the order this session met it (the same on every rank)."""
+        return self._model_ordinals.setdefault(model, len(self._model_ordinals))
 
     # -- planning and measuring ----------------------------------------------------------
 
@@ -512,18 +580,20 @@ class OffloadSession:
         """The fastest plan under the budget. The planner's smallest budget does not depend on
         the budget asked or on the timings, so a budget an error named always plans."""
         budget = self.budget_bytes
-        plan = plan_swaps(profile, budget, self.reserve_bytes)
-        host_limit = self.engine.pool.capacity_bytes
-        if plan.swapped_bytes > host_limit:
-            raise HostMemoryExceeded(
-                f"the plan for a device budget of {format_bytes(budget)} swaps "
-                f"{format_bytes(plan.swapped_bytes)} to host memory, more than the host-memory limit of "
-                f"{format_bytes(host_limit)}. Raise host_memory_limit by at least "
-                f"{format_bytes(plan.swapped_bytes - host_limit)} (to {format_bytes(plan.swapped_bytes)}, "
-                "system RAM permitting), or raise the device budget so that less is swapped (at "
-                f"{format_bytes(profile.unconstrained_peak_bytes + self.reserve_bytes)} nothing is), "
-                "or lower the batch size."
+        pool = self.engine.pool
+        host_bytes = layer_host_bytes(
+            profile, self._sequences.get(key), self.config.min_swap_bytes, pool.host_bytes
+        )
+        try:
+            plan = plan_swaps(
+                profile,
+                budget,
+                self.reserve_bytes,
+                host_limit_bytes=pool.capacity_bytes,
+                host_bytes=host_bytes,
             )
+        except HostLimitTooSmallError as error:
+            raise HostMemoryExceeded(str(error)) from error
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(
             f"accudnn plan{which}: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
@@ -533,11 +603,15 @@ class OffloadSession:
         )
         return plan
 
-    def _profile_from(self, step: StepStats) -> StepProfile:
-        link = host_link(self.device)
+    def _profile_from(self, step: StepStats, key: PassKey, static_bytes: int) -> StepProfile:
+        """The pass's profile, with the host link's rates at the sizes of its swappable storages."""
+        link = self._links.get(key)
+        if link is None:
+            sizes = transfer_sizes(self._sequences.get(key), self.config.min_swap_bytes)
+            link = self._links[key] = probe_host_link(self.device).link_for(sizes)
         return StepProfile(
             layers=step.layers,
-            static_bytes=self.engine.ledger.static_bytes,
+            static_bytes=static_bytes,
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,
         )

@@ -51,11 +51,12 @@ def _scramble_timings(monkeypatch, seed):
         )
         return dataclasses.replace(stats, layers=layers)
 
-    def link(device):
-        return HostLink(rng.uniform(1e6, 1e10), rng.uniform(1e6, 1e10))
+    class RandomLink:
+        def link_for(self, transfer_sizes=()):
+            return HostLink(rng.uniform(1e6, 1e10), rng.uniform(1e6, 1e10))
 
     monkeypatch.setattr(OffloadEngine, "end_step", scrambled)
-    monkeypatch.setattr("lightning_accudnn.session.session.host_link", link)
+    monkeypatch.setattr("lightning_accudnn.session.session.probe_host_link", lambda device: RandomLink())
 
 
 def test_too_small_budget_is_refused_before_any_update_and_the_named_budget_works_under_any_timings(

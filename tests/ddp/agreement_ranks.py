@@ -1,0 +1,90 @@
+"""Run by tests/ddp/test_agreement.py as a script: two gloo ranks train a plain loop under
+OffloadSessions with a DistributedCoordinator, rank 1 alone reporting a peak over its budget
+at one pass and, at another, training a batch of another size (a shape rank 0 never sees);
+each rank writes its plans and its number of collectives as JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from lightning_accudnn.session import DistributedCoordinator, OffloadConfig, OffloadSession  # noqa: E402
+from tests.models import SmallResNet, loss_of, make_batch  # noqa: E402
+
+OVERSHOOT_BYTES = 1000
+
+
+class Allocator:
+    """No allocator to cap (CPU); reports the peak a test asks for, else the engine's ledger."""
+
+    def __init__(self) -> None:
+        self.reported = None
+
+    def cap(self, budget_bytes: int) -> None:
+        pass
+
+    def lift(self) -> None:
+        pass
+
+    def peaks(self):
+        return self.reported
+
+
+def describe(session: OffloadSession) -> list:
+    plan = session.plan
+    assert plan is not None
+    return [
+        sorted(plan.swapped_layers),
+        plan.prefetch_window_bytes,
+        plan.max_copying_out_bytes,
+        plan.reserve_bytes,
+        plan.predicted_peak_bytes,
+    ]
+
+
+def run(
+    rank: int,
+    world: int,
+    directory: str,
+    budget: int,
+    steps: int,
+    every: int,
+    overshoot_at: int,
+    other_shape_at: int,
+) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = SmallResNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    coordinator = DistributedCoordinator(every=every)
+    allocator = Allocator()
+    session = OffloadSession(
+        OffloadConfig(budget=budget, min_swap_bytes=0), "cpu", coordinator=coordinator, allocator=allocator
+    )
+    plans, collectives = [], []
+    for step in range(steps):
+        usable = session.budget_bytes - session.reserve_bytes
+        allocator.reported = (
+            (usable, usable + OVERSHOOT_BYTES) if rank == 1 and step == overshoot_at else None
+        )
+        with session.step(model, optimizer):
+            batch_size = 3 if rank == 1 and step == other_shape_at else 8
+            loss = loss_of(model, make_batch("cnn", batch_size, seed=100 * rank + step))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        plans.append(describe(session))
+        collectives.append(coordinator.collectives)
+    session.close()
+    Path(directory, f"rank{rank}.json").write_text(json.dumps({"plans": plans, "collectives": collectives}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    directory, budget, steps, every, overshoot_at, other_shape_at = sys.argv[1], *map(int, sys.argv[2:7])
+    mp.spawn(run, args=(2, directory, budget, steps, every, overshoot_at, other_shape_at), nprocs=2)

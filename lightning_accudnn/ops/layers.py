@@ -18,6 +18,15 @@ from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.profile import ROOT_LAYER
 
+#: What a save did in the profiled pass (:attr:`SaveSequence.kinds`): reused an earlier record,
+REUSED = 0
+#: opened a swappable record,
+SWAPPABLE = 1
+#: opened a record kept only for being below ``min_swap_bytes``,
+SMALL = 2
+#: or opened a record that may not move (excluded, ``keep_on_device``, empty).
+PINNED = 3
+
 
 @dataclass
 class _Frame:
@@ -134,26 +143,53 @@ class SaveSequence:
     tensor is attributed by its ordinal (no module hooks). :meth:`matches` is the cheap check
     that the graph did not change: the storage size at the same ordinal.
 
+    Beside the layer, each save notes what the profiled pass did with it, so that a replayed
+    pass can keep what the plan keeps without a record per tensor (see :mod:`.replay`):
+    ``groups[i]`` is the first ordinal of the step saved from the same storage address,
+    ``record_bytes[i]`` the bytes of the record the save opened (``kinds[i]`` is
+    :data:`REUSED` when it reused an earlier one), ``kinds[i]`` whether that record was
+    swappable (:data:`SWAPPABLE`), kept for its size only (:data:`SMALL`) or not allowed
+    to move (:data:`PINNED`), and ``record_of[i]`` the ordinal that opened the record used.
+
     Example:
         >>> sequence = SaveSequence()
         >>> sequence.append("fc1", False, 1024); sequence.append("fc2", False, 512)
         >>> sequence.matches(1, 512), sequence.matches(1, 64), sequence.matches(2, 512)
         (True, False, False)
-        >>> sequence.layers[1], len(sequence)
-        ('fc2', 2)
+        >>> sequence.layers[1], len(sequence), sequence.groups[1], sequence.kinds[1] == PINNED
+        ('fc2', 2, 1, True)
     """
 
-    __slots__ = ("layers", "excluded", "sizes")
+    __slots__ = ("layers", "excluded", "sizes", "groups", "record_bytes", "kinds", "record_of")
 
     def __init__(self) -> None:
         self.layers: list[str] = []
         self.excluded: list[bool] = []
         self.sizes: list[int] = []
+        self.groups: list[int] = []
+        self.record_bytes: list[int] = []
+        self.kinds: list[int] = []
+        self.record_of: list[int] = []
 
-    def append(self, layer: str, excluded: bool, storage_nbytes: int) -> None:
+    def append(
+        self,
+        layer: str,
+        excluded: bool,
+        storage_nbytes: int,
+        *,
+        group: int | None = None,
+        record_bytes: int = 0,
+        kind: int = PINNED,
+        record_of: int | None = None,
+    ) -> None:
+        ordinal = len(self.sizes)
         self.layers.append(layer)
         self.excluded.append(excluded)
         self.sizes.append(storage_nbytes)
+        self.groups.append(ordinal if group is None else group)
+        self.record_bytes.append(record_bytes)
+        self.kinds.append(kind)
+        self.record_of.append(ordinal if record_of is None else record_of)
 
     def matches(self, ordinal: int, storage_nbytes: int) -> bool:
         return ordinal < len(self.sizes) and self.sizes[ordinal] == storage_nbytes

@@ -32,10 +32,18 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from lightning_accudnn.ops.errors import StaleSavedTensorError
-from lightning_accudnn.ops.layers import PINNED, REUSED, SMALL, SWAPPABLE, LayerTracker, SaveSequence
+from lightning_accudnn.ops.layers import (
+    FILTERED,
+    PINNED,
+    REUSED,
+    SMALL,
+    SWAPPABLE,
+    LayerTracker,
+    SaveSequence,
+)
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
-from lightning_accudnn.ops.replay import ReplayRoute
+from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
@@ -124,9 +132,8 @@ class _StepState:
 
     Saves kept on the fast path of a replayed pass have no record: their storages are
     counted here by *group*, the ordinal of the storage's first save (``kept_nbytes``,
-    ``kept_address``; ``kept_pending`` saves not unpacked yet), ``kept_at`` names the group
-    last counted at each address, and ``unpacked`` marks the ordinals unpacked once in
-    backward (later unpacks, a retained graph's, count nothing).
+    ``kept_address``; ``kept_pending`` saves not unpacked yet), and ``unpacked`` marks the
+    ordinals unpacked once in backward (later unpacks, a retained graph's, count nothing).
     """
 
     def __init__(self, replayed_saves: int = 0) -> None:
@@ -134,13 +141,10 @@ class _StepState:
         self.kept_nbytes: dict[int, int] = {}
         self.kept_address: dict[int, int] = {}
         self.kept_pending: dict[int, int] = {}
-        self.kept_at: dict[int, int] = {}
         self.unpacked = bytearray(replayed_saves)
         self.read_in_forward: set[int] = set()  # fast saves unpacked in forward: their ordinals
-        self.departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
         self.aborted = False
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
-        self.saves = 0  # saved tensors packed so far, the clock of ``StorageRecord.last_save``
         self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
         self.copying_out_bytes = 0  # of the records still in it (``in_fifo``)
         self.copying_out_count = 0
@@ -151,7 +155,6 @@ class _StepState:
         self.layer_saved: dict[str, int] = {}
         self.layer_swappable: dict[str, int] = {}
         self.layer_small: dict[str, list[int]] = {}  # sizes kept only for being below min_swap_bytes
-        self.graph_changed = False
 
 
 class OffloadEngine:
@@ -201,10 +204,13 @@ class OffloadEngine:
         )
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
+        self._model_pointers: set[int] = set()  # the parameters' and buffers' own addresses
         self._storages_model: object = None  # the model ``_model_storages`` belongs to
         self._recording: SaveSequence | None = None  # hooked pass: the saves, in order
         self._replaying: SaveSequence | None = None  # pass attributed by ordinal (no hooks)
         self._route: ReplayRoute | None = None  # ``_replaying`` compiled for the schedule
+        self._calls = 0  # tensors given to the pack hook in this pass: the ordinal of the next
+        self._departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
         self._replayed_layers: tuple[object, tuple[LayerProfile, ...]] | None = None  # last report
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by :meth:`offload`
         self._step: _StepState | None = None
@@ -247,9 +253,12 @@ class OffloadEngine:
         self._device_index = -1 if self.device.type == "cpu" else index if index is not None else 0
         if sequence is None or model is not self._storages_model:
             self._model_storages = _storages_of(model)
+            self._model_pointers = _pointers_of(model)
             self._storages_model = model
         self._replaying = sequence
         self._recording = SaveSequence() if sequence is None else None
+        self._calls, self._departed = 0, -1
+        self.runtime.timing = sequence is None  # no timing events in passes replayed by ordinal
         if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
             self._route = ReplayRoute(sequence, schedule)
         if self._step is None and sequence is None:
@@ -305,8 +314,7 @@ class OffloadEngine:
         self._release_lingering()
         self._release_kept(step)
         replaying, recording = self._replaying, self._recording
-        if replaying is not None and step.saves != len(replaying):
-            step.graph_changed = True
+        graph_changed = replaying is not None and (self._departed >= 0 or self._calls != len(replaying))
         if recording is not None:
             layers = self._layer_usage(step)
             forward_seconds = sum(layer.forward_seconds for layer in layers)
@@ -325,10 +333,11 @@ class OffloadEngine:
             layers=layers,
             timed=recording is not None,
             sequence=recording,
-            graph_changed=step.graph_changed,
+            graph_changed=graph_changed,
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block
+        self._calls, self._departed = 0, -1
         self.timer.reset()
         return stats
 
@@ -337,7 +346,7 @@ class OffloadEngine:
         the profiled pass (:meth:`.ReplayRoute.layer_bytes`), the others counted now."""
         route = self._route
         assert route is not None
-        end = step.departed if step.departed >= 0 else step.saves
+        end = self._departed if self._departed >= 0 else self._calls
         fast_saved, fast_swappable = route.layer_bytes(end)
         read_in_forward = self._fast_read_in_forward(route, step)
         key = (route, end, step.layer_saved, step.layer_swappable, read_in_forward)
@@ -412,6 +421,7 @@ class OffloadEngine:
         if step is None:
             return
         step.aborted = True
+        self._calls, self._departed = 0, -1
         self._release_kept(step)
         for entry in step.by_storage.values():
             for record in entry.records:
@@ -441,23 +451,25 @@ class OffloadEngine:
 
     def _pack_recorded(self, tensor: torch.Tensor) -> object:
         """A save in a hooked pass: attributed to the layer running now, and noted in the sequence."""
-        if not self._is_plain(tensor):
-            return tensor
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key in self._model_storages:
-            return tensor
-        storage_nbytes = storage.nbytes()
-        step = self._open_step()
+        ordinal = self._calls
+        self._calls = ordinal + 1
+        recording = self._recording
+        assert recording is not None
         layer, excluded = self.tracker.current, self.tracker.excluded
+        found = self._activation_storage(tensor)
+        if found is None:
+            recording.append(layer, excluded, 0, kind=FILTERED)
+            return tensor
+        storage, key, storage_nbytes = found
+        step = self._open_step()
         packed, record, opened = self._pack_record(
-            step, tensor, storage, key, storage_nbytes, layer, excluded
+            step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
         )
-        assert self._recording is not None
-        self._recording.append(
+        recording.append(
             layer,
             excluded,
             storage_nbytes,
+            tensor_bytes=tensor.nbytes,
             group=step.by_storage[key].first_save,
             record_bytes=record.nbytes,
             kind=record.kind if opened else REUSED,
@@ -466,52 +478,75 @@ class OffloadEngine:
         return packed
 
     def _pack_replayed(self, tensor: torch.Tensor) -> object:
-        """A save in a pass replayed by ordinal. The hot path: a save the plan keeps (its
-        storage's saves all kept, see :class:`.ReplayRoute`) costs a few dict operations, and
-        autograd keeps ``(tensor, version, group, ordinal, step)``.
+        """A save in a pass replayed by ordinal; the hot path.
 
-        A save the profiled pass made into an earlier save's storage must find that storage at
-        the same address (else the graph changed). A storage the profiled pass saw first here
-        is counted on its own, even at an address counted already: a storage that died unread
-        (its address reused; its count ends with the step) or, were the graph changed in a
-        way sizes do not show, one counted twice, which errs on the side of memory."""
-        if not self._is_plain(tensor):
+        What the profiled pass did at this ordinal decides (:class:`.ReplayRoute`), checked by
+        the tensor's size: a tensor that was no activation goes back to autograd untouched; one
+        whose storage the plan keeps costs a few dict operations (autograd keeps
+        ``(tensor, version, group, ordinal, step)``, its storage is counted by the ordinal of
+        its first save, with the storage's bytes the profiled pass measured); the rest go
+        through the full filter and the records. A size that differs marks the graph changed:
+        from there on every save goes through the filter and the records."""
+        ordinal = self._calls
+        self._calls = ordinal + 1
+        route = self._route
+        assert route is not None
+        if self._departed < 0 and ordinal < len(route.fast):
+            action = route.actions[ordinal]
+            if action == LEAVE:
+                return tensor
+            sequence = route.sequence
+            if action != RECORD:
+                try:
+                    same = tensor.nbytes == sequence.tensor_bytes[ordinal]
+                except RuntimeError:  # a sparse tensor (no nbytes): not what was profiled
+                    same = False
+                if same:
+                    step = self._step
+                    if step is None or not self._in_forward:
+                        step = self._open_step()
+                    if action == KEEP_NEW:
+                        nbytes, address = sequence.sizes[ordinal], tensor.data_ptr()
+                        step.kept_pending[ordinal] = 1
+                        step.kept_nbytes[ordinal] = nbytes
+                        step.kept_address[ordinal] = address
+                        self.ledger.acquire(nbytes)
+                        self.runtime.hold(address, nbytes)
+                        return (tensor, tensor._version, ordinal, ordinal, step)
+                    group = sequence.groups[ordinal]
+                    pending = step.kept_pending.get(group)
+                    if pending:
+                        step.kept_pending[group] = pending + 1
+                        return (tensor, tensor._version, group, ordinal, step)
+            else:
+                found = self._activation_storage(tensor)
+                if found is not None and found[2] == sequence.sizes[ordinal]:
+                    storage, key, storage_nbytes = found
+                    layer, excluded = sequence.layers[ordinal], sequence.excluded[ordinal]
+                    step = self._open_step()
+                    return self._pack_record(
+                        step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
+                    )[0]
+        if self._departed < 0:
+            self._departed = ordinal
+        found = self._activation_storage(tensor)
+        if found is None:
             return tensor
+        storage, key, storage_nbytes = found
+        step = self._open_step()
+        return self._pack_record(
+            step, ordinal, tensor, storage, key, storage_nbytes, CHANGED_GRAPH_LAYER, False
+        )[0]
+
+    def _activation_storage(self, tensor: torch.Tensor) -> tuple[torch.UntypedStorage, int, int] | None:
+        """The filter: the storage, its address and size of an activation, ``None`` for the rest."""
+        if not self._is_plain(tensor):
+            return None
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key in self._model_storages:
-            return tensor
-        storage_nbytes = storage.nbytes()
-        step = self._step
-        if step is None or not self._in_forward:
-            step = self._open_step()
-        ordinal = step.saves
-        route = self._route
-        assert route is not None
-        sequence = route.sequence
-        if step.departed < 0 and ordinal < len(route.fast) and sequence.sizes[ordinal] == storage_nbytes:
-            if not route.fast[ordinal]:
-                layer, excluded = sequence.layers[ordinal], sequence.excluded[ordinal]
-                return self._pack_record(step, tensor, storage, key, storage_nbytes, layer, excluded)[0]
-            group = sequence.groups[ordinal]
-            if group == ordinal:
-                step.saves = ordinal + 1
-                step.kept_at[key] = group
-                step.kept_pending[group] = 1
-                step.kept_nbytes[group] = storage_nbytes
-                step.kept_address[group] = key
-                self.ledger.acquire(storage_nbytes)
-                self.runtime.hold(key, storage_nbytes)
-                return (tensor, tensor._version, group, ordinal, step)
-            if step.kept_at.get(key) == group and group in step.kept_pending:
-                step.saves = ordinal + 1
-                step.kept_pending[group] += 1
-                return (tensor, tensor._version, group, ordinal, step)
-            # Saved into an earlier save's storage when profiled, not now: the graph changed.
-        if step.departed < 0:
-            step.departed = ordinal
-            step.graph_changed = True
-        return self._pack_record(step, tensor, storage, key, storage_nbytes, CHANGED_GRAPH_LAYER, False)[0]
+            return None
+        return storage, key, storage.nbytes()
 
     def _uncount_kept(self, step: _StepState, group: int) -> None:
         """The last pending save of a fast-kept storage was read in backward: out of the count."""
@@ -527,6 +562,7 @@ class OffloadEngine:
     def _pack_record(
         self,
         step: _StepState,
+        ordinal: int,
         tensor: torch.Tensor,
         storage: torch.UntypedStorage,
         key: int,
@@ -538,16 +574,14 @@ class OffloadEngine:
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
             block = DeviceBlock(key, storage_nbytes, self._on_counted, self._on_found_block_released)
-            entry = _StorageEntry(StorageWeakRef(storage), block, step.saves)  # type: ignore[no-untyped-call]
+            entry = _StorageEntry(StorageWeakRef(storage), block, ordinal)  # type: ignore[no-untyped-call]
             step.by_storage[key] = entry
-        ordinal = step.saves
-        step.saves += 1
         root = lineage_root(tensor)
         extent = start, end = byte_extent(tensor)
         for record in entry.records:
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
-                record.last_save = step.saves
+                record.last_save = ordinal + 1
                 return SavedTensor(record, tensor), record, False
         record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)
         entry.records.append(record)
@@ -559,11 +593,33 @@ class OffloadEngine:
 
     def _unpack(self, packed: object) -> torch.Tensor:
         if type(packed) is tuple:
-            return self._unpack_kept(*packed)
-        self._reap()
-        self._prefetch()
+            # A fast-kept save: checked for in-place changes, uncounted at its storage's last read.
+            tensor: torch.Tensor
+            step: _StepState
+            tensor, version, group, ordinal, step = packed
+            if step is self._step:
+                if self._in_forward:
+                    step.read_in_forward.add(ordinal)  # a backward inside the forward: needed later
+                elif not step.unpacked[ordinal]:
+                    step.unpacked[ordinal] = 1
+                    pending = step.kept_pending[group] - 1
+                    if pending:
+                        step.kept_pending[group] = pending
+                    else:
+                        self._uncount_kept(step, group)
+                if self._lingering:
+                    self._reap()
+                if step.next_prefetch >= 0:
+                    self._prefetch()
+            elif step.aborted:
+                raise _stale_error()
+            if tensor._version != version:
+                raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
+            return tensor
         if isinstance(packed, torch.Tensor):
             return packed
+        self._reap()
+        self._prefetch()
         assert isinstance(packed, SavedTensor)
         record = packed.record
         if record.aborted:
@@ -589,30 +645,6 @@ class OffloadEngine:
             self._drop_fetched(record)
         return tensor
 
-    def _unpack_kept(
-        self, tensor: torch.Tensor, version: int, group: int, ordinal: int, step: _StepState
-    ) -> torch.Tensor:
-        """A fast-kept save: checked for in-place changes, its storage uncounted at its last read."""
-        if step is self._step:
-            if self._in_forward:
-                step.read_in_forward.add(ordinal)  # a backward inside the forward: still needed later
-            elif not step.unpacked[ordinal]:
-                step.unpacked[ordinal] = 1
-                pending = step.kept_pending[group] - 1
-                if pending:
-                    step.kept_pending[group] = pending
-                else:
-                    self._uncount_kept(step, group)
-            if self._lingering:
-                self._reap()
-            if step.next_prefetch >= 0:
-                self._prefetch()
-        elif step.aborted:
-            raise _stale_error()
-        if tensor._version != version:
-            raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
-        return tensor
-
     def _mark_read_in_forward(self, record: StorageRecord) -> None:
         """A backward inside the forward (a gradient penalty) reads this record: it stays on the
         device until its last handle dies, and its bytes are reported as not swappable, so
@@ -625,15 +657,17 @@ class OffloadEngine:
     # -- filter and records -----------------------------------------------------------
 
     def _is_plain(self, tensor: torch.Tensor) -> bool:
-        """The filter, but for the model's own storages: a plain strided tensor on the device."""
+        """The filter, but for views of the model's storages that start elsewhere: a plain
+        strided tensor on the device, not a parameter or buffer (checked first: they are many)."""
         return (
             type(tensor) is torch.Tensor  # tensor subclasses (a jagged nested tensor, DTensor) stay
+            and tensor.layout == torch.strided
+            and tensor.data_ptr() not in self._model_pointers
             and (
                 tensor.is_cpu
                 if self._device_index < 0
                 else tensor.get_device() == self._device_index and tensor.is_cuda
             )
-            and tensor.layout == torch.strided
             and not tensor.is_nested
             and not tensor.is_quantized
             and not tensor.is_conj()
@@ -665,7 +699,7 @@ class OffloadEngine:
             layer=layer,
             start=start,
             end=end,
-            last_save=step.saves,
+            last_save=ordinal + 1,
             swap=swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes),
             swappable=swappable,
             root=root,
@@ -868,6 +902,13 @@ def _stale_error() -> StaleSavedTensorError:
         "this saved activation belonged to a training step that was aborted (an exception "
         "was raised in it); run the forward pass again before calling backward"
     )
+
+
+def _pointers_of(model: nn.Module) -> set[int]:
+    """Data addresses of the model's parameters and buffers: a cheap first filter (a tensor
+    starting there is one of them or a view of one at its start)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return {pointer for tensor in tensors if (pointer := tensor.data_ptr()) != 0}
 
 
 def _storages_of(model: nn.Module) -> set[int]:

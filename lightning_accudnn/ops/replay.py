@@ -13,26 +13,37 @@ measured now.
 
 from __future__ import annotations
 
-from lightning_accudnn.ops.layers import REUSED, SWAPPABLE, SaveSequence
+from lightning_accudnn.ops.layers import FILTERED, REUSED, SWAPPABLE, SaveSequence
 from lightning_accudnn.ops.schedule import SwapSchedule
+
+#: What a replayed pass does at an ordinal (:attr:`ReplayRoute.actions`): hand the tensor back
+#: to autograd untouched (no activation when profiled),
+LEAVE = 0
+#: keep it and count its storage (the storage's first save),
+KEEP_NEW = 1
+#: keep it, its storage counted already (saved again),
+KEEP_AGAIN = 2
+#: or save it through the engine's records (its storage is swapped, in part or whole).
+RECORD = 3
 
 
 class ReplayRoute:
-    """Per ordinal of ``sequence``: whether a save is kept without a record under ``schedule``.
+    """Per ordinal of ``sequence``: what a replayed pass does with the save under ``schedule``.
 
     Example:
         >>> sequence = SaveSequence()
         >>> sequence.append("a", False, 64, kind=SWAPPABLE, record_bytes=64)
+        >>> sequence.append("a", False, 0, kind=FILTERED)
         >>> sequence.append("b", False, 64, kind=SWAPPABLE, record_bytes=64)
-        >>> sequence.append("b", False, 64, group=1, kind=REUSED, record_of=1)
+        >>> sequence.append("b", False, 64, group=2, kind=REUSED, record_of=2)
         >>> route = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b"]))
-        >>> route.fast
-        [True, False, False]
+        >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD]
+        True
         >>> route.layer_bytes(len(route))
         ({'a': 64}, {'a': 64})
     """
 
-    __slots__ = ("sequence", "schedule", "fast", "_totals", "_order")
+    __slots__ = ("sequence", "schedule", "fast", "actions", "_totals", "_order")
 
     def __init__(self, sequence: SaveSequence, schedule: SwapSchedule) -> None:
         self.sequence = sequence
@@ -43,6 +54,12 @@ class ReplayRoute:
             if kind == SWAPPABLE and schedule.swaps(layer)
         }
         self.fast = [group not in swapped_groups for group in sequence.groups]
+        self.actions = [
+            _action(ordinal, kind, fast, group)
+            for ordinal, (kind, fast, group) in enumerate(
+                zip(sequence.kinds, self.fast, sequence.groups, strict=True)
+            )
+        ]
         self._totals: tuple[dict[str, int], dict[str, int]] | None = None
         self._order: list[str] | None = None
 
@@ -64,7 +81,7 @@ class ReplayRoute:
         sequence = self.sequence
         for ordinal in range(end):
             kind = sequence.kinds[ordinal]
-            if not self.fast[ordinal] or kind == REUSED:
+            if not self.fast[ordinal] or kind in (REUSED, FILTERED):
                 continue
             layer, nbytes = sequence.layers[ordinal], sequence.record_bytes[ordinal]
             saved[layer] = saved.get(layer, 0) + nbytes
@@ -81,9 +98,19 @@ class ReplayRoute:
         sequence = self.sequence
         order = list(
             dict.fromkeys(
-                sequence.layers[ordinal] for ordinal in range(end) if sequence.kinds[ordinal] != REUSED
+                sequence.layers[ordinal]
+                for ordinal in range(end)
+                if sequence.kinds[ordinal] != REUSED and sequence.kinds[ordinal] != FILTERED
             )
         )
         if end == len(self):
             self._order = order
         return order
+
+
+def _action(ordinal: int, kind: int, fast: bool, group: int) -> int:
+    if kind == FILTERED:
+        return LEAVE
+    if not fast:
+        return RECORD
+    return KEEP_NEW if group == ordinal else KEEP_AGAIN

@@ -218,6 +218,12 @@ class OffloadEngine:
         self._in_forward = False
         self._static_bytes = 0
         self._lingering: list[DeviceBlock] = []  # copies brought back, dropped, storage alive
+        # The callbacks blocks and records hold, bound once: a bound method made per block or
+        # record would be one more object per saved tensor for the garbage collector.
+        self._counted_callback = self._on_counted
+        self._found_released_callback = self._on_found_block_released
+        self._allocated_released_callback = self._on_allocated_block_released
+        self._last_handle_callback = self._release_record
 
     # -- the step -------------------------------------------------------------------
 
@@ -573,7 +579,7 @@ class OffloadEngine:
         """A save through the records; returns its handle, its record and whether it opened it."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
-            block = DeviceBlock(key, storage_nbytes, self._on_counted, self._on_found_block_released)
+            block = DeviceBlock(key, storage_nbytes, self._counted_callback, self._found_released_callback)
             entry = _StorageEntry(StorageWeakRef(storage), block, ordinal)  # type: ignore[no-untyped-call]
             step.by_storage[key] = entry
         root = lineage_root(tensor)
@@ -704,7 +710,7 @@ class OffloadEngine:
             swappable=swappable,
             root=root,
             source_block=entry.block,
-            on_last_handle=self._release_record,
+            on_last_handle=self._last_handle_callback,
         )
         record.ordinal = ordinal
         record.kind = SWAPPABLE if swappable else SMALL if allowed else PINNED
@@ -852,8 +858,8 @@ class OffloadEngine:
             block = DeviceBlock(
                 destination.data_ptr(),
                 record.nbytes,
-                self._on_counted,
-                self._on_allocated_block_released,
+                self._counted_callback,
+                self._allocated_released_callback,
                 StorageWeakRef(destination.untyped_storage()),  # type: ignore[no-untyped-call]
             )
             allocated = self.runtime.record_compute()

@@ -32,9 +32,18 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from lightning_accudnn.ops.errors import StaleSavedTensorError
-from lightning_accudnn.ops.layers import LayerTracker, SaveSequence
+from lightning_accudnn.ops.layers import (
+    FILTERED,
+    PINNED,
+    REUSED,
+    SMALL,
+    SWAPPABLE,
+    LayerTracker,
+    SaveSequence,
+)
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
+from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
@@ -43,6 +52,7 @@ from lightning_accudnn.ops.stash import (
     StorageRecord,
     byte_extent,
     lineage_root,
+    modified_in_place_error,
     record_extent,
 )
 from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
@@ -109,21 +119,33 @@ class StepStats:
 class _StorageEntry:
     """One device storage saved in this step: its block, and the records copying parts of it."""
 
-    __slots__ = ("storage", "block", "records")
+    __slots__ = ("storage", "block", "records", "first_save")
 
-    def __init__(self, storage: StorageWeakRef, block: DeviceBlock) -> None:
+    def __init__(self, storage: StorageWeakRef, block: DeviceBlock, first_save: int) -> None:
         self.storage = storage
         self.block = block
         self.records: list[StorageRecord] = []
+        self.first_save = first_save  # the ordinal of its first save in the step
 
 
 class _StepState:
-    """Bookkeeping of the step in progress."""
+    """Bookkeeping of the step in progress.
 
-    def __init__(self) -> None:
+    Saves kept on the fast path of a replayed pass have no record: their storages are
+    counted here by *group*, the ordinal of the storage's first save (``kept_nbytes``,
+    ``kept_address``; ``kept_pending`` saves not unpacked yet), and ``unpacked`` marks the
+    ordinals unpacked once in backward (later unpacks, a retained graph's, count nothing).
+    """
+
+    def __init__(self, replayed_saves: int = 0) -> None:
         self.by_storage: dict[int, _StorageEntry] = {}
+        self.kept_nbytes: dict[int, int] = {}
+        self.kept_address: dict[int, int] = {}
+        self.kept_pending: dict[int, int] = {}
+        self.unpacked = bytearray(replayed_saves)
+        self.read_in_forward: set[int] = set()  # fast saves unpacked in forward: their ordinals
+        self.aborted = False
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
-        self.saves = 0  # saved tensors packed so far, the clock of ``StorageRecord.last_save``
         self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
         self.copying_out_bytes = 0  # of the records still in it (``in_fifo``)
         self.copying_out_count = 0
@@ -134,7 +156,6 @@ class _StepState:
         self.layer_saved: dict[str, int] = {}
         self.layer_swappable: dict[str, int] = {}
         self.layer_small: dict[str, list[int]] = {}  # sizes kept only for being below min_swap_bytes
-        self.graph_changed = False
 
 
 class OffloadEngine:
@@ -184,15 +205,27 @@ class OffloadEngine:
         )
         self._schedule = SwapSchedule.keep_everything()
         self._model_storages: set[int] = set()
+        self._model_pointers: set[int] = set()  # the parameters' and buffers' own addresses
         self.weight_copies = WeightCopies()  # autocast's copies of parameters: kept, counted apart
         self._storages_model: object = None  # the model ``_model_storages`` belongs to
         self._recording: SaveSequence | None = None  # hooked pass: the saves, in order
         self._replaying: SaveSequence | None = None  # pass attributed by ordinal (no hooks)
+        self._route: ReplayRoute | None = None  # ``_replaying`` compiled for the schedule
+        self._calls = 0  # tensors given to the pack hook in this pass: the ordinal of the next
+        self._departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
+        self._replayed_layers: tuple[object, tuple[LayerProfile, ...]] | None = None  # last report
+        self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by :meth:`offload`
         self._step: _StepState | None = None
         self._hooked = False
         self._in_forward = False
         self._static_bytes = 0
         self._lingering: list[DeviceBlock] = []  # copies brought back, dropped, storage alive
+        # The callbacks blocks and records hold, bound once: a bound method made per block or
+        # record would be one more object per saved tensor for the garbage collector.
+        self._counted_callback = self._on_counted
+        self._found_released_callback = self._on_found_block_released
+        self._allocated_released_callback = self._on_allocated_block_released
+        self._last_handle_callback = self._release_record
 
     # -- the step -------------------------------------------------------------------
 
@@ -224,18 +257,27 @@ class OffloadEngine:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
         self._schedule = schedule
         self._static_bytes = static_bytes
+        index = self.device.index
+        self._device_index = -1 if self.device.type == "cpu" else index if index is not None else 0
         if sequence is None or model is not self._storages_model:
             self._model_storages = _storages_of(model)
+            self._model_pointers = _pointers_of(model)
             self._storages_model = model
         self._replaying = sequence
         self._recording = SaveSequence() if sequence is None else None
+        self._calls, self._departed = 0, -1
+        self.runtime.timing = sequence is None  # no timing events in passes replayed by ordinal
+        if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
+            self._route = ReplayRoute(sequence, schedule)
         if self._step is None and sequence is None:
             self.timer.start()
         self._hooked = True
         try:
             with (
                 self.tracker.attached(model) if sequence is None else nullcontext(),
-                torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
+                torch.autograd.graph.saved_tensors_hooks(
+                    self._pack_recorded if sequence is None else self._pack_replayed, self._unpack
+                ),
             ):
                 yield
         except BaseException:
@@ -278,9 +320,9 @@ class OffloadEngine:
             self._retire(step, step.copying_out.popleft())
         self._reap()
         self._release_lingering()
+        self._release_kept(step)
         replaying, recording = self._replaying, self._recording
-        if replaying is not None and step.saves != len(replaying):
-            step.graph_changed = True
+        graph_changed = replaying is not None and (self._departed >= 0 or self._calls != len(replaying))
         if recording is not None:
             layers = self._layer_usage(step)
             forward_seconds = sum(layer.forward_seconds for layer in layers)
@@ -299,19 +341,52 @@ class OffloadEngine:
             layers=layers,
             timed=recording is not None,
             sequence=recording,
-            graph_changed=step.graph_changed,
+            graph_changed=graph_changed,
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block
+        self._calls, self._departed = 0, -1
         self.timer.reset()
         return stats
 
-    @staticmethod
-    def _untimed_layers(step: _StepState) -> tuple[LayerProfile, ...]:
-        return tuple(
-            LayerProfile(name, saved_bytes=saved, swappable_bytes=step.layer_swappable.get(name, 0))
-            for name, saved in step.layer_saved.items()
+    def _untimed_layers(self, step: _StepState) -> tuple[LayerProfile, ...]:
+        """Bytes per saving layer of a replayed pass: the records of its fast saves are those of
+        the profiled pass (:meth:`.ReplayRoute.layer_bytes`), the others counted now."""
+        route = self._route
+        assert route is not None
+        end = self._departed if self._departed >= 0 else self._calls
+        fast_saved, fast_swappable = route.layer_bytes(end)
+        read_in_forward = self._fast_read_in_forward(route, step)
+        key = (route, end, step.layer_saved, step.layer_swappable, read_in_forward)
+        if self._replayed_layers is not None and self._replayed_layers[0] == key:
+            return self._replayed_layers[1]  # the same as the last replayed pass: no new objects
+        swappable = dict(fast_swappable)
+        sequence = route.sequence
+        for ordinal in read_in_forward:
+            layer = sequence.layers[ordinal]
+            swappable[layer] -= sequence.record_bytes[ordinal]
+        order = dict.fromkeys(route.first_records(end))
+        order.update(dict.fromkeys(step.layer_saved))
+        layers = tuple(
+            LayerProfile(
+                name,
+                saved_bytes=fast_saved.get(name, 0) + step.layer_saved.get(name, 0),
+                swappable_bytes=swappable.get(name, 0) + step.layer_swappable.get(name, 0),
+            )
+            for name in order
+            if name in fast_saved or name in step.layer_saved
         )
+        self._replayed_layers = (key, layers)
+        return layers
+
+    @staticmethod
+    def _fast_read_in_forward(route: ReplayRoute, step: _StepState) -> frozenset[int]:
+        """The swappable records (by opening ordinal) of fast saves unpacked in forward."""
+        if not step.read_in_forward:
+            return frozenset()
+        sequence = route.sequence
+        opened = {sequence.record_of[ordinal] for ordinal in step.read_in_forward}
+        return frozenset(ordinal for ordinal in opened if sequence.kinds[ordinal] == SWAPPABLE)
 
     def _layer_usage(self, step: _StepState) -> tuple[LayerProfile, ...]:
         """Bytes and times per saving layer; time of layers that saved nothing goes to the next one."""
@@ -353,6 +428,9 @@ class OffloadEngine:
         step, self._step = self._step, None
         if step is None:
             return
+        step.aborted = True
+        self._calls, self._departed = 0, -1
+        self._release_kept(step)
         for entry in step.by_storage.values():
             for record in entry.records:
                 self._release_record(record)
@@ -379,59 +457,181 @@ class OffloadEngine:
 
     # -- hooks ----------------------------------------------------------------------
 
-    def _pack(self, tensor: torch.Tensor) -> object:
-        if not self._is_activation(tensor):
+    def _pack_recorded(self, tensor: torch.Tensor) -> object:
+        """A save in a hooked pass: attributed to the layer running now, and noted in the sequence."""
+        ordinal = self._calls
+        self._calls = ordinal + 1
+        recording = self._recording
+        assert recording is not None
+        layer, excluded = self.tracker.current, self.tracker.excluded
+        found = self._activation_storage(tensor)
+        if found is None:
+            recording.append(layer, excluded, 0, kind=FILTERED)
             return tensor
+        storage, key, storage_nbytes = found
         step = self._open_step()
+        packed, record, opened = self._pack_record(
+            step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
+        )
+        recording.append(
+            layer,
+            excluded,
+            storage_nbytes,
+            tensor_bytes=tensor.nbytes,
+            group=step.by_storage[key].first_save,
+            record_bytes=record.nbytes,
+            kind=record.kind if opened else REUSED,
+            record_of=record.ordinal,
+        )
+        return packed
+
+    def _pack_replayed(self, tensor: torch.Tensor) -> object:
+        """A save in a pass replayed by ordinal; the hot path.
+
+        What the profiled pass did at this ordinal decides (:class:`.ReplayRoute`), checked by
+        the tensor's size: a tensor that was no activation goes back to autograd untouched; one
+        whose storage the plan keeps costs a few dict operations (autograd keeps
+        ``(tensor, version, group, ordinal, step)``, its storage is counted by the ordinal of
+        its first save, with the storage's bytes the profiled pass measured); the rest go
+        through the full filter and the records. A size that differs marks the graph changed:
+        from there on every save goes through the filter and the records."""
+        ordinal = self._calls
+        self._calls = ordinal + 1
+        route = self._route
+        assert route is not None
+        if self._departed < 0 and ordinal < len(route.fast):
+            action = route.actions[ordinal]
+            if action == LEAVE:
+                return tensor
+            sequence = route.sequence
+            if action != RECORD:
+                try:
+                    same = tensor.nbytes == sequence.tensor_bytes[ordinal]
+                except RuntimeError:  # a sparse tensor (no nbytes): not what was profiled
+                    same = False
+                if same:
+                    step = self._step
+                    if step is None or not self._in_forward:
+                        step = self._open_step()
+                    if action == KEEP_NEW:
+                        nbytes, address = sequence.sizes[ordinal], tensor.data_ptr()
+                        step.kept_pending[ordinal] = 1
+                        step.kept_nbytes[ordinal] = nbytes
+                        step.kept_address[ordinal] = address
+                        self.ledger.acquire(nbytes)
+                        self.runtime.hold(address, nbytes)
+                        return (tensor, tensor._version, ordinal, ordinal, step)
+                    group = sequence.groups[ordinal]
+                    pending = step.kept_pending.get(group)
+                    if pending:
+                        step.kept_pending[group] = pending + 1
+                        return (tensor, tensor._version, group, ordinal, step)
+            else:
+                found = self._activation_storage(tensor)
+                if found is not None and found[2] == sequence.sizes[ordinal]:
+                    storage, key, storage_nbytes = found
+                    layer, excluded = sequence.layers[ordinal], sequence.excluded[ordinal]
+                    step = self._open_step()
+                    return self._pack_record(
+                        step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
+                    )[0]
+        if self._departed < 0:
+            self._departed = ordinal
+        found = self._activation_storage(tensor)
+        if found is None:
+            return tensor
+        storage, key, storage_nbytes = found
+        step = self._open_step()
+        return self._pack_record(
+            step, ordinal, tensor, storage, key, storage_nbytes, CHANGED_GRAPH_LAYER, False
+        )[0]
+
+    def _activation_storage(self, tensor: torch.Tensor) -> tuple[torch.UntypedStorage, int, int] | None:
+        """The filter: the storage, its address and size of an activation, ``None`` for the rest."""
+        if not self._is_plain(tensor):
+            return None
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        storage_nbytes = storage.nbytes()
-        ordinal = step.saves
-        if self._recording is not None:
-            layer, excluded = self.tracker.current, self.tracker.excluded
-            self._recording.append(layer, excluded, storage_nbytes)
-        else:
-            replaying = self._replaying
-            assert replaying is not None
-            if not step.graph_changed and replaying.matches(ordinal, storage_nbytes):
-                layer, excluded = replaying.layers[ordinal], replaying.excluded[ordinal]
-            else:
-                step.graph_changed = True
-                layer, excluded = CHANGED_GRAPH_LAYER, False
+        if key in self._model_storages or self.weight_copies.recognise(tensor, self._model_storages):
+            return None
+        return storage, key, storage.nbytes()
+
+    def _uncount_kept(self, step: _StepState, group: int) -> None:
+        """The last pending save of a fast-kept storage was read in backward: out of the count."""
+        del step.kept_pending[group]
+        self.ledger.release(step.kept_nbytes.pop(group))
+        self.runtime.release(step.kept_address.pop(group))
+
+    def _release_kept(self, step: _StepState) -> None:
+        """The step ends (or aborts): fast-kept storages never read are no longer counted."""
+        for group in list(step.kept_pending):
+            self._uncount_kept(step, group)
+
+    def _pack_record(
+        self,
+        step: _StepState,
+        ordinal: int,
+        tensor: torch.Tensor,
+        storage: torch.UntypedStorage,
+        key: int,
+        storage_nbytes: int,
+        layer: str,
+        excluded: bool,
+    ) -> tuple[SavedTensor, StorageRecord, bool]:
+        """A save through the records; returns its handle, its record and whether it opened it."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
-            block = DeviceBlock(key, storage_nbytes, self._on_counted, self._on_found_block_released)
-            entry = _StorageEntry(StorageWeakRef(storage), block)  # type: ignore[no-untyped-call]
+            block = DeviceBlock(key, storage_nbytes, self._counted_callback, self._found_released_callback)
+            entry = _StorageEntry(StorageWeakRef(storage), block, ordinal)  # type: ignore[no-untyped-call]
             step.by_storage[key] = entry
-        step.saves += 1
         root = lineage_root(tensor)
         extent = start, end = byte_extent(tensor)
         for record in entry.records:
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
-                record.last_save = step.saves
-                break
+                record.last_save = ordinal + 1
+                return SavedTensor(record, tensor), record, False
+        record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)
+        entry.records.append(record)
+        if record.swap:
+            self._start_copy_out(step, record, storage)
         else:
-            record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent)
-            entry.records.append(record)
-            if record.swap:
-                self._start_copy_out(step, record, storage)
-            else:
-                self._hold_found(record.source_block)
-        return SavedTensor(record, tensor)
+            self._hold_found(record.source_block)
+        return SavedTensor(record, tensor), record, True
 
     def _unpack(self, packed: object) -> torch.Tensor:
-        self._reap()
-        self._prefetch()
+        if type(packed) is tuple:
+            # A fast-kept save: checked for in-place changes, uncounted at its storage's last read.
+            tensor: torch.Tensor
+            step: _StepState
+            tensor, version, group, ordinal, step = packed
+            if step is self._step:
+                if self._in_forward:
+                    step.read_in_forward.add(ordinal)  # a backward inside the forward: needed later
+                elif not step.unpacked[ordinal]:
+                    step.unpacked[ordinal] = 1
+                    pending = step.kept_pending[group] - 1
+                    if pending:
+                        step.kept_pending[group] = pending
+                    else:
+                        self._uncount_kept(step, group)
+                if self._lingering:
+                    self._reap()
+                if step.next_prefetch >= 0:
+                    self._prefetch()
+            elif step.aborted:
+                raise _stale_error()
+            if tensor._version != version:
+                raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
+            return tensor
         if isinstance(packed, torch.Tensor):
             return packed
+        self._reap()
+        self._prefetch()
         assert isinstance(packed, SavedTensor)
         record = packed.record
         if record.aborted:
-            raise StaleSavedTensorError(
-                "this saved activation belonged to a training step that was aborted (an exception "
-                "was raised in it); run the forward pass again before calling backward"
-            )
+            raise _stale_error()
         packed.check_version()
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
@@ -464,17 +664,22 @@ class OffloadEngine:
 
     # -- filter and records -----------------------------------------------------------
 
-    def _is_activation(self, tensor: torch.Tensor) -> bool:
+    def _is_plain(self, tensor: torch.Tensor) -> bool:
+        """The filter, but for views of the model's storages that start elsewhere: a plain
+        strided tensor on the device, not a parameter or buffer (checked first: they are many)."""
         return (
             type(tensor) is torch.Tensor  # tensor subclasses (a jagged nested tensor, DTensor) stay
-            and tensor.device == self.device
             and tensor.layout == torch.strided
+            and tensor.data_ptr() not in self._model_pointers
+            and (
+                tensor.is_cpu
+                if self._device_index < 0
+                else tensor.get_device() == self._device_index and tensor.is_cuda
+            )
             and not tensor.is_nested
             and not tensor.is_quantized
             and not tensor.is_conj()
             and not tensor.is_neg()
-            and tensor.untyped_storage().data_ptr() not in self._model_storages
-            and not self.weight_copies.recognise(tensor, self._model_storages)
         )
 
     def _new_record(
@@ -487,6 +692,7 @@ class OffloadEngine:
         layer: str,
         excluded: bool,
         extent: tuple[int, int],
+        ordinal: int,
     ) -> StorageRecord:
         start, end = record_extent(root, tensor, storage_nbytes, extent)
         nbytes = end - start
@@ -497,17 +703,20 @@ class OffloadEngine:
             step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         elif allowed:
             step.layer_small.setdefault(layer, []).append(nbytes)
-        return StorageRecord(
+        record = StorageRecord(
             layer=layer,
             start=start,
             end=end,
-            last_save=step.saves,
+            last_save=ordinal + 1,
             swap=swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes),
             swappable=swappable,
             root=root,
             source_block=entry.block,
-            on_last_handle=self._release_record,
+            on_last_handle=self._last_handle_callback,
         )
+        record.ordinal = ordinal
+        record.kind = SWAPPABLE if swappable else SMALL if allowed else PINNED
+        return record
 
     def _host_can_hold(self, nbytes: int) -> bool:
         """False only when the schedule keeps what passes the host cap and this would."""
@@ -651,8 +860,8 @@ class OffloadEngine:
             block = DeviceBlock(
                 destination.data_ptr(),
                 record.nbytes,
-                self._on_counted,
-                self._on_allocated_block_released,
+                self._counted_callback,
+                self._allocated_released_callback,
                 StorageWeakRef(destination.untyped_storage()),  # type: ignore[no-untyped-call]
             )
             allocated = self.runtime.record_compute()
@@ -689,10 +898,25 @@ class OffloadEngine:
                 self.pass_timer.start()
             elif not self.timer.started:
                 self.timer.start()
-            self._step = _StepState()
+            replayed = len(self._route) if self._replaying is not None and self._route is not None else 0
+            self._step = _StepState(replayed)
             self.ledger.start_step(self._static_bytes)
             self.runtime.collect_wait_seconds()
         return self._step
+
+
+def _stale_error() -> StaleSavedTensorError:
+    return StaleSavedTensorError(
+        "this saved activation belonged to a training step that was aborted (an exception "
+        "was raised in it); run the forward pass again before calling backward"
+    )
+
+
+def _pointers_of(model: nn.Module) -> set[int]:
+    """Data addresses of the model's parameters and buffers: a cheap first filter (a tensor
+    starting there is one of them or a view of one at its start)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return {pointer for tensor in tensors if (pointer := tensor.data_ptr()) != 0}
 
 
 def _storages_of(model: nn.Module) -> set[int]:

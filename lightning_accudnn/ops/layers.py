@@ -18,6 +18,17 @@ from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.profile import ROOT_LAYER
 
+#: What a save did in the profiled pass (:attr:`SaveSequence.kinds`): reused an earlier record,
+REUSED = 0
+#: opened a swappable record,
+SWAPPABLE = 1
+#: opened a record kept only for being below ``min_swap_bytes``,
+SMALL = 2
+#: or opened a record that may not move (excluded, ``keep_on_device``, empty);
+PINNED = 3
+#: or was no activation (a parameter, a tensor subclass, another device: left to autograd).
+FILTERED = 4
+
 
 @dataclass
 class _Frame:
@@ -128,35 +139,71 @@ class _Attached:
 
 
 class SaveSequence:
-    """The saved tensors of one profiled pass, in save order: who saved each, and its size.
+    """Every tensor one profiled pass gave autograd's pack hook, in order: who saved it, its size.
 
     A pass run again with the same graph saves the same sequence, so in steady state a saved
-    tensor is attributed by its ordinal (no module hooks). :meth:`matches` is the cheap check
-    that the graph did not change: the storage size at the same ordinal.
+    tensor is attributed by its ordinal (no module hooks), and the cheap check that the graph
+    did not change is its size: ``tensor_bytes[i]`` (``tensor.nbytes``; -1 for a tensor
+    that was no activation, ``kinds[i]`` :data:`FILTERED`), ``sizes[i]`` its storage's bytes.
+
+    Beside the layer, each save notes what the profiled pass did with it, so that a replayed
+    pass can keep what the plan keeps without a record per tensor (see :mod:`.replay`):
+    ``groups[i]`` is the ordinal of the first save of the same storage in the step,
+    ``record_bytes[i]`` the bytes of the record the save opened (``kinds[i]`` is
+    :data:`REUSED` when it reused an earlier one), ``kinds[i]`` whether that record was
+    swappable (:data:`SWAPPABLE`), kept for its size only (:data:`SMALL`) or not allowed
+    to move (:data:`PINNED`), and ``record_of[i]`` the ordinal that opened the record used.
 
     Example:
         >>> sequence = SaveSequence()
-        >>> sequence.append("fc1", False, 1024); sequence.append("fc2", False, 512)
-        >>> sequence.matches(1, 512), sequence.matches(1, 64), sequence.matches(2, 512)
-        (True, False, False)
-        >>> sequence.layers[1], len(sequence)
-        ('fc2', 2)
+        >>> sequence.append("fc1", False, 1024, tensor_bytes=1024)
+        >>> sequence.append("fc2", False, 0, kind=FILTERED)
+        >>> sequence.layers[1], len(sequence), sequence.groups[1], sequence.tensor_bytes
+        ('fc2', 2, 1, [1024, -1])
     """
 
-    __slots__ = ("layers", "excluded", "sizes")
+    __slots__ = (
+        "layers",
+        "excluded",
+        "sizes",
+        "tensor_bytes",
+        "groups",
+        "record_bytes",
+        "kinds",
+        "record_of",
+    )
 
     def __init__(self) -> None:
         self.layers: list[str] = []
         self.excluded: list[bool] = []
         self.sizes: list[int] = []
+        self.tensor_bytes: list[int] = []
+        self.groups: list[int] = []
+        self.record_bytes: list[int] = []
+        self.kinds: list[int] = []
+        self.record_of: list[int] = []
 
-    def append(self, layer: str, excluded: bool, storage_nbytes: int) -> None:
+    def append(
+        self,
+        layer: str,
+        excluded: bool,
+        storage_nbytes: int,
+        *,
+        tensor_bytes: int = -1,
+        group: int | None = None,
+        record_bytes: int = 0,
+        kind: int = PINNED,
+        record_of: int | None = None,
+    ) -> None:
+        ordinal = len(self.sizes)
         self.layers.append(layer)
         self.excluded.append(excluded)
         self.sizes.append(storage_nbytes)
-
-    def matches(self, ordinal: int, storage_nbytes: int) -> bool:
-        return ordinal < len(self.sizes) and self.sizes[ordinal] == storage_nbytes
+        self.tensor_bytes.append(tensor_bytes)
+        self.groups.append(ordinal if group is None else group)
+        self.record_bytes.append(record_bytes)
+        self.kinds.append(kind)
+        self.record_of.append(ordinal if record_of is None else record_of)
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -35,6 +35,9 @@ class Runtime(Protocol):
 
     device: torch.device
     pin_memory: bool
+    timing: bool
+    """Whether waits on copies are timed now: the engine sets it for hooked (profiling and
+    refining) passes only, so that a steady-state step records no timing events."""
 
     def record_compute(self) -> StreamEvent:
         """An event after the compute work issued so far."""
@@ -100,6 +103,7 @@ class HostCopyRuntime:
 
     def __init__(self) -> None:
         self._waited = 0.0
+        self.timing = True  # copies are timed with the CPU's clock either way (no events)
 
     def record_compute(self) -> StreamEvent:
         return None
@@ -147,7 +151,8 @@ class CudaRuntime:
     allocation; a block the copy stream read or wrote is dropped only after compute waited on
     the copy's event (the engine's job), so no ``record_stream`` is needed. Waits on copies
     in are timed with two events around ``wait_event``, read one collection late so that the
-    CPU never waits for the device.
+    CPU never waits for the device. Only while :attr:`timing` is set (hooked passes): in
+    steady state a copy in read costs one ``wait_event`` and nothing is read back.
 
     Example:
         >>> runtime = CudaRuntime(torch.device("cuda", 0))  # doctest: +SKIP
@@ -158,6 +163,7 @@ class CudaRuntime:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self.timing = True
         self._probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._last_probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -201,6 +207,9 @@ class CudaRuntime:
             return
         assert isinstance(ready, torch.cuda.Event)
         compute = self._compute()
+        if not self.timing:
+            compute.wait_event(ready)
+            return
         before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)

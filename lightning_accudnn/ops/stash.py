@@ -137,6 +137,8 @@ class StorageRecord:
         "released",
         "aborted",
         "on_last_handle",
+        "ordinal",
+        "kind",
     )
 
     def __init__(
@@ -174,6 +176,8 @@ class StorageRecord:
         self.released = False
         self.aborted = False
         self.on_last_handle = on_last_handle
+        self.ordinal = -1  # of the save that opened it in its step
+        self.kind = 0  # what it is to the plan (``layers.SWAPPABLE``, ``SMALL``, ``PINNED``)
 
     def serves(self, root: torch.Tensor, start: int, end: int) -> bool:
         """Whether a save of these bytes of ``root`` now would read exactly what this record holds."""
@@ -200,6 +204,23 @@ def record_extent(
     root_start, root_end = (start, end) if root is tensor else byte_extent(root)
     start = min(start, root_start) // _ALIGN * _ALIGN
     return start, min(max(end, root_end), storage_nbytes)
+
+
+def modified_in_place_error(
+    dtype: torch.dtype, shape: torch.Size, version: int, expected: int
+) -> RuntimeError:
+    """The error plain autograd raises when a saved tensor was changed in place since it was saved.
+
+    Example:
+        >>> str(modified_in_place_error(torch.float32, torch.Size([2]), 1, 0)).split(":")[0]
+        'one of the variables needed for gradient computation has been modified by an inplace operation'
+    """
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: [{dtype} {list(shape)}] is at version {version}; expected version "
+        f"{expected} instead. Hint: enable anomaly detection to find the operation that "
+        "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True)."
+    )
 
 
 class SavedTensor:
@@ -260,12 +281,7 @@ class SavedTensor:
             current = self.record.root()
             dtype, shape = self.dtype, self.shape
         if current is not None and current._version != self.version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: [{dtype} {list(shape)}] is at version {current._version}; expected version "
-                f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
-                "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True)."
-            )
+            raise modified_in_place_error(dtype, shape, current._version, self.version)
 
     def rebuild(self, device_bytes: torch.Tensor, start: int) -> torch.Tensor:
         """The saved view over ``device_bytes``, which hold the storage's bytes from ``start`` on."""

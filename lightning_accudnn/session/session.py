@@ -506,9 +506,12 @@ class OffloadSession:
         if step.sequence is not None:
             self._sequences[key] = step.sequence
             self._links.pop(key, None)
-        # Autocast's weight copies (kept, never swapped) are model state: the pass's own count
-        # replaces the one its static bytes started from.
+        # Autocast's weight copies (kept, never swapped) are model state: a hooked pass's own count
+        # replaces the one its static bytes started from (a replayed pass leaves them to autograd
+        # unlooked-at, as its profiled pass found them: that count stands).
         copies = self.engine.weight_copies.take()
+        if step.sequence is None:
+            copies = self._weight_copy_bytes.get(key, 0)
         static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(key, 0) + copies
         self._weight_copy_bytes[key] = copies
         profile = self._profile_from(step, key, static_bytes)

@@ -96,6 +96,7 @@ class SimulatedGPU:
 
     device = torch.device("cpu")
     pin_memory = False
+    timing = False  # nothing to time: its clocks are op counts
 
     def __init__(
         self, lag: int | None = 0, seed: int | None = None, capacity_bytes: int | None = None

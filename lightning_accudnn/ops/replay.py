@@ -1,0 +1,116 @@
+"""A profiled save sequence compiled against a schedule: which saves take the kept fast path.
+
+In a pass replayed by ordinal the engine needs no record for a saved tensor that the plan
+keeps: autograd holds the tensor, and the engine counts its storage's bytes by address. A
+save may take that path when no save of its storage (its *group*: the saves of the step
+at the same storage address in the profiled pass) opened a record that the schedule swaps;
+the others go through the engine's records as in a profiled pass.
+
+The layer figures a replayed pass reports come from the same data: the fast saves' records
+are those of the profiled pass (same graph, same saves), added to what the recorded saves
+measured now.
+"""
+
+from __future__ import annotations
+
+from lightning_accudnn.ops.layers import FILTERED, REUSED, SWAPPABLE, SaveSequence
+from lightning_accudnn.ops.schedule import SwapSchedule
+
+#: What a replayed pass does at an ordinal (:attr:`ReplayRoute.actions`): hand the tensor back
+#: to autograd untouched (no activation when profiled),
+LEAVE = 0
+#: keep it and count its storage (the storage's first save),
+KEEP_NEW = 1
+#: keep it, its storage counted already (saved again),
+KEEP_AGAIN = 2
+#: or save it through the engine's records (its storage is swapped, in part or whole).
+RECORD = 3
+
+
+class ReplayRoute:
+    """Per ordinal of ``sequence``: what a replayed pass does with the save under ``schedule``.
+
+    Example:
+        >>> sequence = SaveSequence()
+        >>> sequence.append("a", False, 64, kind=SWAPPABLE, record_bytes=64)
+        >>> sequence.append("a", False, 0, kind=FILTERED)
+        >>> sequence.append("b", False, 64, kind=SWAPPABLE, record_bytes=64)
+        >>> sequence.append("b", False, 64, group=2, kind=REUSED, record_of=2)
+        >>> route = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b"]))
+        >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD]
+        True
+        >>> route.layer_bytes(len(route))
+        ({'a': 64}, {'a': 64})
+    """
+
+    __slots__ = ("sequence", "schedule", "fast", "actions", "_totals", "_order")
+
+    def __init__(self, sequence: SaveSequence, schedule: SwapSchedule) -> None:
+        self.sequence = sequence
+        self.schedule = schedule
+        swapped_groups = {
+            group
+            for group, kind, layer in zip(sequence.groups, sequence.kinds, sequence.layers, strict=True)
+            if kind == SWAPPABLE and schedule.swaps(layer)
+        }
+        self.fast = [group not in swapped_groups for group in sequence.groups]
+        self.actions = [
+            _action(ordinal, kind, fast, group)
+            for ordinal, (kind, fast, group) in enumerate(
+                zip(sequence.kinds, self.fast, sequence.groups, strict=True)
+            )
+        ]
+        self._totals: tuple[dict[str, int], dict[str, int]] | None = None
+        self._order: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.fast)
+
+    def compiled_for(self, sequence: SaveSequence, schedule: SwapSchedule) -> bool:
+        """Whether this route is the one for ``sequence`` under ``schedule``."""
+        return sequence is self.sequence and schedule == self.schedule
+
+    def layer_bytes(self, end: int) -> tuple[dict[str, int], dict[str, int]]:
+        """Saved and swappable bytes per layer of the records the fast saves before ordinal
+        ``end`` opened in the profiled pass (what the engine's records would have counted).
+        Shared: not to be changed by the caller."""
+        if end == len(self) and self._totals is not None:
+            return self._totals
+        saved: dict[str, int] = {}
+        swappable: dict[str, int] = {}
+        sequence = self.sequence
+        for ordinal in range(end):
+            kind = sequence.kinds[ordinal]
+            if not self.fast[ordinal] or kind in (REUSED, FILTERED):
+                continue
+            layer, nbytes = sequence.layers[ordinal], sequence.record_bytes[ordinal]
+            saved[layer] = saved.get(layer, 0) + nbytes
+            if kind == SWAPPABLE:
+                swappable[layer] = swappable.get(layer, 0) + nbytes
+        if end == len(self):
+            self._totals = (saved, swappable)
+        return saved, swappable
+
+    def first_records(self, end: int) -> list[str]:
+        """The layers that opened records before ordinal ``end`` in the profiled pass, in order."""
+        if end == len(self) and self._order is not None:
+            return self._order
+        sequence = self.sequence
+        order = list(
+            dict.fromkeys(
+                sequence.layers[ordinal]
+                for ordinal in range(end)
+                if sequence.kinds[ordinal] != REUSED and sequence.kinds[ordinal] != FILTERED
+            )
+        )
+        if end == len(self):
+            self._order = order
+        return order
+
+
+def _action(ordinal: int, kind: int, fast: bool, group: int) -> int:
+    if kind == FILTERED:
+        return LEAVE
+    if not fast:
+        return RECORD
+    return KEEP_NEW if group == ordinal else KEEP_AGAIN

@@ -29,7 +29,7 @@ from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
-from lightning_accudnn.session.compiled import refuse_compiled
+from lightning_accudnn.session.compiled import refuse_whole_model_compile
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
 from lightning_accudnn.session.device import device_memory, require_available
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
@@ -276,10 +276,10 @@ class OffloadSession:
 
     def check_model(self, model: nn.Module) -> None:
         """Refuse what cannot train under the session, before training: ``keep_on_device``
-        patterns matching no module, and ``torch.compile``'d modules."""
+        patterns matching no module, and a model compiled whole (regional compilation is fine)."""
         if id(model) in self._checked_models:
             return
-        refuse_compiled(model)
+        refuse_whole_model_compile(model, self.config.keep_on_device)
         check_keep_on_device(self.config.keep_on_device, model)
         self._checked_models.add(id(model))
 

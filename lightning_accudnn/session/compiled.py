@@ -18,12 +18,14 @@ from collections.abc import Iterable
 from torch import nn
 
 from lightning_accudnn.ops.compiled_blocks import compiled_in_place, is_compiled_wrapper
+from lightning_accudnn.planner.plan import ROUTE_EAGER, ROUTE_REGIONAL
 
 __all__ = [
     "CompiledModelError",
     "compiled_blocks",
     "refusal_message",
     "refuse_whole_model_compile",
+    "route_of",
     "whole_model_form",
 ]
 
@@ -81,6 +83,20 @@ def compiled_blocks(model: nn.Module) -> tuple[str, ...]:
         if is_compiled_wrapper(module) or compiled_in_place(module):
             blocks.append(name)
     return tuple(blocks)
+
+
+def route_of(model: nn.Module) -> str:
+    """How the plan applies to ``model`` (a model compiled whole is refused before this is asked).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        >>> route_of(model)
+        'eager, per layer'
+        >>> model[0].compile()
+        >>> route_of(model)
+        'regional compile, per compiled block'
+    """
+    return ROUTE_REGIONAL if compiled_blocks(model) else ROUTE_EAGER
 
 
 def refusal_message(form: str) -> str:

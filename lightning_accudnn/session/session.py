@@ -24,12 +24,12 @@ from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import host_link
 from lightning_accudnn.planner.coordination import RankCoordinator
-from lightning_accudnn.planner.plan import plan_swaps
+from lightning_accudnn.planner.plan import ROUTE_EAGER, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
-from lightning_accudnn.session.compiled import refuse_whole_model_compile
+from lightning_accudnn.session.compiled import refuse_whole_model_compile, route_of
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
 from lightning_accudnn.session.device import device_memory, require_available
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
@@ -159,6 +159,7 @@ class OffloadSession:
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
         self._checked_models: set[int] = set()
+        self._routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
         # Steady state (the hot path): each pass kind's save sequence, replayed by ordinal with
         # no module hooks, and the model-state bytes, recomputed only when they may change.
         self._sequences: dict[PassKey, SaveSequence] = {}
@@ -281,6 +282,7 @@ class OffloadSession:
             return
         refuse_whole_model_compile(model, self.config.keep_on_device)
         check_keep_on_device(self.config.keep_on_device, model)
+        self._routes[id(model)] = route_of(model)
         self._checked_models.add(id(model))
 
     @contextmanager
@@ -506,7 +508,8 @@ class OffloadSession:
         """The fastest plan under the budget. The planner's smallest budget does not depend on
         the budget asked or on the timings, so a budget an error named always plans."""
         budget = self.budget_bytes
-        plan = plan_swaps(profile, budget, self.reserve_bytes)
+        route = self._routes.get(key.model, ROUTE_EAGER)
+        plan = replace(plan_swaps(profile, budget, self.reserve_bytes), route=route)
         host_limit = self.engine.pool.capacity_bytes
         if plan.swapped_bytes > host_limit:
             raise HostMemoryExceeded(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_accudnn.planner.plan import ROUTE_REGIONAL
 from lightning_accudnn.profile import ROOT_LAYER
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.compile.helpers import (
@@ -69,3 +70,4 @@ def test_regional_compile_trains_bitwise_equal_with_one_layer_per_block_compiled
         layers
     )  # nothing inside a block
     assert session.plan.swapped_layers & {"blocks.0", "blocks.1"}, "the plan should swap a compiled block"
+    assert session.plan.route == ROUTE_REGIONAL and f"route: {ROUTE_REGIONAL}" in str(session.plan)

@@ -12,6 +12,11 @@ module hook added or removed between passes recompiles the block):
   ``nn.Module.__call__`` calls from eager code.
 
 Modules inside a compiled block are never hooked.
+
+Recomputation (the plan's third choice) of a compiled block is not wired here: a compiled
+block recomputes as a whole, by running its call under non-reentrant checkpointing from the
+same boundary (the wrapper's call, or the in-place block's ``_compiled_call_impl``, as
+:func:`wrap_compiled_call` does), never by wrapping a module inside it.
 """
 
 from __future__ import annotations

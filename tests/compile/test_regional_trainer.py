@@ -35,6 +35,19 @@ def _loader():
     return torch.utils.data.DataLoader(batches(STEPS), batch_size=None)
 
 
+def _end_process_group() -> None:
+    """DDP in this process leaves its (one-rank) process group behind: end it, or the spawned
+    DDP tests that run later in this process find one already initialised."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    yield
+    _end_process_group()
+
+
 @pytest.fixture(scope="module")
 def plain_weights():
     """Initial weights, and the weights plain Lightning (one device; DDP in one process) trains."""
@@ -45,6 +58,7 @@ def plain_weights():
         module = CompiledClassifier()
         module.load_state_dict(initial)
         trainer_for(strategy, max_steps=STEPS).fit(module, _loader())
+        _end_process_group()
         trained[kind] = module.state_dict()
     return initial, trained
 

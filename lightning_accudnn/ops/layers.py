@@ -4,7 +4,9 @@ A *layer* is one call of a module, named by its qualified name in the model. A m
 called several times in one forward (torchvision's ``Bottleneck.relu`` is called three
 times) gives ``"layer1.0.relu"``, ``"layer1.0.relu#2"``, ``"layer1.0.relu#3"``. Work done
 outside every submodule (the loss in ``training_step``) belongs to :data:`ROOT_LAYER`.
-The innermost running module owns the tensors saved while it runs.
+The innermost running module owns the tensors saved while it runs. A compiled block
+(regional ``torch.compile``) is one layer: it is observed from outside its compiled region
+and the modules inside it are not hooked (see :mod:`.compiled_blocks`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from lightning_accudnn.ops.compiled_blocks import (
+    CallWrapHandle,
+    compiled_in_place,
+    is_compiled_wrapper,
+    wrap_compiled_call,
+)
 from lightning_accudnn.profile import ROOT_LAYER
 
 #: What a save did in the profiled pass (:attr:`SaveSequence.kinds`): reused an earlier record,
@@ -60,19 +69,32 @@ class LayerTracker:
     order: list[str] = field(default_factory=list)
     _stack: list[_Frame] = field(default_factory=list)
     _calls: dict[str, int] = field(default_factory=dict)
-    _handles: list[RemovableHandle] = field(default_factory=list)
+    _handles: list[RemovableHandle | CallWrapHandle] = field(default_factory=list)
 
     def attach(self, model: nn.Module) -> None:
-        """Hook every submodule of ``model`` and start a fresh forward."""
+        """Hook every submodule of ``model`` that runs outside compiled code, and start a fresh forward.
+
+        A compiled block is hooked at its boundary; the modules inside it are not."""
         self.detach()
         self.reset()
         patterns = tuple(self.exclude)
+        compiled: list[str] = []  # prefixes of compiled blocks seen so far
         for name, module in model.named_modules():
+            if any(name.startswith(prefix) for prefix in compiled):
+                continue
+            if is_compiled_wrapper(module) or compiled_in_place(module):
+                compiled.append(f"{name}." if name else "")
             if not name:
                 continue
             excluded = any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
-            self._handles.append(module.register_forward_pre_hook(self._make_enter(name, excluded)))
-            self._handles.append(module.register_forward_hook(self._make_exit(name), always_call=True))
+            enter, exit_ = self._make_enter(name, excluded), self._make_exit(name)
+            if compiled_in_place(module):  # its own hooks run inside the compiled code: wrap the call
+                self._handles.append(
+                    wrap_compiled_call(module, partial(enter, module, ()), partial(exit_, module, (), None))
+                )
+            else:
+                self._handles.append(module.register_forward_pre_hook(enter))
+                self._handles.append(module.register_forward_hook(exit_, always_call=True))
 
     def detach(self) -> None:
         """Remove every hook this tracker installed."""

@@ -146,6 +146,15 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:
     )
 
 
+#: Which route a model's plan is applied by (``Plan.route``): hooks per layer, per compiled block, or
+#: tags in the partitioner of a model compiled whole (experimental).
+ROUTE_EAGER, ROUTE_REGIONAL, ROUTE_WHOLE_MODEL = (
+    "eager, per layer",
+    "regional compile, per compiled block",
+    "whole-model compile, in the partitioner (experimental)",
+)
+
+
 @dataclass(frozen=True)
 class Plan:
     """Which layers swap, how far to prefetch, and what the performance model predicts.
@@ -176,6 +185,7 @@ class Plan:
     search: str = "exhaustive"
     max_copying_out_bytes: int | None = None
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
+    route: str = ROUTE_EAGER
 
     @property
     def bound_ratio(self) -> float:
@@ -225,7 +235,8 @@ class Plan:
             f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms, lower bound "
             f"{self.lower_bound_seconds * 1e3:.3f} ms, bound ratio {self.bound_ratio:.3f}",
             f"swapped {swapped_text}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
-            f"compute waits {self.compute_wait_seconds * 1e3:.3f} ms ({self.search} search)",
+            f"compute waits {self.compute_wait_seconds * 1e3:.3f} ms ({self.search} search); "
+            f"route: {self.route}",
         ]
         if self.timeline is not None:
             lines.append(f"peak at {self.timeline.peak_cause}")
@@ -254,6 +265,7 @@ class Plan:
             "prefetch_window_bytes": self.prefetch_window_bytes,
             "swapped_bytes": self.swapped_bytes,
             "search": self.search,
+            "route": self.route,
             "static_bytes": profile.static_bytes,
             "d2h_bytes_per_second": _finite_or_none(profile.d2h_bytes_per_second),
             "h2d_bytes_per_second": _finite_or_none(profile.h2d_bytes_per_second),

@@ -7,13 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 __all__ = [
-    "compiled_in_place",
     "copy_all",
     "default_store",
-    "is_compiled_wrapper",
     "run_when_backward_ends",
     "tensor_leaves",
 ]
@@ -35,17 +32,6 @@ def tensor_leaves(tree: Any) -> list[torch.Tensor]:
 
     leaves, _ = tree_flatten(tree)
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-
-
-def is_compiled_wrapper(module: nn.Module) -> bool:
-    """True when ``module`` is the wrapper ``torch.compile(module)`` returns (``OptimizedModule``)."""
-    compiled = getattr(torch._dynamo, "OptimizedModule", None)
-    return compiled is not None and isinstance(module, compiled)
-
-
-def compiled_in_place(module: nn.Module) -> bool:
-    """True when ``module.compile()`` was called (``nn.Module._compiled_call_impl`` is set)."""
-    return getattr(module, "_compiled_call_impl", None) is not None
 
 
 def copy_all(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:

@@ -24,12 +24,12 @@ from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
 from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
-from lightning_accudnn.planner.plan import HostLimitTooSmallError, plan_swaps
+from lightning_accudnn.planner.plan import ROUTE_EAGER, HostLimitTooSmallError, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
-from lightning_accudnn.session.compiled import refuse_compiled
+from lightning_accudnn.session.compiled import refuse_whole_model_compile, route_of
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
 from lightning_accudnn.session.device import device_memory, require_available
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
@@ -181,6 +181,7 @@ class OffloadSession:
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
         self._checked_models: set[int] = set()
+        self._routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
         # Steady state (the hot path): each pass kind's save sequence, replayed by ordinal with
         # no module hooks, and the model-state bytes, recomputed only when they may change.
         self._sequences: dict[PassKey, SaveSequence] = {}
@@ -308,11 +309,12 @@ class OffloadSession:
 
     def check_model(self, model: nn.Module) -> None:
         """Refuse what cannot train under the session, before training: ``keep_on_device``
-        patterns matching no module, and ``torch.compile``'d modules."""
+        patterns matching no module, and a model compiled whole (regional compilation is fine)."""
         if id(model) in self._checked_models:
             return
-        refuse_compiled(model)
+        refuse_whole_model_compile(model, self.config.keep_on_device)
         check_keep_on_device(self.config.keep_on_device, model)
+        self._routes[id(model)] = route_of(model)
         self._checked_models.add(id(model))
 
     @contextmanager
@@ -597,6 +599,7 @@ class OffloadSession:
             )
         except HostLimitTooSmallError as error:
             raise HostMemoryExceeded(str(error)) from error
+        plan = replace(plan, route=self._routes.get(key.model, ROUTE_EAGER))
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(
             f"accudnn plan{which}: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "

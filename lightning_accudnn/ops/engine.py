@@ -156,6 +156,9 @@ class _StepState:
         self.layer_saved: dict[str, int] = {}
         self.layer_swappable: dict[str, int] = {}
         self.layer_small: dict[str, list[int]] = {}  # sizes kept only for being below min_swap_bytes
+        # Hooked pass: per record saved again by another layer, the saving layer (by its index in
+        # ``layer_saved``) from whose backward on the record is needed: the last re-save's.
+        self.resaved_from: dict[StorageRecord, int] = {}
 
 
 class OffloadEngine:
@@ -407,6 +410,7 @@ class OffloadEngine:
             forward[last_saving] += rest
         total_forward = sum(forward.values())
         backward = self.timer.backward_seconds()
+        resaved = self._resaved_by(step)
         return tuple(
             LayerProfile(
                 name,
@@ -415,6 +419,7 @@ class OffloadEngine:
                 forward_seconds=forward[name],
                 backward_seconds=backward * forward[name] / total_forward if total_forward > 0 else 0.0,
                 small_storages=tuple(step.layer_small.get(name, ())),
+                resaved_by=tuple(resaved.get(name, {}).items()),
             )
             for name in forward
         )
@@ -590,6 +595,8 @@ class OffloadEngine:
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
                 record.last_save = ordinal + 1
+                if self._recording is not None and record.swappable:
+                    self._note_resave(step, record, layer)
                 return SavedTensor(record, tensor), record, False
         record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)
         entry.records.append(record)
@@ -598,6 +605,26 @@ class OffloadEngine:
         else:
             self._hold_found(record.source_block)
         return SavedTensor(record, tensor), record, True
+
+    @staticmethod
+    def _note_resave(step: _StepState, record: StorageRecord, layer: str) -> None:
+        """``layer`` saves ``record`` again. Its bytes are then needed from the start of the
+        backward of ``layer``, or, if ``layer`` saves nothing of its own, of the next layer that
+        does (its backward starts earlier: counting from there errs on the safe side)."""
+        saving = list(step.layer_saved)
+        step.resaved_from[record] = saving.index(layer) if layer in step.layer_saved else len(saving)
+
+    def _resaved_by(self, step: _StepState) -> dict[str, dict[str, int]]:
+        """Per saving layer, the bytes of its swappable records saved again, under the layer
+        (of the profile) from whose backward on they are needed (:attr:`LayerProfile.resaved_by`)."""
+        saving = list(step.layer_saved)
+        resaved: dict[str, dict[str, int]] = {}
+        for record, index in step.resaved_from.items():
+            later = saving[min(index, len(saving) - 1)]
+            if later != record.layer and not record.read_in_forward:
+                per_layer = resaved.setdefault(record.layer, {})
+                per_layer[later] = per_layer.get(later, 0) + record.nbytes
+        return resaved
 
     def _unpack(self, packed: object) -> torch.Tensor:
         if type(packed) is tuple:

@@ -649,11 +649,17 @@ def host_total_bytes() -> int:
 def _with_times_of(
     layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
 ) -> tuple[LayerProfile, ...]:
-    """The layers of an untimed pass with the times an earlier, timed pass of it measured."""
-    seconds = {layer.name: (layer.forward_seconds, layer.backward_seconds) for layer in timed}
+    """The layers of an untimed pass with the times, and the re-saves, an earlier, timed pass
+    of it measured (a pass replayed by ordinal sees neither)."""
+    by_name = {layer.name: layer for layer in timed}
     return tuple(
-        replace(layer, forward_seconds=seconds[layer.name][0], backward_seconds=seconds[layer.name][1])
-        if layer.name in seconds
+        replace(
+            layer,
+            forward_seconds=by_name[layer.name].forward_seconds,
+            backward_seconds=by_name[layer.name].backward_seconds,
+            resaved_by=by_name[layer.name].resaved_by,
+        )
+        if layer.name in by_name
         else layer
         for layer in layers
     )

@@ -43,7 +43,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from lightning_accudnn.planner.plan import Plan
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import LayerProfile, StepProfile
 
 __all__ = ["DEFAULT_MAX_GROWTH", "ShapeRatio", "fit_growth", "plan_covers", "scale_profile", "shape_ratio"]
@@ -253,5 +252,4 @@ def plan_covers(plan: Plan, profile: StepProfile) -> bool:
     """
     if [layer.name for layer in plan.profile.layers] != [layer.name for layer in profile.layers]:
         return False
-    choice = PlanChoice(plan.swap, plan.prefetch_window_bytes, plan.max_copying_out_bytes)
-    return Simulator(profile).peak_bytes(choice) <= plan.predicted_peak_bytes
+    return plan.peak_bytes_on(profile) <= plan.predicted_peak_bytes

@@ -94,25 +94,29 @@ forward_seconds=0.0, backward_seconds=0.0)
 
 @dataclass(frozen=True)
 class SegmentProfile:
-    """A module invocation the plan may recompute: its qualified name and its inputs' bytes.
+    """A module invocation the plan may recompute: its qualified name, its inputs' and outputs' bytes.
 
     A recomputed segment runs under non-reentrant checkpointing: in forward only its tensor
     inputs are saved (``input_bytes``, the sum of their distinct storages), and its forward
-    runs again in backward. The segment covers the profile's layers named ``name`` or
-    ``name.<anything>`` (which must be consecutive in the profile). Only modules called once
+    runs again in backward. ``output_bytes`` (distinct storages of its tensor outputs that
+    are not inputs) is what a later layer may save first once the segment saves nothing.
+    The segment covers the profile's layers named ``name`` or ``name.<anything>`` (which must be consecutive in the profile). Only modules called once
     per pass and not already under someone else's checkpointing are listed.
 
     Example:
-        >>> SegmentProfile("layer1.0", input_bytes=802_816)
-        SegmentProfile(name='layer1.0', input_bytes=802816)
+        >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)
+        SegmentProfile(name='layer1.0', input_bytes=802816, output_bytes=802816)
     """
 
     name: str
     input_bytes: int
+    output_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if not self.name or self.input_bytes < 0:
-            raise ValueError(f"a segment needs a module name and input_bytes >= 0, got {self!r}")
+        if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
+            raise ValueError(
+                f"a segment needs a module name and input_bytes, output_bytes >= 0, got {self!r}"
+            )
 
     def covers(self, layer_name: str) -> bool:
         """Whether the profile layer ``layer_name`` runs inside this segment.

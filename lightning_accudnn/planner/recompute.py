@@ -15,9 +15,12 @@ engine's ledger and on the device, never below either):
 * the segment layer holds ``input_bytes`` from its forward to the end of its backward, even
   when an input's storage was saved before (the engine then deduplicates it);
 * a storage first saved inside a recomputed segment and saved again by a later layer ``p``
-  (``LayerProfile.resaved_by``) is, under recomputation, first saved by the engine at or
-  after the first layer following the segment: it is counted as resident bytes of that
-  layer (from its forward to the end of its backward, which covers every later first save);
+  (``LayerProfile.resaved_by``), or one of the segment's outputs
+  (``SegmentProfile.output_bytes``: profiles measured by the engine do not list re-saves),
+  is, under recomputation, first saved by the engine at or after the first layer following
+  the segment: it is counted as resident bytes of that layer (from its forward to the end
+  of its backward, which covers every later first save; an output that is the next
+  segment's input is so counted twice);
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
   the segment layer (the latest position its last save can have).
 
@@ -62,6 +65,7 @@ class SegmentSpan:
     input_bytes: int
     saved_bytes: int
     forward_seconds: float
+    output_bytes: int = 0
 
     @property
     def freed_bytes(self) -> int:
@@ -101,6 +105,7 @@ def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
             segment.input_bytes,
             sum(layers[i].saved_bytes for i in covered),
             sum(layers[i].forward_seconds for i in covered),
+            segment.output_bytes,
         )
         if span.freed_bytes <= 0:
             continue
@@ -175,6 +180,9 @@ def recomputed_profile(
                 resaves[group][name] = resaves[group].get(name, 0) + nbytes
             elif group + 1 < len(groups):  # first saved by the engine at or after the next layer
                 extra_resident[group + 1] += nbytes
+    for g, (_, _, span) in enumerate(groups):
+        if span is not None and g + 1 < len(groups):
+            extra_resident[g + 1] += span.output_bytes
     new_layers = []
     transient = []
     for g, (name, indices, span) in enumerate(groups):

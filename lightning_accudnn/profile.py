@@ -100,8 +100,9 @@ class SegmentProfile:
     inputs are saved (``input_bytes``, the sum of their distinct storages), and its forward
     runs again in backward. ``output_bytes`` (distinct storages of its tensor outputs that
     are not inputs) is what a later layer may save first once the segment saves nothing.
-    The segment covers the profile's layers named ``name`` or ``name.<anything>`` (which must be consecutive in the profile). Only modules called once
-    per pass and not already under someone else's checkpointing are listed.
+    The segment covers the profile's layers named ``name`` or ``name.<anything>`` (which
+    must be consecutive in the profile). Only modules called once per pass and not already
+    under someone else's checkpointing are listed.
 
     Example:
         >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)

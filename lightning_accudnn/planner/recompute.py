@@ -75,6 +75,10 @@ class SegmentSpan:
     def overlaps(self, other: SegmentSpan) -> bool:
         return self.first <= other.last and other.first <= self.last
 
+    def holds(self, other: SegmentSpan) -> bool:
+        """Whether ``other`` lies within this span."""
+        return self.first <= other.first and other.last <= self.last
+
 
 def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
     """The profile's segments worth recomputing, in forward order (outer before inner).

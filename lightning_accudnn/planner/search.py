@@ -344,8 +344,9 @@ def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]
     candidates' bytes only (never on timings), so the smallest budget does not either.
 
     Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset. Beyond: the
-    candidates that free the most bytes first, taken greedily without overlap, and the
-    prefixes of that order of length 0, 1, 2, 4, ... and all.
+    candidates that save the fewest bytes first (the smallest transient in backward: blocks
+    before the stages that hold them), taken greedily without overlap, and the prefixes of
+    that order of length 0, 1, 2, 4, ... and all.
 
     Example:
         >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
@@ -359,12 +360,13 @@ def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]
             if all(not a.overlaps(b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]):
                 sets.append(chosen)
         return sets
-    return _prefixes(spans, lambda span: -span.freed_bytes)
+    return _prefixes(spans, lambda span: span.saved_bytes)
 
 
 def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
     """More sets worth timing when the candidates are too many for every subset: prefixes of
-    the candidates that free the most bytes per second of forward (the cheapest to recompute).
+    the candidates that free the most bytes per second of forward (the cheapest to recompute),
+    among those that save no more than the largest candidate holding no other.
 
     Example:
         >>> faster_recompute_sets([SegmentSpan("a", 0, 1, 0, 10, 1.0)])
@@ -372,7 +374,12 @@ def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpa
     """
     if len(spans) <= EXACT_MAX_SEGMENTS:
         return []
-    return _prefixes(spans, lambda span: -span.freed_bytes / max(span.forward_seconds, 1e-12))
+    innermost = [
+        span for span in spans if not any(other is not span and span.holds(other) for other in spans)
+    ]
+    largest = max(span.saved_bytes for span in innermost)
+    small = [span for span in spans if span.saved_bytes <= largest]
+    return _prefixes(small, lambda span: -span.freed_bytes / max(span.forward_seconds, 1e-12))
 
 
 def _prefixes(

@@ -280,7 +280,7 @@ class OffloadSession:
         self._backward_end.remove()
         self.engine.abort_step()
         self._probe.detach()
-        self.recomputer.enabled = False
+        self.recomputer.remove()  # the next pass installs its plan's segments again
         self._pass = None
 
     def check_model(self, model: nn.Module) -> None:

@@ -276,7 +276,7 @@ def fill_lower_bound(row: ResultRow, source: str, profile: StepProfile, device: 
     else:
         row.lower_bound_source = "none on CPU: this row's peak is a resident-set delta, not ledger bytes"
         return
-    row.lower_bound_seconds = lower_bound_seconds(profile, budget)
+    row.lower_bound_seconds = lower_bound_seconds(profile, budget, "auto")
     if row.lower_bound_seconds > 0:
         row.bound_ratio = row.median_fwd_bwd_seconds / row.lower_bound_seconds
 
@@ -299,7 +299,7 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
     plan = technique.plan
     if plan is None:
         return
-    row.lower_bound_seconds = lower_bound_seconds(plan.profile, plan.budget_bytes)
+    row.lower_bound_seconds = lower_bound_seconds(plan.profile, plan.budget_bytes, plan.policy)
     row.lower_bound_source = "profile measured by this row, its budget"
     row.plan = {
         "swapped_layers": len(plan.swapped_layers),

@@ -82,13 +82,18 @@ def _rounded_up(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:
-    """Physical lower bound on the step time under ``budget_bytes`` (DESIGN.md), swapping only.
+def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "swap") -> float:
+    """Physical lower bound on the step time under ``budget_bytes`` (DESIGN.md).
 
-    ``X = max(0, unconstrained peak - budget)`` bytes must leave the device in forward and
-    come back in backward: ``LB = max(T_fwd, X / bw_out) + max(T_bwd, X / bw_in)``. It
-    assumes every byte over the budget is swapped (none recomputed) and copies overlap
-    compute perfectly; a plan that recomputes may beat it (a bound ratio below 1).
+    ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
+    ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
+    (copies hidden perfectly behind compute); recomputing frees the rest, ``y = X - x``, at
+    the least forward time that frees ``y`` bytes, ``R(y)`` (the profile's segments by forward
+    seconds per freed byte, fractionally), added to the backward:
+    ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
+    ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
+    ``x = 0`` under ``"recompute"``. It ignores the transient a recomputed segment holds and
+    the bytes a plan cannot move, so every plan is at least this slow.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -97,15 +102,49 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:
         >>> lower_bound_seconds(profile, budget_bytes=200)  # X = 300: max(1, 3) + max(2, 6)
         9.0
     """
+    check_policy(policy)
     excess = max(0, profile.unconstrained_peak_bytes - budget_bytes)
-    forward = sum(layer.forward_seconds for layer in profile.layers)
-    backward = sum(layer.backward_seconds for layer in profile.layers)
+    forward = float(sum(layer.forward_seconds for layer in profile.layers))
+    backward = float(sum(layer.backward_seconds for layer in profile.layers))
     if excess == 0:
-        return float(forward + backward)
-    return float(
-        max(forward, excess / profile.d2h_bytes_per_second)
-        + max(backward, excess / profile.h2d_bytes_per_second)
-    )
+        return forward + backward
+
+    def bound(swapped: float) -> float:
+        recompute = _least_recompute_seconds(profile, excess - swapped)
+        return max(forward, swapped / profile.d2h_bytes_per_second) + max(
+            backward + recompute, swapped / profile.h2d_bytes_per_second
+        )
+
+    if policy == "swap":
+        return bound(excess)
+    if policy == "recompute":
+        return bound(0.0)
+    # Convex in the swapped bytes: a golden-section search finds the least value.
+    low, high = 0.0, float(excess)
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        left, right = high - ratio * (high - low), low + ratio * (high - low)
+        if bound(left) <= bound(right):
+            high = right
+        else:
+            low = left
+    return min(bound(low), bound(high), bound(0.0), bound(float(excess)))
+
+
+def _least_recompute_seconds(profile: StepProfile, freed: float) -> float:
+    """The least forward time run again that frees ``freed`` bytes (fractional segments;
+    ``inf`` when the segments cannot free that much)."""
+    if freed <= 0:
+        return 0.0
+    spans = sorted(candidate_spans(profile), key=lambda span: span.forward_seconds / span.freed_bytes)
+    seconds = 0.0
+    for span in spans:
+        take = min(freed, span.freed_bytes)
+        seconds += span.forward_seconds * take / span.freed_bytes
+        freed -= take
+        if freed <= 0:
+            return seconds
+    return math.inf
 
 
 @dataclass(frozen=True)
@@ -116,7 +155,7 @@ class Plan:
     swapped); ``recomputed`` names the recomputed segments (``profile.segments``), whose
     layers the engine no longer sees: it sees ``step.profile``, with one layer per recomputed
     segment saving the segment's inputs (kept). ``lower_bound_seconds`` is the physical bound
-    for ``budget_bytes`` when swapping only (see :func:`lower_bound_seconds`; the reserve is
+    for ``budget_bytes`` under ``policy`` (see :func:`lower_bound_seconds`; the reserve is
     the planner's own margin, so its cost shows in ``bound_ratio``). ``min_budget_bytes`` is
     the smallest budget, reserve included, at which a plan exists under ``policy`` (see
     :func:`plan_swaps`). ``search`` says how the plan was found: ``"nothing to swap"``,
@@ -213,6 +252,13 @@ class Plan:
         """Predicted time the compute stream waits for copies in."""
         return self.timeline.compute_wait_seconds if self.timeline is not None else 0.0
 
+    def _bound_assumes(self) -> str:
+        moved = {"swap": "swapped", "recompute": "recomputed"}.get(self.policy, "swapped or recomputed")
+        return (
+            f"bytes over the budget {moved} at no cost but copy time hidden behind compute and "
+            "recomputed forward time; no transient"
+        )
+
     def peak_bytes_on(self, profile: StepProfile) -> int:
         """The predicted peak of this plan's choices (recomputed segments, swapped layers,
         limit and window) on ``profile``, a profile of the same layers (another batch shape).
@@ -265,7 +311,7 @@ class Plan:
             f"{format_bytes(self.min_budget_bytes)})",
             f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms ({overhead} vs "
             f"{unconstrained * 1e3:.3f} ms unconstrained), lower bound "
-            f"{self.lower_bound_seconds * 1e3:.3f} ms (swapping only, copies hidden perfectly), "
+            f"{self.lower_bound_seconds * 1e3:.3f} ms ({self._bound_assumes()}), "
             f"bound ratio {self.bound_ratio:.3f}",
             f"swapped {swapped_text}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
             f"compute waits {self.compute_wait_seconds * 1e3:.3f} ms ({self.search} search)",
@@ -297,8 +343,7 @@ class Plan:
             "predicted_step_seconds": self.predicted_step_seconds,
             "unconstrained_seconds": self.unconstrained_seconds,
             "lower_bound_seconds": self.lower_bound_seconds,
-            "lower_bound_assumes": "every byte over the budget swapped (none recomputed), copies hidden "
-            "behind compute",
+            "lower_bound_assumes": self._bound_assumes(),
             "bound_ratio": _finite_or_none(self.bound_ratio),
             "compute_wait_seconds": self.compute_wait_seconds,
             "prefetch_window_bytes": self.prefetch_window_bytes,
@@ -399,7 +444,7 @@ def plan_swaps(
         reserve_bytes=reserve_bytes,
         predicted_peak_bytes=timeline.peak_bytes,
         predicted_step_seconds=timeline.step_seconds,
-        lower_bound_seconds=lower_bound_seconds(profile, budget_bytes),
+        lower_bound_seconds=lower_bound_seconds(profile, budget_bytes, policy),
         min_budget_bytes=min_budget,
         search=result.method,
         max_copying_out_bytes=choice.max_copying_out_bytes,

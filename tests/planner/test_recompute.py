@@ -44,6 +44,8 @@ def test_slow_link_fast_compute_the_hybrid_beats_swapping_alone():
     assert LayerChoice.RECOMPUTE in auto.choices
     assert "recompute" in str(auto) and auto.to_dict()["recomputed_segments"] == list(auto.recomputed)
     assert auto.recompute_seconds > 0
+    # the swap-only bound does not hold for a plan that recomputes; the policy's bound does
+    assert auto.lower_bound_seconds <= auto.predicted_step_seconds < swap.lower_bound_seconds
 
 
 def test_fast_link_chooses_swaps():
@@ -188,3 +190,4 @@ def test_equal_to_brute_force_on_small_instances(profile, fraction, policy):
     assert plan.predicted_step_seconds == pytest.approx(best, rel=1e-9, abs=1e-12)
     assert plan.predicted_peak_bytes <= budget
     assert plan.min_budget_bytes == least
+    assert plan.predicted_step_seconds >= plan.lower_bound_seconds * (1 - 1e-9)

@@ -346,7 +346,7 @@ def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]
     Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset. Beyond: the
     candidates that save the fewest bytes first (the smallest transient in backward: blocks
     before the stages that hold them), taken greedily without overlap, and the prefixes of
-    that order of length 0, 1, 2, 4, ... and all.
+    that order of length 0, 1, 4, 16, ... and all.
 
     Example:
         >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
@@ -390,7 +390,7 @@ def _prefixes(
     for i in order:
         if all(not spans[i].overlaps(other) for other in picked):
             picked.append(spans[i])
-    lengths = sorted({0, len(picked), *_powers_of_two(len(picked))})
+    lengths = sorted({0, len(picked), *_powers_of_two(len(picked))[::2]})  # 1, 4, 16, ...
     return [tuple(picked[:length]) for length in lengths]
 
 
@@ -399,9 +399,11 @@ def search_mixed(
 ) -> MixedResult:
     """The fastest plan with peak at most ``cap`` under ``policy`` (see :data:`POLICIES`).
 
-    Each recompute set of :func:`recompute_sets` is turned into the step the engine would see
-    and searched for its best keep/swap plan (:func:`search`); the fastest wins, then the one
-    that recomputes less, copies less, peaks lower, then the smaller window and limit.
+    Each recompute set searched is turned into the step the engine would see and searched for
+    its best keep/swap plan (:func:`search`); the fastest wins, then the one that recomputes
+    less, copies less, peaks lower, then the smaller window and limit. With few candidates
+    every set of :func:`recompute_sets` is searched; with many, recomputing nothing, the set of
+    :func:`recompute_sets` with the least peak, and :func:`faster_recompute_sets`.
     """
     check_policy(policy)
     spans = candidate_spans(profile) if policy != "swap" else ()
@@ -409,19 +411,26 @@ def search_mixed(
     best_step: RecomputedProfile | None = None
     best_key: tuple[float, float, int, int, int, int] | None = None
     least: int | None = None
-    exact = len(spans) <= EXACT_MAX_SEGMENTS
+    every_set = exact = len(spans) <= EXACT_MAX_SEGMENTS
+    swappable = policy != "recompute"
     bounding = recompute_sets(spans)
+    if every_set:
+        searched = bounding
+    else:  # the bytes-only set with the least peak (so the smallest budget plans), and timed sets
+        peaks = [_least_peak(recomputed_profile(profile, chosen, swappable=swappable)) for chosen in bounding]
+        least = min(peaks)
+        searched = [(), bounding[peaks.index(least)], *faster_recompute_sets(spans)]
     seen: set[tuple[str, ...]] = set()
-    for chosen in [*bounding, *faster_recompute_sets(spans)]:
+    for chosen in searched:
         names = tuple(span.name for span in chosen)
         if names in seen:
             continue
         seen.add(names)
-        step = recomputed_profile(profile, chosen, swappable=policy != "recompute")
+        step = recomputed_profile(profile, chosen, swappable=swappable)
         simulator = Simulator(step.profile, step.transient_bytes)
         result = search(simulator, cap, max_limit)
         exact = exact and result.method != "heuristic"
-        if len(seen) <= len(bounding):  # the smallest budget comes from the bytes-only sets
+        if every_set:  # every bytes-only set is searched: the least of their peaks
             least = result.min_peak_bytes if least is None else min(least, result.min_peak_bytes)
         if result.best is None:
             continue
@@ -439,3 +448,8 @@ def search_mixed(
             best, best_step, best_key = result.best, step, key
     assert least is not None  # the empty set is always searched
     return MixedResult(best, best_step, least, "exhaustive" if exact else "heuristic")
+
+
+def _least_peak(step: RecomputedProfile) -> int:
+    simulator = Simulator(step.profile, step.transient_bytes)
+    return simulator.peak_bytes(least_peak_choice(simulator))

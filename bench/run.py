@@ -24,6 +24,7 @@ from bench.row import ResultRow
 from bench.runner import RunResult, fill_lower_bound, run_strategy
 from bench.workloads import WORKLOADS, Workload, make_workload
 from lightning_accudnn.planner import Budget
+from lightning_accudnn.planner.search import check_policy
 from lightning_accudnn.profile import StepProfile
 
 #: Strategy kinds in the order they run (the oracle first: its peak sets AccUDNN's budgets).
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--budgets", default="", help='extra AccUDNN budgets in bytes or units, e.g. "8GB,12GB"'
+    )
+    parser.add_argument(
+        "--policies",
+        default="auto,swap",
+        help="AccUDNN policies side by side for each budget (auto rows keep the plain name, the "
+        "others get a -POLICY suffix); default auto,swap",
     )
     parser.add_argument(
         "--compile-memory-budgets", default="0.5", help="activation_memory_budget values (0..1)"
@@ -130,17 +137,23 @@ def specs_for(args: argparse.Namespace, oracle_peak: int | None, compile_backend
     kinds = set(_parse_list(args.strategies))
     specs: list[StrategySpec] = []
     if "accudnn" in kinds:
+        policies = _parse_list(args.policies)
+        for policy in policies:
+            check_policy(policy)
+        suffixes = {policy: "" if policy == "auto" else f"-{policy}" for policy in policies}
         for reduction in _parse_list(args.reductions, float):
-            name = f"accudnn-{reduction:g}x"
-            params: dict[str, Any] = {"reduction": reduction}
-            if oracle_peak is not None:
-                params["budget_bytes"] = int(oracle_peak / reduction)
-            specs.append(StrategySpec(name, "accudnn", params))
+            for policy, suffix in suffixes.items():
+                params: dict[str, Any] = {"reduction": reduction, "policy": policy}
+                if oracle_peak is not None:
+                    params["budget_bytes"] = int(oracle_peak / reduction)
+                specs.append(StrategySpec(f"accudnn-{reduction:g}x{suffix}", "accudnn", params))
         for text in _parse_list(args.budgets):
             budget = Budget.parse(int(text) if text.isdigit() else text)
             if budget.kind != "bytes":
                 raise ValueError(f"--budgets takes sizes (bytes, GB, GiB...), got {text!r}")
-            specs.append(StrategySpec(f"accudnn-{text}", "accudnn", {"budget_bytes": int(budget.value)}))
+            for policy, suffix in suffixes.items():
+                params = {"budget_bytes": int(budget.value), "policy": policy}
+                specs.append(StrategySpec(f"accudnn-{text}{suffix}", "accudnn", params))
     if "save_on_cpu" in kinds:
         specs.append(StrategySpec("save_on_cpu", "save_on_cpu", {"pin_memory": True}))
     if "torchtune" in kinds:

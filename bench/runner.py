@@ -276,7 +276,7 @@ def fill_lower_bound(row: ResultRow, source: str, profile: StepProfile, device: 
     else:
         row.lower_bound_source = "none on CPU: this row's peak is a resident-set delta, not ledger bytes"
         return
-    row.lower_bound_seconds = lower_bound_seconds(profile, budget)
+    row.lower_bound_seconds = lower_bound_seconds(profile, budget, "auto")
     if row.lower_bound_seconds > 0:
         row.bound_ratio = row.median_fwd_bwd_seconds / row.lower_bound_seconds
 
@@ -299,7 +299,7 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
     plan = technique.plan
     if plan is None:
         return
-    row.lower_bound_seconds = lower_bound_seconds(plan.profile, plan.budget_bytes)
+    row.lower_bound_seconds = lower_bound_seconds(plan.profile, plan.budget_bytes, plan.policy)
     row.lower_bound_source = "profile measured by this row, its budget"
     row.plan = {
         "swapped_layers": len(plan.swapped_layers),
@@ -311,6 +311,9 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
         "prefetch_window_bytes": plan.prefetch_window_bytes,
         "min_budget_bytes": plan.min_budget_bytes,
         "search": plan.search,
+        "policy": plan.policy,
+        "recomputed_segments": list(plan.recomputed),
+        "recompute_seconds": plan.recompute_seconds,
         "planner_bound_ratio": plan.bound_ratio if math.isfinite(plan.bound_ratio) else None,
         "d2h_bytes_per_second": _finite(plan.profile.d2h_bytes_per_second),
         "h2d_bytes_per_second": _finite(plan.profile.h2d_bytes_per_second),

@@ -32,6 +32,7 @@ from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_byte
 from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
 from lightning_accudnn.planner.roofline import StepTrace
+from lightning_accudnn.planner.search import POLICIES
 from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
 from lightning_accudnn.planner.trace import DTYPES, trace_step
@@ -214,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--reserve", default="0", help="bytes of the budget kept free for fragmentation (e.g. 500MB)"
     )
+    plan.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="auto",
+        help="auto: keep, swap or recompute each segment, whichever is fastest; swap: keep or swap "
+        "only; recompute: keep or recompute only",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     plan.add_argument(
         "--plot", metavar="FILE.png", help="draw the predicted memory timeline (needs matplotlib)"
@@ -305,7 +313,7 @@ def plan_command(args: argparse.Namespace) -> int:
         "trace_seconds": trace_seconds,
     }
     try:
-        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve)
+        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve, policy=args.policy)
     except BudgetTooSmallError as error:
         need = error.min_budget_bytes
         if args.json:
@@ -363,7 +371,16 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
             f"{ms(plan.predicted_step_seconds)} "
             f"({report['overhead_vs_unconstrained'] * 100:+.1f}% vs unconstrained)",
         ),
-        ("lower bound", f"{ms(plan.lower_bound_seconds)} (bound ratio {plan.bound_ratio:.3f})"),
+        (
+            "policy",
+            f"{plan.policy}: {len(plan.recomputed)} segments recomputed ({len(plan.profile.segments)} "
+            f"candidates), adding {ms(plan.recompute_seconds)} to backward",
+        ),
+        (
+            "lower bound",
+            f"{ms(plan.lower_bound_seconds)} (bound ratio {plan.bound_ratio:.3f}; assumes swapping only, "
+            "copies hidden behind compute)",
+        ),
         ("smallest budget", gb("min_budget_bytes")),
         (
             "traced in",

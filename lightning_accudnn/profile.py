@@ -93,11 +93,51 @@ forward_seconds=0.0, backward_seconds=0.0)
 
 
 @dataclass(frozen=True)
+class SegmentProfile:
+    """A module invocation the plan may recompute: its qualified name, its inputs' and outputs' bytes.
+
+    A recomputed segment runs under non-reentrant checkpointing: in forward only its tensor
+    inputs are saved (``input_bytes``, the sum of their distinct storages), and its forward
+    runs again in backward. ``output_bytes`` (distinct storages of its tensor outputs that
+    are not inputs) is what a later layer may save first once the segment saves nothing.
+    The segment covers the profile's layers named ``name`` or ``name.<anything>`` (which
+    must be consecutive in the profile). Only modules called once per pass and not already
+    under someone else's checkpointing are listed.
+
+    Example:
+        >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)
+        SegmentProfile(name='layer1.0', input_bytes=802816, output_bytes=802816)
+    """
+
+    name: str
+    input_bytes: int
+    output_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
+            raise ValueError(
+                f"a segment needs a module name and input_bytes, output_bytes >= 0, got {self!r}"
+            )
+
+    def covers(self, layer_name: str) -> bool:
+        """Whether the profile layer ``layer_name`` runs inside this segment.
+
+        Example:
+            >>> segment = SegmentProfile("block", 0)
+            >>> segment.covers("block.conv#2"), segment.covers("block"), segment.covers("blocks.0")
+            (True, True, False)
+        """
+        base = layer_name.split("#", 1)[0]
+        return base == self.name or base.startswith(self.name + ".")
+
+
+@dataclass(frozen=True)
 class StepProfile:
     """A whole training step: the layers, the static memory and the host link.
 
     ``static_bytes`` is everything that is not a saved activation: parameters, gradients,
     optimizer state and buffers. Bandwidths are bytes per second over pinned memory.
+    ``segments`` lists the module invocations a plan may recompute (empty: none).
 
     Example:
         >>> profile = StepProfile(
@@ -112,11 +152,15 @@ class StepProfile:
     static_bytes: int
     d2h_bytes_per_second: float = float("inf")
     h2d_bytes_per_second: float = float("inf")
+    segments: tuple[SegmentProfile, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError("layer names in a StepProfile must be unique")
+        segment_names = [segment.name for segment in self.segments]
+        if len(set(segment_names)) != len(segment_names):
+            raise ValueError("segment names in a StepProfile must be unique")
         if self.static_bytes < 0:
             raise ValueError(f"static_bytes must be >= 0, got {self.static_bytes}")
         position = {name: i for i, name in enumerate(names)}

@@ -76,7 +76,7 @@ def make_technique(spec: StrategySpec, model: nn.Module, workload: Workload, con
     if kind == "oracle":
         return Technique()
     if kind == "accudnn":
-        return AccUDNN(_required_budget(spec), config)
+        return AccUDNN(_required_budget(spec), config, policy=params.get("policy", "auto"))
     if kind == "capped":
         return Capped(_required_budget(spec))
     if kind == "save_on_cpu":

@@ -27,13 +27,14 @@ from lightning_accudnn.session import OffloadConfig, OffloadSession
 class AccUDNN(Technique):
     """lightning-accudnn's session under ``budget_bytes`` (what ``AccUDNNStrategy`` runs)."""
 
-    def __init__(self, budget_bytes: int, config: RunConfig) -> None:
+    def __init__(self, budget_bytes: int, config: RunConfig, policy: str = "auto") -> None:
         min_swap = DEFAULT_MIN_SWAP_BYTES if config.min_swap_bytes is None else config.min_swap_bytes
         self.config = OffloadConfig(
             budget=budget_bytes,
             min_swap_bytes=min_swap,
             host_memory_limit=config.host_memory_limit,
             reserve_bytes=config.reserve_bytes,
+            policy=policy,
         )
         self.session: OffloadSession | None = None
         self.device = config.device

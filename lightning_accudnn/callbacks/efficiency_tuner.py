@@ -340,6 +340,7 @@ class EfficiencyTuner(Callback):
                     budget,
                     view.reserve_bytes,
                     add_largest=self.batch_sizes is None,
+                    policy=plan.policy,
                 )
             return agreement.from_rank_zero(local)
 

@@ -33,6 +33,7 @@ def predict_batch_sizes(
     reserve_bytes: int = 0,
     *,
     add_largest: bool = False,
+    policy: str = "auto",
 ) -> dict[int, Prediction]:
     """Feasibility, predicted time per batch and predicted peak for each of ``sizes``.
 
@@ -54,7 +55,7 @@ def predict_batch_sizes(
     overhead = 0.0
     if measured_seconds_per_batch is not None:
         try:
-            base = plan_swaps(profile, budget_bytes, reserve_bytes)
+            base = plan_swaps(profile, budget_bytes, reserve_bytes, policy=policy)
             overhead = max(0.0, measured_seconds_per_batch - base.predicted_step_seconds)
         except BudgetTooSmallError:
             overhead = 0.0
@@ -62,7 +63,7 @@ def predict_batch_sizes(
     for size in sizes:
         scaled = scale_profile(profile, size / measured_batch_size)
         try:
-            plan = plan_swaps(scaled, budget_bytes, reserve_bytes)
+            plan = plan_swaps(scaled, budget_bytes, reserve_bytes, policy=policy)
         except BudgetTooSmallError as error:
             predictions[size] = Prediction(
                 size,
@@ -84,7 +85,7 @@ def predict_batch_sizes(
         above = [size for size, p in predictions.items() if not p.feasible and size > low]
         if above:
             largest = largest_feasible_batch_size(
-                profile, measured_batch_size, low, min(above), budget_bytes, reserve_bytes
+                profile, measured_batch_size, low, min(above), budget_bytes, reserve_bytes, policy
             )
             if largest not in predictions:
                 predictions.update(
@@ -107,6 +108,7 @@ def largest_feasible_batch_size(
     high: int,
     budget_bytes: int,
     reserve_bytes: int = 0,
+    policy: str = "auto",
 ) -> int:
     """The largest batch size in ``[low, high)`` some swap plan fits, by bisection.
 
@@ -125,7 +127,7 @@ def largest_feasible_batch_size(
     def fits(size: int) -> bool:
         scaled = scale_profile(profile, size / measured_batch_size)
         try:
-            plan_swaps(scaled, budget_bytes, reserve_bytes)
+            plan_swaps(scaled, budget_bytes, reserve_bytes, policy=policy)
         except BudgetTooSmallError:
             return False
         return True

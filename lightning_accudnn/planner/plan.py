@@ -1,4 +1,4 @@
-"""The planner: the fastest keep/swap plan whose predicted peak fits the budget.
+"""The planner: the fastest keep/swap/recompute plan whose predicted peak fits the budget.
 
 Pure: a :class:`~lightning_accudnn.profile.StepProfile` in, a :class:`Plan` out.
 Every plan is scored by the two-stream simulator in :mod:`.timeline`; the search is in
@@ -12,9 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.search import fewest_bytes_swapped, search
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline
-from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.planner.recompute import RecomputedProfile, candidate_spans, recomputed_profile
+from lightning_accudnn.planner.search import (
+    check_policy,
+    fewest_bytes_swapped,
+    least_peak_choice,
+    recompute_sets,
+    search_mixed,
+)
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline, unconstrained_seconds
+from lightning_accudnn.profile import LayerChoice, StepProfile
 
 __all__ = [
     "BudgetTooSmallError",
@@ -61,7 +68,7 @@ class BudgetTooSmallError(ValueError):
         reserve = f" (including the {format_bytes(reserve_bytes)} reserve)" if reserve_bytes else ""
         message = (
             f"memory budget {format_bytes(budget_bytes)} is too small for this training step: even the "
-            f"least memory-hungry swap plan needs {needed} ({min_budget_bytes} bytes){reserve}. "
+            f"least memory-hungry plan needs {needed} ({min_budget_bytes} bytes){reserve}. "
             f"Raise the budget to at least {needed}, or lower the batch size so that the "
             "activations shrink."
         )
@@ -122,11 +129,18 @@ def _rounded_up(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:
+def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "swap") -> float:
     """Physical lower bound on the step time under ``budget_bytes`` (DESIGN.md).
 
-    ``X = max(0, unconstrained peak - budget)`` bytes must leave the device in forward and
-    come back in backward: ``LB = max(T_fwd, X / bw_out) + max(T_bwd, X / bw_in)``.
+    ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
+    ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
+    (copies hidden perfectly behind compute); recomputing frees the rest, ``y = X - x``, at
+    the least forward time that frees ``y`` bytes, ``R(y)`` (the profile's segments by forward
+    seconds per freed byte, fractionally), added to the backward:
+    ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
+    ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
+    ``x = 0`` under ``"recompute"``. It ignores the transient a recomputed segment holds and
+    the bytes a plan cannot move, so every plan is at least this slow.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -135,15 +149,49 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int) -> float:
         >>> lower_bound_seconds(profile, budget_bytes=200)  # X = 300: max(1, 3) + max(2, 6)
         9.0
     """
+    check_policy(policy)
     excess = max(0, profile.unconstrained_peak_bytes - budget_bytes)
-    forward = sum(layer.forward_seconds for layer in profile.layers)
-    backward = sum(layer.backward_seconds for layer in profile.layers)
+    forward = float(sum(layer.forward_seconds for layer in profile.layers))
+    backward = float(sum(layer.backward_seconds for layer in profile.layers))
     if excess == 0:
-        return float(forward + backward)
-    return float(
-        max(forward, excess / profile.d2h_bytes_per_second)
-        + max(backward, excess / profile.h2d_bytes_per_second)
-    )
+        return forward + backward
+
+    def bound(swapped: float) -> float:
+        recompute = _least_recompute_seconds(profile, excess - swapped)
+        return max(forward, swapped / profile.d2h_bytes_per_second) + max(
+            backward + recompute, swapped / profile.h2d_bytes_per_second
+        )
+
+    if policy == "swap":
+        return bound(excess)
+    if policy == "recompute":
+        return bound(0.0)
+    # Convex in the swapped bytes: a golden-section search finds the least value.
+    low, high = 0.0, float(excess)
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        left, right = high - ratio * (high - low), low + ratio * (high - low)
+        if bound(left) <= bound(right):
+            high = right
+        else:
+            low = left
+    return min(bound(low), bound(high), bound(0.0), bound(float(excess)))
+
+
+def _least_recompute_seconds(profile: StepProfile, freed: float) -> float:
+    """The least forward time run again that frees ``freed`` bytes (fractional segments;
+    ``inf`` when the segments cannot free that much)."""
+    if freed <= 0:
+        return 0.0
+    spans = sorted(candidate_spans(profile), key=lambda span: span.forward_seconds / span.freed_bytes)
+    seconds = 0.0
+    for span in spans:
+        take = min(freed, span.freed_bytes)
+        seconds += span.forward_seconds * take / span.freed_bytes
+        freed -= take
+        if freed <= 0:
+            return seconds
+    return math.inf
 
 
 #: Which route a model's plan is applied by (``Plan.route``): hooks per layer, per compiled block, or
@@ -157,13 +205,17 @@ ROUTE_EAGER, ROUTE_REGIONAL, ROUTE_WHOLE_MODEL = (
 
 @dataclass(frozen=True)
 class Plan:
-    """Which layers swap, how far to prefetch, and what the performance model predicts.
+    """Which segments recompute, which layers swap, how far to prefetch, and the predictions.
 
-    ``lower_bound_seconds`` is the physical bound for ``budget_bytes`` (the reserve is the
-    planner's own margin, so its cost shows in ``bound_ratio``). ``min_budget_bytes`` is the
-    smallest budget, reserve included, at which a plan exists (see :func:`plan_swaps`).
-    ``search`` says how the plan was found: ``"nothing to swap"``, ``"exhaustive"`` or
-    ``"heuristic"``.
+    ``swap`` has one flag per layer of ``profile`` (layers inside a recomputed segment are not
+    swapped); ``recomputed`` names the recomputed segments (``profile.segments``), whose
+    layers the engine no longer sees: it sees ``step.profile``, with one layer per recomputed
+    segment saving the segment's inputs (kept). ``lower_bound_seconds`` is the physical bound
+    for ``budget_bytes`` under ``policy`` (see :func:`lower_bound_seconds`; the reserve is
+    the planner's own margin, so its cost shows in ``bound_ratio``). ``min_budget_bytes`` is
+    the smallest budget, reserve included, at which a plan exists under ``policy`` (see
+    :func:`plan_swaps`). ``search`` says how the plan was found: ``"nothing to swap"``,
+    ``"exhaustive"`` or ``"heuristic"``.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -171,6 +223,8 @@ class Plan:
         >>> plan = plan_swaps(StepProfile(layers, static_bytes=0), budget_bytes=250)
         >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.bound_ratio
         (['a', 'b', 'c'], 200, 1.0)
+        >>> [choice.value for choice in plan.choices], plan.recomputed
+        (['swap', 'swap', 'swap'], ())
     """
 
     profile: StepProfile = field(repr=False)
@@ -186,6 +240,9 @@ class Plan:
     max_copying_out_bytes: int | None = None
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
     route: str = ROUTE_EAGER
+    recomputed: tuple[str, ...] = ()
+    policy: str = "auto"
+    step: RecomputedProfile | None = field(default=None, repr=False, compare=False)
 
     @property
     def bound_ratio(self) -> float:
@@ -195,9 +252,40 @@ class Plan:
         return 1.0 if self.predicted_step_seconds == 0 else math.inf
 
     @property
+    def engine_profile(self) -> StepProfile:
+        """The layers the engine sees under this plan (``profile`` when nothing is recomputed)."""
+        return self.step.profile if self.step is not None else self.profile
+
+    @property
+    def choices(self) -> tuple[LayerChoice, ...]:
+        """Keep, swap or recompute, per layer of ``profile``."""
+        inside = self._recomputed_layers()
+        return tuple(
+            LayerChoice.RECOMPUTE if i in inside else LayerChoice.SWAP if s else LayerChoice.KEEP
+            for i, s in enumerate(self.swap)
+        )
+
+    def _recomputed_layers(self) -> set[int]:
+        if self.step is None:
+            return set()
+        names = set(self.recomputed)
+        return {
+            i
+            for layer, origin in zip(self.step.profile.layers, self.step.origin, strict=True)
+            if layer.name in names
+            for i in origin
+        }
+
+    @property
     def swapped_layers(self) -> frozenset[str]:
-        """Names of the swapped layers (what :class:`SwapSchedule` wants)."""
+        """Names of the swapped layers."""
         return frozenset(layer.name for layer, s in zip(self.profile.layers, self.swap, strict=True) if s)
+
+    @property
+    def kept_layers(self) -> frozenset[str]:
+        """Names of the layers the engine sees and keeps (what :class:`SwapSchedule` wants): the
+        kept layers and the recomputed segments (their inputs stay on the device)."""
+        return frozenset(layer.name for layer in self.engine_profile.layers) - self.swapped_layers
 
     @property
     def swapped_bytes(self) -> int:
@@ -207,36 +295,87 @@ class Plan:
         )
 
     @property
+    def recompute_seconds(self) -> float:
+        """Predicted forward time run again in backward."""
+        return self.step.recompute_seconds if self.step is not None else 0.0
+
+    @property
+    def unconstrained_seconds(self) -> float:
+        """Predicted step time on a GPU with enough memory (nothing swapped or recomputed)."""
+        return unconstrained_seconds(self.profile)
+
+    @property
     def compute_wait_seconds(self) -> float:
         """Predicted time the compute stream waits for copies in."""
         return self.timeline.compute_wait_seconds if self.timeline is not None else 0.0
 
+    def _bound_assumes(self) -> str:
+        moved = {"swap": "swapped", "recompute": "recomputed"}.get(self.policy, "swapped or recomputed")
+        return (
+            f"bytes over the budget {moved} at no cost but copy time hidden behind compute and "
+            "recomputed forward time; no transient"
+        )
+
+    def peak_bytes_on(self, profile: StepProfile) -> int:
+        """The predicted peak of this plan's choices (recomputed segments, swapped layers,
+        limit and window) on ``profile``, a profile of the same layers (another batch shape).
+
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+            >>> profile = StepProfile((LayerProfile("a", 100, 100), LayerProfile("b", 100, 100)), 0)
+            >>> plan = plan_swaps(profile, budget_bytes=250)
+            >>> plan.peak_bytes_on(profile) == plan.predicted_peak_bytes
+            True
+        """
+        spans = [span for span in candidate_spans(profile) if span.name in set(self.recomputed)]
+        if len(spans) != len(self.recomputed):
+            raise ValueError(f"the profile lacks recomputed segments of the plan: {self.recomputed}")
+        step = recomputed_profile(profile, spans, swappable=self.policy != "recompute")
+        position = {layer.name: i for i, layer in enumerate(self.profile.layers)}
+        swap = tuple(
+            len(origin) == 1 and layer.name in position and self.swap[position[layer.name]]
+            for layer, origin in zip(step.profile.layers, step.origin, strict=True)
+        )
+        simulator = Simulator(step.profile, step.transient_bytes)
+        return simulator.peak_bytes(PlanChoice(swap, self.prefetch_window_bytes, self.max_copying_out_bytes))
+
     def __str__(self) -> str:
         layers = self.profile.layers
+        choices = self.choices
         width = max([len("layer"), *(len(layer.name) for layer in layers)])
         lines = [
             f"{'layer':<{width}}  {'saved':>10}  {'swappable':>10}  {'fwd ms':>9}  {'bwd ms':>9}  decision"
         ]
-        for layer, swapped in zip(layers, self.swap, strict=True):
+        for layer, choice in zip(layers, choices, strict=True):
             lines.append(
                 f"{layer.name:<{width}}  {format_bytes(layer.saved_bytes):>10}  "
                 f"{format_bytes(layer.swappable_bytes):>10}  {layer.forward_seconds * 1e3:>9.3f}  "
-                f"{layer.backward_seconds * 1e3:>9.3f}  {'swap' if swapped else 'keep'}"
+                f"{layer.backward_seconds * 1e3:>9.3f}  {choice.value}"
             )
         usable = self.budget_bytes - self.reserve_bytes
         swapped_text = (
             f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
         )
+        unconstrained = self.unconstrained_seconds
+        overhead = (
+            f"{(self.predicted_step_seconds / unconstrained - 1) * 100:+.1f}%" if unconstrained > 0 else "n/a"
+        )
         lines += [
             "",
-            f"predicted peak {format_bytes(self.predicted_peak_bytes)} of {format_bytes(usable)} usable "
-            f"(budget {format_bytes(self.budget_bytes)} less reserve {format_bytes(self.reserve_bytes)}; "
-            f"least budget that fits {format_bytes(self.min_budget_bytes)})",
-            f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms, lower bound "
-            f"{self.lower_bound_seconds * 1e3:.3f} ms, bound ratio {self.bound_ratio:.3f}",
+            f"policy {self.policy}: predicted peak {format_bytes(self.predicted_peak_bytes)} of "
+            f"{format_bytes(usable)} usable (budget {format_bytes(self.budget_bytes)} less reserve "
+            f"{format_bytes(self.reserve_bytes)}; least budget that fits "
+            f"{format_bytes(self.min_budget_bytes)})",
+            f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms ({overhead} vs "
+            f"{unconstrained * 1e3:.3f} ms unconstrained), lower bound "
+            f"{self.lower_bound_seconds * 1e3:.3f} ms ({self._bound_assumes()}), "
+            f"bound ratio {self.bound_ratio:.3f}",
             f"swapped {swapped_text}, prefetch window {format_bytes(self.prefetch_window_bytes)}, "
             f"compute waits {self.compute_wait_seconds * 1e3:.3f} ms ({self.search} search); "
             f"route: {self.route}",
+            f"recomputed {len(self.recomputed)} segments"
+            + (f" ({', '.join(self.recomputed)})" if self.recomputed else "")
+            + f", adding {self.recompute_seconds * 1e3:.3f} ms to backward",
         ]
         if self.timeline is not None:
             lines.append(f"peak at {self.timeline.peak_cause}")
@@ -249,21 +388,26 @@ class Plan:
             >>> from lightning_accudnn.profile import LayerProfile, StepProfile
             >>> profile = StepProfile((LayerProfile("a", 100, 100),), static_bytes=0)
             >>> data = plan_swaps(profile, budget_bytes=1_000).to_dict()
-            >>> data["predicted_peak_bytes"], data["layers"][0]["swap"]
-            (100, False)
+            >>> data["predicted_peak_bytes"], data["layers"][0]["swap"], data["layers"][0]["choice"]
+            (100, False, 'keep')
         """
         profile = self.profile
         return {
+            "policy": self.policy,
             "budget_bytes": self.budget_bytes,
             "reserve_bytes": self.reserve_bytes,
             "min_budget_bytes": self.min_budget_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_step_seconds": self.predicted_step_seconds,
+            "unconstrained_seconds": self.unconstrained_seconds,
             "lower_bound_seconds": self.lower_bound_seconds,
+            "lower_bound_assumes": self._bound_assumes(),
             "bound_ratio": _finite_or_none(self.bound_ratio),
             "compute_wait_seconds": self.compute_wait_seconds,
             "prefetch_window_bytes": self.prefetch_window_bytes,
             "swapped_bytes": self.swapped_bytes,
+            "recomputed_segments": list(self.recomputed),
+            "recompute_seconds": self.recompute_seconds,
             "search": self.search,
             "route": self.route,
             "static_bytes": profile.static_bytes,
@@ -278,8 +422,9 @@ class Plan:
                     "forward_seconds": layer.forward_seconds,
                     "backward_seconds": layer.backward_seconds,
                     "swap": swapped,
+                    "choice": choice.value,
                 }
-                for layer, swapped in zip(profile.layers, self.swap, strict=True)
+                for layer, swapped, choice in zip(profile.layers, self.swap, self.choices, strict=True)
             ],
         }
 
@@ -293,30 +438,34 @@ def plan_swaps(
     budget_bytes: int,
     reserve_bytes: int = 0,
     max_copying_out_bytes: int | None = None,
+    policy: str = "auto",
     *,
     host_limit_bytes: int | None = None,
     host_bytes: Sequence[int] | None = None,
 ) -> Plan:
     """The fastest predicted plan whose predicted peak is at most ``budget_bytes - reserve_bytes``.
 
-    Chooses keep/swap per layer, the copy-out limit (the engine's ``max_copying_out_bytes``,
-    carried by the plan) and the prefetch window, scoring each candidate with the
-    :class:`~lightning_accudnn.planner.timeline.Simulator`: memory in issue order (a function
-    of the plan only), time on two streams. ``max_copying_out_bytes``, if given, caps the
-    limits considered (it changes neither the smallest budget nor feasibility). If nothing
-    needs swapping, nothing is swapped. Among equally fast plans it prefers fewer bytes
-    copied, then the lower peak, then the smaller window and limit.
+    Chooses which of the profile's segments to recompute (``policy`` ``"auto"`` or
+    ``"recompute"``), keep/swap per layer (``"auto"`` or ``"swap"``; under ``"recompute"``
+    every layer is kept or recomputed), the copy-out limit (the engine's
+    ``max_copying_out_bytes``, carried by the plan) and the prefetch window, scoring each
+    candidate with the :class:`~lightning_accudnn.planner.timeline.Simulator`: memory in issue
+    order (a function of the plan only), time on two streams, recomputation charged to the
+    backward (:mod:`.recompute`). ``max_copying_out_bytes``, if given, caps the limits
+    considered (it changes neither the smallest budget nor feasibility). If nothing needs
+    swapping, nothing is swapped. Among equally fast plans it prefers less recomputation,
+    then fewer bytes copied, then the lower peak, then the smaller window and limit.
 
-    The search is **exhaustive** (all swap sets, every limit and window that behave
-    differently) when the profile has at most 10 swappable layers and
+    The search is **exhaustive** (every non-overlapping recompute set, all swap sets, every
+    limit and window that behave differently) when the profile has at most 6 recompute
+    candidates and, for each recompute set, at most 10 swappable layers with
     ``2**swappable * layers <= 16384``: the result is then the exact optimum of the model.
-    Beyond that it is a **heuristic** with a bounded number of simulations (forward prefixes
-    of the swappable layers, the largest limit and window found to fit by bisection, then a
-    bounded greedy refinement); it always includes swapping everything.
+    Beyond that it is a **heuristic** with a bounded number of simulations (see
+    :mod:`.search`); it always includes swapping everything and recomputing nothing.
 
     Raises :class:`BudgetTooSmallError` when no plan fits; its ``min_budget_bytes`` is the
-    least peak of any plan (swap everything swappable, limit and window 0) plus the reserve,
-    and the planner succeeds with any budget of at least that much.
+    least peak of the plans searched plus the reserve (it does not depend on the budget or the
+    timings), and the planner succeeds with any budget of at least that much.
 
     With ``host_limit_bytes`` no plan swaps more than that many host bytes: swapping a layer
     takes ``host_bytes[i]`` of them (default its ``swappable_bytes``; pass the host pool's
@@ -336,42 +485,51 @@ def plan_swaps(
         raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
     if max_copying_out_bytes is not None and max_copying_out_bytes < 0:
         raise ValueError(f"max_copying_out_bytes must be >= 0, got {max_copying_out_bytes}")
-    simulator = Simulator(profile)
+    check_policy(policy)
     cap = budget_bytes - reserve_bytes
     costs = _host_costs(profile, host_limit_bytes, host_bytes)
     host_limit = host_limit_bytes if host_limit_bytes is not None else 0
     host_fits = None if costs is None else lambda swap: _host_bytes_of(costs, swap) <= host_limit
-    result = search(simulator, cap, max_copying_out_bytes, host_fits)
+    result = search_mixed(profile, cap, max_copying_out_bytes, policy, host_fits)
     min_budget = result.min_peak_bytes + reserve_bytes
     if result.best is None and costs is not None and result.min_peak_bytes <= cap:
         raise HostLimitTooSmallError(
             host_limit,
-            _host_bytes_of(costs, fewest_bytes_swapped(simulator, cap)),
+            _host_bytes_of(costs, fewest_bytes_swapped(Simulator(profile), cap)),
             budget_bytes,
             profile.unconstrained_peak_bytes + reserve_bytes,
         )
-    if result.best is None:
+    if result.best is None or result.step is None:
         raise BudgetTooSmallError(
             min_budget,
             budget_bytes,
             reserve_bytes,
-            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes),
+            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes, policy),
         )
+    step = result.step
     choice = result.best.choice
-    timeline = simulator.timeline(choice)
+    timeline = Simulator(step.profile, step.transient_bytes).timeline(choice)
+    swap = [False] * len(profile.layers)
+    for swapped, origin in zip(timeline.swap, step.origin, strict=True):
+        if swapped:
+            (index,) = origin  # a recomputed segment is never swapped (its bytes are resident)
+            swap[index] = True
     return Plan(
         profile=profile,
-        swap=timeline.swap,
+        swap=tuple(swap),
         prefetch_window_bytes=choice.prefetch_window_bytes,
         budget_bytes=budget_bytes,
         reserve_bytes=reserve_bytes,
         predicted_peak_bytes=timeline.peak_bytes,
         predicted_step_seconds=timeline.step_seconds,
-        lower_bound_seconds=lower_bound_seconds(profile, budget_bytes),
+        lower_bound_seconds=lower_bound_seconds(profile, budget_bytes, policy),
         min_budget_bytes=min_budget,
         search=result.method,
         max_copying_out_bytes=choice.max_copying_out_bytes,
         timeline=timeline,
+        recomputed=step.recomputed,
+        policy=policy,
+        step=step,
     )
 
 
@@ -394,8 +552,9 @@ def _host_bytes_of(costs: tuple[int, ...], swap: tuple[bool, ...]) -> int:
     return sum(cost for cost, swapped in zip(costs, swap, strict=True) if swapped)
 
 
-def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0) -> int:
-    """The smallest budget at which :func:`plan_swaps` succeeds: the least peak plus the reserve.
+def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0, policy: str = "auto") -> int:
+    """The smallest budget at which :func:`plan_swaps` succeeds under ``policy``: the least
+    peak of the plans it searches plus the reserve.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -403,12 +562,20 @@ def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0) -> int:
         >>> min_budget_bytes(StepProfile(layers, static_bytes=10), reserve_bytes=5)
         215
     """
-    simulator = Simulator(profile)
-    return simulator.memory(PlanChoice(simulator.swap_everything(), 0, 0)).peak_bytes + reserve_bytes
+    check_policy(policy)
+    spans = candidate_spans(profile) if policy != "swap" else ()
+    least = None
+    for chosen in recompute_sets(spans):
+        step = recomputed_profile(profile, chosen, swappable=policy != "recompute")
+        simulator = Simulator(step.profile, step.transient_bytes)
+        peak = simulator.peak_bytes(least_peak_choice(simulator))
+        least = peak if least is None else min(least, peak)
+    assert least is not None
+    return least + reserve_bytes
 
 
 def _smaller_min_swap_bytes(
-    profile: StepProfile, min_budget: int, reserve_bytes: int
+    profile: StepProfile, min_budget: int, reserve_bytes: int, policy: str
 ) -> tuple[int, int] | None:
     """(threshold, smallest budget) for the largest ``min_swap_bytes`` that gets within 1% of
     making every listed small storage swappable, if that saves at least 1% of the smallest
@@ -416,11 +583,11 @@ def _smaller_min_swap_bytes(
     small = profile.small_storages
     if not small:
         return None
-    best = min_budget_bytes(profile.with_min_swap_bytes(min(small)), reserve_bytes)
+    best = min_budget_bytes(profile.with_min_swap_bytes(min(small)), reserve_bytes, policy)
     if 100 * (min_budget - best) < min_budget:
         return None
     for threshold in sorted(set(small), reverse=True):
-        smaller = min_budget_bytes(profile.with_min_swap_bytes(threshold), reserve_bytes)
+        smaller = min_budget_bytes(profile.with_min_swap_bytes(threshold), reserve_bytes, policy)
         if 100 * (smaller - best) <= best:
             return threshold, smaller
     return min(small), best  # pragma: no cover - the smallest threshold always qualifies

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from lightning_accudnn.planner.gpus import GpuSpec
 from lightning_accudnn.planner.static_memory import named_state_copies
-from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, LayerProfile, StepProfile
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, LayerProfile, SegmentProfile, StepProfile
 
 __all__ = ["LayerTrace", "OpCost", "StepTrace"]
 
@@ -88,7 +88,8 @@ class StepTrace:
     :meth:`to_profile`.
 
     Layers are in forward order of their first kernel (a container's own work, such as a
-    residual add, comes after its children's).
+    residual add, comes after its children's). ``segments`` are the module invocations a
+    plan may recompute (see :class:`~lightning_accudnn.profile.SegmentProfile`).
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -104,6 +105,7 @@ class StepTrace:
     buffer_bytes: int
     dtype: str = "fp32"
     notes: tuple[str, ...] = ()
+    segments: tuple[SegmentProfile, ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -184,4 +186,5 @@ class StepTrace:
             static_bytes=self.static_bytes(optimizer),
             d2h_bytes_per_second=link,
             h2d_bytes_per_second=link,
+            segments=self.segments,
         )

@@ -43,8 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from lightning_accudnn.planner.plan import Plan
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator
-from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
 
 __all__ = ["DEFAULT_MAX_GROWTH", "ShapeRatio", "fit_growth", "plan_covers", "scale_profile", "shape_ratio"]
 
@@ -176,7 +175,9 @@ backward_seconds=0.004)
                     backward_seconds=layer.backward_seconds * work,
                 )
             )
-        return replace(profile, layers=tuple(scaled))
+        factors = [now.saved_bytes / layer.saved_bytes for layer, now in zip(layers, measured, strict=True)]
+        grown = max([factor for factor in factors if factor > 0], default=1.0)
+        return replace(profile, layers=tuple(scaled), segments=_scaled_segments(profile, grown))
     bytes_factors, time_factors = _layer_factors(len(layers), ratio, growth, max_growth)
     scaled = []
     for layer, size, work in zip(layers, bytes_factors, time_factors, strict=True):
@@ -198,7 +199,18 @@ backward_seconds=0.004)
                 resaved_by=tuple(resaved),
             )
         )
-    return replace(profile, layers=tuple(scaled))
+    grown = max(bytes_factors, default=1.0)
+    return replace(profile, layers=tuple(scaled), segments=_scaled_segments(profile, grown))
+
+
+def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfile, ...]:
+    """The segments' input and output bytes grown by the largest factor any layer's bytes grew."""
+    return tuple(
+        SegmentProfile(
+            segment.name, math.ceil(segment.input_bytes * factor), math.ceil(segment.output_bytes * factor)
+        )
+        for segment in profile.segments
+    )
 
 
 def fit_growth(
@@ -253,5 +265,4 @@ def plan_covers(plan: Plan, profile: StepProfile) -> bool:
     """
     if [layer.name for layer in plan.profile.layers] != [layer.name for layer in profile.layers]:
         return False
-    choice = PlanChoice(plan.swap, plan.prefetch_window_bytes, plan.max_copying_out_bytes)
-    return Simulator(profile).peak_bytes(choice) <= plan.predicted_peak_bytes
+    return plan.peak_bytes_on(profile) <= plan.predicted_peak_bytes

@@ -1,4 +1,5 @@
-"""Search for the fastest plan that fits: which layers to swap, the copy-out limit and the window.
+"""Search for the fastest plan that fits: which segments to recompute, which layers to swap,
+the copy-out limit and the window.
 
 Internal to :func:`lightning_accudnn.planner.plan.plan_swaps`; every candidate is scored by
 the public :class:`~lightning_accudnn.planner.timeline.Simulator`.
@@ -16,6 +17,9 @@ Facts the search relies on (they follow from the simulator's rules):
   never increases with the window, so the best window is the largest that fits, or a smaller
   one as fast.
 
+:func:`search_mixed` adds recomputation: for each recompute set it searches the keep/swap
+plan of the step the engine would then see (:mod:`.recompute`), and keeps the fastest.
+
 Choosing the swap set exactly is subset-sum-like, so small instances are searched
 exhaustively and large ones heuristically (forward prefixes, then a bounded greedy
 refinement), with a bounded number of simulations.
@@ -26,7 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lightning_accudnn.planner.recompute import (
+    RecomputedProfile,
+    SegmentSpan,
+    candidate_spans,
+    recomputed_profile,
+)
 from lightning_accudnn.planner.timeline import PlanChoice, SimulationResult, Simulator
+from lightning_accudnn.profile import StepProfile
 
 #: Exhaustive search when the profile has at most this many swappable layers...
 EXACT_MAX_SWAPPABLE = 10
@@ -318,3 +329,187 @@ def _powers_of_two(n: int) -> list[int]:
         steps.append(step)
         step *= 2
     return steps
+
+
+#: The policies a plan may follow: what it may do with a layer besides keeping it.
+POLICIES = ("auto", "swap", "recompute")
+#: Every non-overlapping set of recompute candidates is searched when there are at most this many.
+EXACT_MAX_SEGMENTS = 6
+
+
+def check_policy(policy: str) -> str:
+    """``policy`` if it is one of :data:`POLICIES`, else a ``ValueError`` naming them.
+
+    Example:
+        >>> check_policy("auto")
+        'auto'
+    """
+    if policy not in POLICIES:
+        raise ValueError(
+            f"policy must be one of {', '.join(repr(p) for p in POLICIES)} (keep, swap or recompute, "
+            f"whichever is fastest; keep or swap; keep or recompute), got {policy!r}"
+        )
+    return policy
+
+
+@dataclass(frozen=True)
+class MixedResult:
+    """The best keep/swap/recompute plan that fits (``None`` if none does) and the least peak.
+
+    ``step`` is the step the engine sees under the best plan's recomputed segments (see
+    :mod:`~lightning_accudnn.planner.recompute`); ``best`` is scored on it.
+    ``min_peak_bytes`` is the least peak over the recompute sets searched, each with
+    everything swappable swapped at limit and window 0; the set searched depends on the
+    profile only, so any cap of at least that much finds a plan.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> result = search_mixed(StepProfile((LayerProfile("a", 10, 10),), static_bytes=0), cap=10)
+        >>> result.best.choice.swap, result.step.recomputed, result.min_peak_bytes
+        ((False,), (), 10)
+    """
+
+    best: SimulationResult | None
+    step: RecomputedProfile | None
+    min_peak_bytes: int
+    method: str
+
+
+def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+    """The recompute sets whose least peak bounds the smallest budget: they depend on the
+    candidates' bytes only (never on timings), so the smallest budget does not either.
+
+    Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset. Beyond: the
+    candidates that save the fewest bytes first (the smallest transient in backward: blocks
+    before the stages that hold them), taken greedily without overlap, and the prefixes of
+    that order of length 0, 1, 4, 16, ... and all.
+
+    Example:
+        >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
+        >>> [[span.name for span in chosen] for chosen in recompute_sets(spans)]
+        [[], ['a'], ['a.x']]
+    """
+    if len(spans) <= EXACT_MAX_SEGMENTS:
+        sets: list[tuple[SegmentSpan, ...]] = []
+        for mask in range(1 << len(spans)):
+            chosen = tuple(span for bit, span in enumerate(spans) if mask >> bit & 1)
+            if all(not a.overlaps(b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]):
+                sets.append(chosen)
+        return sets
+    return _prefixes(spans, lambda span: span.saved_bytes)
+
+
+def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+    """More sets worth timing when the candidates are too many for every subset: prefixes of
+    the candidates that free the most bytes per second of forward (the cheapest to recompute),
+    among those that save no more than the largest candidate holding no other.
+
+    Example:
+        >>> faster_recompute_sets([SegmentSpan("a", 0, 1, 0, 10, 1.0)])
+        []
+    """
+    if len(spans) <= EXACT_MAX_SEGMENTS:
+        return []
+    innermost = [
+        span for span in spans if not any(other is not span and span.holds(other) for other in spans)
+    ]
+    largest = max(span.saved_bytes for span in innermost)
+    small = [span for span in spans if span.saved_bytes <= largest]
+    return _prefixes(small, lambda span: -span.freed_bytes / max(span.forward_seconds, 1e-12))
+
+
+def _prefixes(
+    spans: Sequence[SegmentSpan], key: Callable[[SegmentSpan], float]
+) -> list[tuple[SegmentSpan, ...]]:
+    order = sorted(range(len(spans)), key=lambda i: (key(spans[i]), spans[i].first, i))
+    picked: list[SegmentSpan] = []
+    for i in order:
+        if all(not spans[i].overlaps(other) for other in picked):
+            picked.append(spans[i])
+    lengths = sorted({0, len(picked), *_powers_of_two(len(picked))[::2]})  # 1, 4, 16, ...
+    return [tuple(picked[:length]) for length in lengths]
+
+
+def search_mixed(
+    profile: StepProfile,
+    cap: int,
+    max_limit: int | None = None,
+    policy: str = "auto",
+    host_fits: Callable[[tuple[bool, ...]], bool] | None = None,
+) -> MixedResult:
+    """The fastest plan with peak at most ``cap`` under ``policy`` (see :data:`POLICIES`).
+
+    ``host_fits``, if given, tells whether swapping the profile's layers marked true fits the
+    host memory; plans that do not are never chosen (a recomputed segment swaps nothing).
+
+    Each recompute set searched is turned into the step the engine would see and searched for
+    its best keep/swap plan (:func:`search`); the fastest wins, then the one that recomputes
+    less, copies less, peaks lower, then the smaller window and limit. With few candidates
+    every set of :func:`recompute_sets` is searched; with many, recomputing nothing, the set of
+    :func:`recompute_sets` with the least peak, and :func:`faster_recompute_sets`.
+    """
+    check_policy(policy)
+    spans = candidate_spans(profile) if policy != "swap" else ()
+    best: SimulationResult | None = None
+    best_step: RecomputedProfile | None = None
+    best_key: tuple[float, float, int, int, int, int] | None = None
+    least: int | None = None
+    every_set = exact = len(spans) <= EXACT_MAX_SEGMENTS
+    swappable = policy != "recompute"
+    bounding = recompute_sets(spans)
+    if every_set:
+        searched = bounding
+    else:  # the bytes-only set with the least peak (so the smallest budget plans), and timed sets
+        peaks = [_least_peak(recomputed_profile(profile, chosen, swappable=swappable)) for chosen in bounding]
+        least = min(peaks)
+        searched = [(), bounding[peaks.index(least)], *faster_recompute_sets(spans)]
+    seen: set[tuple[str, ...]] = set()
+    for chosen in searched:
+        names = tuple(span.name for span in chosen)
+        if names in seen:
+            continue
+        seen.add(names)
+        step = recomputed_profile(profile, chosen, swappable=swappable)
+        simulator = Simulator(step.profile, step.transient_bytes)
+        step_fits = None if host_fits is None else _on_profile(host_fits, step)
+        result = search(simulator, cap, max_limit, step_fits)
+        exact = exact and result.method != "heuristic"
+        if every_set:  # every bytes-only set is searched: the least of their peaks
+            least = result.min_peak_bytes if least is None else min(least, result.min_peak_bytes)
+        if result.best is None:
+            continue
+        choice = result.best.choice
+        swapped = sum(w for s, w in zip(choice.swap, simulator.swappable, strict=True) if s)
+        key = (
+            result.best.step_seconds,
+            step.recompute_seconds,
+            swapped,
+            result.best.peak_bytes,
+            choice.prefetch_window_bytes,
+            choice.max_copying_out_bytes or 0,
+        )
+        if best_key is None or key < best_key:
+            best, best_step, best_key = result.best, step, key
+    assert least is not None  # the empty set is always searched
+    return MixedResult(best, best_step, least, "exhaustive" if exact else "heuristic")
+
+
+def _on_profile(
+    host_fits: Callable[[tuple[bool, ...]], bool], step: RecomputedProfile
+) -> Callable[[tuple[bool, ...]], bool]:
+    """``host_fits`` (over the profile's layers) for swap sets over the layers of ``step``."""
+    size = sum(len(origin) for origin in step.origin)  # the groups partition the profile's layers
+
+    def fits(swap: tuple[bool, ...]) -> bool:
+        original = [False] * size
+        for swapped, origin in zip(swap, step.origin, strict=True):
+            if swapped and len(origin) == 1:
+                original[origin[0]] = True
+        return host_fits(tuple(original))
+
+    return fits
+
+
+def _least_peak(step: RecomputedProfile) -> int:
+    simulator = Simulator(step.profile, step.transient_bytes)
+    return simulator.peak_bytes(least_peak_choice(simulator))

@@ -281,7 +281,7 @@ class Simulator:
         200
     """
 
-    def __init__(self, profile: StepProfile) -> None:
+    def __init__(self, profile: StepProfile, transient_bytes: Sequence[int] | None = None) -> None:
         _check_bandwidth(profile.d2h_bytes_per_second, "d2h_bytes_per_second")
         _check_bandwidth(profile.h2d_bytes_per_second, "h2d_bytes_per_second")
         layers = profile.layers
@@ -301,6 +301,10 @@ class Simulator:
             for i, layer in enumerate(layers)
         )
         self.has_resaves = any(self.resaved)
+        # Bytes a layer holds on top while its backward runs (a recomputed segment's saves).
+        self.transient = tuple(transient_bytes) if transient_bytes is not None else (0,) * self.k
+        if len(self.transient) != self.k or any(nbytes < 0 for nbytes in self.transient):
+            raise ValueError(f"transient_bytes must hold {self.k} byte counts >= 0, got {transient_bytes}")
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -349,10 +353,11 @@ class Simulator:
                 peak = max(peak, kept + max(own, nxt, min(window, below)))
             return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
-        for saved, own in zip(self.saved, retired, strict=True):
+        for saved, own, extra in zip(self.saved, retired, self.transient, strict=True):
             kept_below += saved - own
             retired_below += own
-            level = kept_below + max(own, next_retired, window if window < retired_below else retired_below)
+            level = kept_below + extra
+            level += max(own, next_retired, window if window < retired_below else retired_below)
             if level > peak:
                 peak = level
             if own > 0:
@@ -425,7 +430,7 @@ class Simulator:
         for i in range(self.k):
             kept_below += self.saved[i] - retired[i]
             retired_below += retired[i]
-            terms.append((kept_below, retired[i], next_retired, retired_below))
+            terms.append((kept_below + self.transient[i], retired[i], next_retired, retired_below))
             if retired[i] > 0:
                 next_retired = retired[i]
         return terms
@@ -458,7 +463,9 @@ class Simulator:
                 if content > 0:
                     next_retired = content
                     break
-            terms.append((kept_below + early, retired[i], next_retired, retired_below - early))
+            terms.append(
+                (kept_below + early + self.transient[i], retired[i], next_retired, retired_below - early)
+            )
         return terms
 
     # -- time -----------------------------------------------------------------------------

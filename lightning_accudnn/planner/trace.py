@@ -56,6 +56,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -74,7 +75,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
-from lightning_accudnn.profile import ROOT_LAYER
+from lightning_accudnn.profile import ROOT_LAYER, SegmentProfile
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
 
@@ -262,6 +263,65 @@ class _Recorder:
             stack.extend(next_node for next_node, _ in node.next_functions)
 
 
+@dataclass
+class _Segments:
+    """Forward hooks on every container module: what :class:`SegmentProfile` needs."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, set[int]] = field(default_factory=dict)
+    input_bytes: dict[str, int] = field(default_factory=dict)
+    output_bytes: dict[str, int] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def attached(self, model: nn.Module) -> Iterator[None]:
+        handles = []
+        for name, module in model.named_modules():
+            if name and any(True for _ in module.children()):
+                handles.append(module.register_forward_pre_hook(partial(self.enter, name), with_kwargs=True))
+                handles.append(module.register_forward_hook(partial(self.exit, name)))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def enter(
+        self, name: str, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if name not in self.input_bytes:
+            storages = _distinct_storages((*args, *kwargs.values()))
+            self.inputs[name] = set(storages)
+            self.input_bytes[name] = sum(storages.values())
+
+    def exit(self, name: str, module: nn.Module, args: object, output: object) -> None:
+        inputs = self.inputs.pop(name, None)
+        if inputs is not None:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            storages = _distinct_storages(outputs)
+            self.output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
+
+    def segments(self) -> tuple[SegmentProfile, ...]:
+        """Containers called once (a module called twice cannot be wrapped as one segment)."""
+        return tuple(
+            SegmentProfile(name, nbytes, self.output_bytes.get(name, 0))
+            for name, nbytes in self.input_bytes.items()
+            if self.calls[name] == 1
+        )
+
+
+def _distinct_storages(values: tuple[object, ...] | list[object]) -> dict[int, int]:
+    storages: dict[int, int] = {}
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            key = _storage_key(value)
+            if key is None:
+                storages[id(value)] = _tensor_bytes(value)
+            else:
+                storages[key] = value.untyped_storage().nbytes()
+    return storages
+
+
 class _KernelMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, recorder: _Recorder) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -421,6 +481,7 @@ def trace_step(
         pass
     fake_mode = FakeTensorMode()
     recorder = _Recorder(tracker=tracker)
+    segments = _Segments()
     model = _build_fake(build, fake_mode)
     with fake_mode:
         model.train()
@@ -432,6 +493,7 @@ def trace_step(
                 recorder.param_storages.add(key)
         batch = torch.zeros(input_shape, dtype=input_dtype)
         with (
+            segments.attached(model),
             tracker.attached(model),
             torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack),
             _KernelMode(recorder),
@@ -454,4 +516,5 @@ def trace_step(
         trainable_param_bytes=trainable,
         buffer_bytes=sum(_tensor_bytes(b) for b in buffers),
         dtype=dtype,
+        segments=segments.segments(),
     )

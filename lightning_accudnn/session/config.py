@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_accudnn.planner.budget import Budget
+from lightning_accudnn.planner.search import check_policy
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
 __all__ = ["DEFAULT_HOST_MEMORY_SHARE", "OffloadConfig"]
@@ -33,6 +34,9 @@ class OffloadConfig:
       against system RAM); ``None`` is half of system RAM.
     * ``reserve_bytes``: kept free under the budget for fragmentation and workspaces;
       ``None`` is the larger of 256 MiB and 5% of the budget on CUDA, 0 on CPU.
+    * ``policy``: what a plan may do with a segment besides keeping it: ``"auto"`` (swap or
+      recompute, whichever is fastest), ``"swap"`` (swap only) or ``"recompute"``
+      (recompute only).
 
     Example:
         >>> config = OffloadConfig(budget="12GB", keep_on_device="head")
@@ -51,8 +55,10 @@ class OffloadConfig:
     keep_on_device: Sequence[str] = ()
     host_memory_limit: Budget | int | str | None = None
     reserve_bytes: int | None = None
+    policy: str = "auto"
 
     def __post_init__(self) -> None:
+        check_policy(self.policy)
         set_field = object.__setattr__  # frozen: normalise once, here
         set_field(self, "budget", Budget.parse(self.budget))
         if self.host_memory_limit is not None:
@@ -99,7 +105,7 @@ class OffloadConfig:
             Traceback (most recent call last):
             ...
             TypeError: unknown offload option 'budgett'; the options are budget, min_swap_bytes, \
-keep_on_device, host_memory_limit, reserve_bytes
+keep_on_device, host_memory_limit, reserve_bytes, policy
         """
         names = option_names()
         for name in options:

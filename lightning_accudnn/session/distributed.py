@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
-from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
 
 __all__ = ["AGREE_EVERY_PASSES", "DistributedCoordinator", "merge_profiles"]
 
@@ -124,7 +124,19 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
         static_bytes=max(p.static_bytes for p in profiles),
         d2h_bytes_per_second=min(p.d2h_bytes_per_second for p in profiles),
         h2d_bytes_per_second=min(p.h2d_bytes_per_second for p in profiles),
+        segments=_merged_segments(profiles),
     )
+
+
+def _merged_segments(profiles: Sequence[StepProfile]) -> tuple[SegmentProfile, ...]:
+    """The segments every rank may recompute, each with the most input bytes any rank saw."""
+    common = set.intersection(*({segment.name for segment in p.segments} for p in profiles))
+    most: dict[str, int] = {}
+    for profile in profiles:
+        for segment in profile.segments:
+            if segment.name in common:
+                most[segment.name] = max(most.get(segment.name, 0), segment.input_bytes)
+    return tuple(SegmentProfile(name, most[name]) for name in sorted(common))
 
 
 def _distributed() -> bool:

@@ -21,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
+from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
 from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
@@ -36,6 +37,7 @@ from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
+from lightning_accudnn.session.recompute_pass import profile_to_plan_from, schedule_for
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats
 from lightning_accudnn.session.transfers import layer_host_bytes, transfer_sizes
@@ -185,6 +187,9 @@ class OffloadSession:
         # Steady state (the hot path): each pass kind's save sequence, replayed by ordinal with
         # no module hooks, and the model-state bytes, recomputed only when they may change.
         self._sequences: dict[PassKey, SaveSequence] = {}
+        self._sequences_recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each ran under
+        self.recomputer = SegmentRecomputer()  # the plan's recomputed segments (ops/recompute.py)
+        self._probe = SegmentProbe()  # in profiling passes: which segments could be recomputed
         self._state_bytes_key: tuple[object, ...] | None = None
         self._state_bytes = 0
         self._closed = False
@@ -243,6 +248,8 @@ class OffloadSession:
         """Abort any open pass, free the host pool, lift the allocator cap. Idempotent."""
         self._backward_end.remove()
         self.engine.close()
+        self._probe.detach()
+        self.recomputer.remove()
         self.allocator.lift()
         self._closed = True
 
@@ -305,6 +312,8 @@ class OffloadSession:
         self._backward_end.remove()
         self.engine.abort_step()
         self.engine.weight_copies.take()  # the aborted pass's count
+        self._probe.detach()
+        self.recomputer.remove()  # the next pass installs its plan's segments again
         self._pass = None
 
     def check_model(self, model: nn.Module) -> None:
@@ -432,13 +441,21 @@ class OffloadSession:
         assert block is not None
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
         plan = self._book.plan(key)
-        hooked = plan is None or self._book.needs_refining(key) or key not in self._sequences
+        hooked = (
+            plan is None
+            or self._book.needs_refining(key)
+            or key not in self._sequences
+            or self._sequences_recomputed.get(key) != plan.recomputed
+        )
         static_bytes = self._model_state_bytes(block, refresh=hooked) + self._weight_copy_bytes.get(key, 0)
         if plan is None:  # a new batch shape: planned from other shapes of the pass if it can be
             plan = self._shapes.plan_for(key, static_bytes)
         if plan is not None and static_bytes != plan.profile.static_bytes:
             plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
             self._book.replan(key, plan)
+        recomputed = plan.recomputed if plan is not None else ()
+        # A plan re-made just now may recompute other segments than the sequence recorded.
+        hooked = hooked or self._sequences_recomputed.get(key) != recomputed
         self.plan = plan if plan is not None else self.plan
         self._pass = self._last_entered = _Pass(key, plan, self._book.source(key))
         if plan is None:
@@ -447,15 +464,16 @@ class OffloadSession:
                 max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
             )
         else:
-            kept = {layer.name for layer in plan.profile.layers} - plan.swapped_layers
-            schedule = SwapSchedule.keep_layers_named(
-                kept, plan.prefetch_window_bytes, plan.max_copying_out_bytes
-            )
+            schedule = schedule_for(plan)
+        self.recomputer.install(block.model, recomputed)
+        self.recomputer.enabled = bool(recomputed)
         sequence = None if hooked else self._sequences[key]
         context = self.engine.offload(block.model, schedule, static_bytes=static_bytes, sequence=sequence)
         context.__enter__()
         block.engine_context = context
         block.pass_closed = False
+        if plan is None:
+            self._probe.attach(block.model)  # inside the engine's hooks: what it sees is a segment
 
     def _model_state_bytes(self, block: _Block, *, refresh: bool) -> int:
         """:func:`model_state_bytes`, walked again only in hooked passes or when the model, the
@@ -475,6 +493,8 @@ class OffloadSession:
         if block is None or block.engine_context is None:
             return
         context, block.engine_context = block.engine_context, None
+        self._probe.detach()
+        self.recomputer.enabled = False
         if error is None:
             context.__exit__(None, None, None)
         else:
@@ -507,6 +527,7 @@ class OffloadSession:
         self.stats = stats
         if step.sequence is not None:
             self._sequences[key] = step.sequence
+            self._sequences_recomputed[key] = () if current.plan is None else current.plan.recomputed
             self._links.pop(key, None)
         # Autocast's weight copies (kept, never swapped) are model state: a hooked pass's own count
         # replaces the one its static bytes started from (a replayed pass leaves them to autograd
@@ -517,6 +538,9 @@ class OffloadSession:
         static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(key, 0) + copies
         self._weight_copy_bytes[key] = copies
         profile = self._profile_from(step, key, static_bytes)
+        if profiling:
+            profile = replace(profile, segments=self._probe.segments())
+        profile = profile_to_plan_from(current.plan, profile, step.graph_changed)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
@@ -594,6 +618,7 @@ class OffloadSession:
                 profile,
                 budget,
                 self.reserve_bytes,
+                policy=self.config.policy,
                 host_limit_bytes=pool.capacity_bytes,
                 host_bytes=host_bytes,
             )
@@ -604,6 +629,7 @@ class OffloadSession:
         self.report(
             f"accudnn plan{which}: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
             f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
+            f"recompute {len(plan.recomputed)} segments, "
             f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, "
             f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )

@@ -29,7 +29,7 @@ class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
 
     Offload options come as one :class:`~lightning_accudnn.OffloadConfig` (``config=``), as
     keywords naming its fields (``budget``, ``min_swap_bytes``, ``keep_on_device``,
-    ``host_memory_limit``, ``reserve_bytes``), or both (the keywords win). ``device`` is by
+    ``host_memory_limit``, ``reserve_bytes``, ``policy``), or both (the keywords win). ``device`` is by
     default the one the Trainer's ``accelerator``/``devices`` name; the session
     (``strategy.offload``: budget, reserve, plan, stats) is made when the Trainer sets up.
     ``runtime`` is the device runtime the engine runs on (default: CUDA streams on a GPU, host

@@ -26,9 +26,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_ROWS = {
     "oracle": "oracle",
     "accudnn-2x": "accudnn",
+    "accudnn-2x-swap": "accudnn",
     "accudnn-3x": "accudnn",
+    "accudnn-3x-swap": "accudnn",
     "accudnn-4x": "accudnn",
+    "accudnn-4x-swap": "accudnn",
     "accudnn-1KB": "accudnn",
+    "accudnn-1KB-swap": "accudnn",
     "save_on_cpu": "save_on_cpu",
     "torchtune": "torchtune",
     "checkpoint": "checkpoint",
@@ -57,7 +61,7 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
         "--results-dir",
         str(results),
     ]
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     written = sorted((results / "cpu").glob("*-tiny.json"))
     assert len(written) == 1, list((results / "cpu").iterdir())

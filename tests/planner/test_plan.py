@@ -231,10 +231,19 @@ def test_str_lists_every_layer_and_the_summary():
     text = str(plan)
     for layer in plan.profile.layers:
         assert layer.name in text
-    for word in ("predicted peak", "budget", "predicted step", "lower bound", "bound ratio", "swap", "keep"):
+    for word in (
+        "predicted peak",
+        "budget",
+        "predicted step",
+        "lower bound",
+        "bound ratio",
+        "swap",
+        "keep",
+        "recomputed",
+    ):
         assert word in text
     assert f"{plan.bound_ratio:.3f}" in text
-    assert len(text.splitlines()) == 1 + len(plan.profile.layers) + 5
+    assert len(text.splitlines()) == 1 + len(plan.profile.layers) + 6
 
 
 def test_to_dict_is_json():

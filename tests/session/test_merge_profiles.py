@@ -1,6 +1,6 @@
 """Ranks plan from one merged profile: what a rank saw saved again or kept for being small survives."""
 
-from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
 from lightning_accudnn.session.distributed import merge_profiles
 
 
@@ -18,3 +18,10 @@ def test_merged_profile_keeps_resaved_and_small_storages():
     assert relu.resaved_by == (("conv", 60),)  # the most any rank saw saved again
     assert relu.small_storages == (8, 4)  # from the rank with the most resident bytes
     assert relu.saved_bytes == 112 and relu.swappable_bytes == 100
+
+
+def test_the_merge_keeps_the_segments_every_rank_may_recompute_with_their_most_input_bytes():
+    layers = (LayerProfile("block.a", 10, 10),)
+    a = StepProfile(layers, 0, segments=(SegmentProfile("block", 4), SegmentProfile("only_a", 1)))
+    b = StepProfile(layers, 0, segments=(SegmentProfile("block", 6),))
+    assert merge_profiles([a, b]).segments == (SegmentProfile("block", 6),)

@@ -1,0 +1,263 @@
+"""Recompute chosen segments: run a module's forward under non-reentrant checkpointing.
+
+A recomputed segment saves only its inputs in forward (through the saved-tensor hooks in
+force around it, so the offload engine keeps or swaps them like any saved tensor); what the
+segment saves inside goes to the checkpoint and is rebuilt by running the forward again in
+backward. :class:`SegmentRecomputer` installs a wrapper of each chosen module's ``forward``
+once (no per-step module hooks) and removes it cleanly; :class:`SegmentProbe` measures, in a
+profiling pass, which modules may be recomputed and their inputs' bytes.
+
+What recomputation keeps exact:
+
+* random numbers: ``preserve_rng_state=True`` replays the forward's RNG state (dropout);
+* BatchNorm running statistics are updated once per step: while a segment is recomputed,
+  every training-mode BatchNorm in it updates scratch copies of its running statistics
+  (thrown away afterwards), so the recomputed output, computed from batch statistics as in
+  forward, is bitwise the same and the buffers are untouched;
+* the segment module's own forward hooks run once (the wrapper calls the original
+  ``forward``, which ``nn.Module.__call__`` reaches after the hooks). Hooks of modules
+  *inside* the segment run again during recomputation (``is_recomputing()`` says when).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.hooks import RemovableHandle
+
+from lightning_accudnn.ops._torch_internals import top_saved_tensor_hooks, tracks_running_statistics
+from lightning_accudnn.profile import SegmentProfile
+
+__all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
+
+_recomputing = threading.local()
+
+
+def is_recomputing() -> bool:
+    """True while a segment's forward runs again in backward (for hooks that must not count it).
+
+    Example:
+        >>> is_recomputing()
+        False
+    """
+    return bool(getattr(_recomputing, "depth", 0))
+
+
+_BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+@contextlib.contextmanager
+def _recomputation(module: nn.Module) -> Iterator[None]:
+    """Around the recomputation of ``module``: training BatchNorms update scratch statistics."""
+    swapped: list[tuple[nn.Module, str, torch.Tensor]] = []
+    for inner in module.modules():
+        if tracks_running_statistics(inner):
+            for name in _BATCH_NORM_STATISTICS:
+                buffer = getattr(inner, name, None)
+                if isinstance(buffer, torch.Tensor):
+                    swapped.append((inner, name, buffer))
+                    setattr(inner, name, buffer.clone())
+    _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _recomputing.depth -= 1
+        for inner, name, buffer in swapped:
+            setattr(inner, name, buffer)
+
+
+def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], Any]:
+    return contextlib.nullcontext(), _recomputation(module)
+
+
+class SegmentRecomputer:
+    """Wraps the ``forward`` of the named submodules so that they run under checkpointing.
+
+    The wrappers are installed by :meth:`install` (again only when the model or the names
+    change) and do nothing but call the original ``forward`` unless :attr:`enabled` is set
+    and gradients are enabled. :meth:`remove` restores every module as it was.
+
+    Example:
+        >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
+        >>> recomputer = SegmentRecomputer()
+        >>> recomputer.install(model, ["0"])
+        >>> with recomputer.enabled_for_pass():
+        ...     loss = model(torch.randn(2, 4)).sum()
+        >>> loss.backward()
+        >>> recomputer.installed, "forward" in vars(model[0])
+        (('0',), True)
+        >>> recomputer.remove(); "forward" in vars(model[0])
+        False
+    """
+
+    __slots__ = ("enabled", "_model", "_wrapped")
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._model: nn.Module | None = None
+        self._wrapped: dict[str, tuple[nn.Module, object]] = {}  # name -> (module, own forward before)
+
+    @property
+    def installed(self) -> tuple[str, ...]:
+        return tuple(self._wrapped)
+
+    def install(self, model: nn.Module, names: Iterable[str]) -> None:
+        """Recompute exactly the submodules ``names`` of ``model`` (none: remove every wrapper)."""
+        wanted = tuple(sorted(names))
+        if model is self._model and wanted == self.installed:
+            return
+        self.remove()
+        self._model = model
+        for name in wanted:
+            module = model.get_submodule(name)
+            previous = vars(module).get("forward", _NOTHING)
+            module.forward = partial(_run, self, module, module.forward)
+            self._wrapped[name] = (module, previous)
+
+    def remove(self) -> None:
+        """Restore every wrapped module's ``forward``. Idempotent."""
+        for module, previous in self._wrapped.values():
+            if previous is _NOTHING:
+                vars(module).pop("forward", None)
+            else:
+                vars(module)["forward"] = previous
+        self._wrapped.clear()
+        self._model = None
+        self.enabled = False
+
+    @contextlib.contextmanager
+    def enabled_for_pass(self) -> Iterator[None]:
+        """Recompute inside the block (a forward pass run under a plan that recomputes)."""
+        self.enabled = True
+        try:
+            yield
+        finally:
+            self.enabled = False
+
+
+_NOTHING = object()
+
+
+def _run(
+    recomputer: SegmentRecomputer, module: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    if not recomputer.enabled or not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(
+        forward,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=True,
+        context_fn=partial(_contexts, module),
+        **kwargs,
+    )
+
+
+class SegmentProbe:
+    """Which submodules one forward pass could recompute, and their inputs' bytes.
+
+    :meth:`attach` it inside the saved-tensor hooks of the pass (the engine's): a module is
+    a segment when it has submodules, is called once, runs under those hooks (not inside
+    someone else's checkpointing) and has no submodule that does not. Its ``input_bytes``
+    are the distinct storages of its tensor arguments, its ``output_bytes`` those of its
+    tensor outputs (top level, or in a tuple or list) that are not inputs.
+
+    Example:
+        >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
+        >>> probe = SegmentProbe()
+        >>> with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        ...     probe.attach(model)
+        ...     _ = model(torch.randn(2, 4))
+        >>> probe.detach(); probe.segments()
+        (SegmentProfile(name='0', input_bytes=32, output_bytes=32),)
+    """
+
+    __slots__ = (
+        "_handles",
+        "_reference",
+        "_calls",
+        "_input_bytes",
+        "_inputs",
+        "_output_bytes",
+        "_foreign",
+        "_parents",
+    )
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+        self._reference: object = None
+        self._calls: dict[str, int] = {}
+        self._input_bytes: dict[str, int] = {}
+        self._inputs: dict[str, set[int]] = {}  # storages of each segment's inputs, until it returns
+        self._output_bytes: dict[str, int] = {}
+        self._foreign: set[str] = set()
+        self._parents: set[str] = set()
+
+    def attach(self, model: nn.Module) -> None:
+        """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw)."""
+        self.detach()
+        self._reference = top_saved_tensor_hooks()
+        self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
+        self._inputs, self._output_bytes = {}, {}
+        for name, module in model.named_modules():
+            if not name:
+                continue
+            if any(True for _ in module.children()):
+                self._parents.add(name)
+                self._handles.append(module.register_forward_hook(partial(self._exit, name)))
+            self._handles.append(
+                module.register_forward_pre_hook(partial(self._enter, name), with_kwargs=True)
+            )
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _enter(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._calls[name] = self._calls.get(name, 0) + 1
+        if top_saved_tensor_hooks() != self._reference:
+            self._foreign.add(name)
+        if name in self._parents and name not in self._input_bytes:
+            storages = _storages((*args, *kwargs.values()))
+            self._input_bytes[name] = sum(storages.values())
+            self._inputs[name] = set(storages)
+
+    def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        inputs = self._inputs.pop(name, None)
+        if inputs is not None:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            storages = _storages(outputs)
+            self._output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
+
+    def segments(self) -> tuple[SegmentProfile, ...]:
+        """The segments of the last pass, in the order they were first called."""
+        foreign = self._foreign
+        result = []
+        for name, nbytes in self._input_bytes.items():
+            if self._calls.get(name) != 1:
+                continue
+            prefix = name + "."
+            if any(
+                other == name or other.startswith(prefix) or name.startswith(other + ".") for other in foreign
+            ):
+                continue
+            result.append(SegmentProfile(name, nbytes, self._output_bytes.get(name, 0)))
+        return tuple(result)
+
+
+def _storages(values: Iterable[object]) -> dict[int, int]:
+    """Distinct storages of the tensors among ``values``: address -> bytes."""
+    storages: dict[int, int] = {}
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return storages

@@ -1,0 +1,235 @@
+"""What recomputing segments does to a profile: the step the engine then sees, layer by layer.
+
+A recomputed segment (a module invocation, :class:`~lightning_accudnn.profile.SegmentProfile`)
+runs under non-reentrant checkpointing. The engine then sees, in place of the segment's
+layers, one layer named after the segment that saves only the segment's inputs (kept on the
+device: the session's schedule keeps segment layers); the saves inside the segment go to the
+checkpoint and the engine never sees them. In backward the segment's forward runs again
+(its time is charged to the backward) and everything it saves is on the device while its
+backward runs (a *transient*, which the timeline adds to that layer's backward level).
+
+:func:`recomputed_profile` builds that step as a plain :class:`StepProfile`, so the swap
+search and the two-stream simulator score it unchanged. Accounting (an upper bound on the
+engine's ledger and on the device, never below either):
+
+* the segment layer holds ``input_bytes`` from its forward to the end of its backward, even
+  when an input's storage was saved before (the engine then deduplicates it);
+* a storage first saved inside a recomputed segment and saved again by a later layer ``p``
+  (``LayerProfile.resaved_by``), or one of the segment's outputs
+  (``SegmentProfile.output_bytes``: profiles measured by the engine do not list re-saves),
+  is, under recomputation, first saved by the engine at or after the first layer following
+  the segment: it is counted as resident bytes of that layer (from its forward to the end
+  of its backward, which covers every later first save; an output that is the next
+  segment's input is so counted twice);
+* a storage saved again by a layer inside a recomputed segment is taken as saved again by
+  the segment layer (the latest position its last save can have).
+
+Example:
+    >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
+    >>> layers = (LayerProfile("stem", 40, 40, 1.0, 2.0), LayerProfile("block.conv", 100, 100, 1.0, 2.0),
+    ...           LayerProfile("block.relu", 100, 100, 0.5, 1.0), LayerProfile("head", 10, 10, 0.1, 0.2))
+    >>> profile = StepProfile(layers, static_bytes=0, segments=(SegmentProfile("block", 40),))
+    >>> step = recomputed_profile(profile, candidate_spans(profile))
+    >>> [(layer.name, layer.saved_bytes, layer.backward_seconds) for layer in step.profile.layers]
+    [('stem', 40, 2.0), ('block', 40, 4.5), ('head', 10, 0.2)]
+    >>> step.transient_bytes
+    (0, 200, 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, StepProfile
+
+__all__ = ["RecomputedProfile", "SegmentSpan", "candidate_spans", "recomputed_profile"]
+
+
+@dataclass(frozen=True)
+class SegmentSpan:
+    """A segment of a profile that recomputation would help: the layers it covers and their totals.
+
+    ``first`` and ``last`` index the profile's layers (inclusive); ``saved_bytes`` and
+    ``forward_seconds`` are the sums over them (what recomputation frees and costs again).
+
+    Example:
+        >>> span = SegmentSpan("block", 1, 2, input_bytes=40, saved_bytes=200, forward_seconds=1.5)
+        >>> span.freed_bytes, span.overlaps(SegmentSpan("other", 2, 3, 0, 1, 0.0))
+        (160, True)
+    """
+
+    name: str
+    first: int
+    last: int
+    input_bytes: int
+    saved_bytes: int
+    forward_seconds: float
+    output_bytes: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        """Saved bytes the segment no longer holds in forward."""
+        return self.saved_bytes - self.input_bytes
+
+    def overlaps(self, other: SegmentSpan) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+    def holds(self, other: SegmentSpan) -> bool:
+        """Whether ``other`` lies within this span."""
+        return self.first <= other.first and other.last <= self.last
+
+
+def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
+    """The profile's segments worth recomputing, in forward order (outer before inner).
+
+    A segment qualifies when its layers are consecutive in the profile, it does not cover the
+    root (work outside every module), and it saves more than its inputs. Two segments covering
+    the same layers are one candidate (the one with fewer input bytes, then the outer one).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
+        >>> layers = (LayerProfile("a.x", 50, 50), LayerProfile("b", 50, 50), LayerProfile("a.y", 50, 50))
+        >>> profile = StepProfile(layers, 0, segments=(SegmentProfile("a", 10),))
+        >>> candidate_spans(profile)  # a's layers are not consecutive
+        ()
+    """
+    layers = profile.layers
+    by_range: dict[tuple[int, int], SegmentSpan] = {}
+    for segment in profile.segments:
+        covered = [i for i, layer in enumerate(layers) if segment.covers(layer.name)]
+        if not covered or covered[-1] - covered[0] + 1 != len(covered):
+            continue
+        if any(layers[i].name == ROOT_LAYER for i in covered):
+            continue
+        span = SegmentSpan(
+            segment.name,
+            covered[0],
+            covered[-1],
+            segment.input_bytes,
+            sum(layers[i].saved_bytes for i in covered),
+            sum(layers[i].forward_seconds for i in covered),
+            segment.output_bytes,
+        )
+        if span.freed_bytes <= 0:
+            continue
+        key = (span.first, span.last)
+        known = by_range.get(key)
+        if known is None or span.input_bytes < known.input_bytes:
+            by_range[key] = span
+    return tuple(sorted(by_range.values(), key=lambda span: (span.first, -span.last)))
+
+
+@dataclass(frozen=True)
+class RecomputedProfile:
+    """The step the engine sees when ``spans`` are recomputed, and what the timeline adds.
+
+    ``profile`` has one layer per segment in place of the segment's layers;
+    ``transient_bytes[i]`` is what layer ``i`` of it holds on top while its backward runs
+    (the recomputed segment's saves; 0 for other layers); ``origin[i]`` lists the original
+    layers' indices behind layer ``i``.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> step = recomputed_profile(StepProfile((LayerProfile("a", 1, 1),), 0), ())
+        >>> step.origin, step.recomputed
+        (((0,),), ())
+    """
+
+    profile: StepProfile
+    transient_bytes: tuple[int, ...]
+    origin: tuple[tuple[int, ...], ...]
+    recomputed: tuple[str, ...]
+
+    @property
+    def recompute_seconds(self) -> float:
+        """Forward time run again in backward."""
+        names = set(self.recomputed)
+        return sum(layer.forward_seconds for layer in self.profile.layers if layer.name in names)
+
+
+def recomputed_profile(
+    profile: StepProfile, spans: Sequence[SegmentSpan], *, swappable: bool = True
+) -> RecomputedProfile:
+    """``profile`` with ``spans`` (non-overlapping) recomputed; see the module docstring.
+
+    With ``swappable`` false every layer's bytes are made resident (a keep-or-recompute policy).
+    """
+    layers = profile.layers
+    chosen = sorted(spans, key=lambda span: span.first)
+    for before, after in zip(chosen, chosen[1:], strict=False):
+        if before.overlaps(after):
+            raise ValueError(f"recomputed segments {before.name!r} and {after.name!r} overlap")
+    span_of: dict[int, SegmentSpan] = {i: span for span in chosen for i in range(span.first, span.last + 1)}
+    # The new layers: (name, [original indices], span or None)
+    groups: list[tuple[str, list[int], SegmentSpan | None]] = []
+    for i, layer in enumerate(layers):
+        span = span_of.get(i)
+        if span is None:
+            groups.append((layer.name, [i], None))
+        elif i == span.first:
+            groups.append((span.name, list(range(span.first, span.last + 1)), span))
+    position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
+    index = {layer.name: i for i, layer in enumerate(layers)}
+    extra_resident = [0] * len(groups)
+    resaves: list[dict[str, int]] = [{} for _ in groups]
+    for i, layer in enumerate(layers):
+        group = position[i]
+        for later_name, nbytes in layer.resaved_by:
+            later = position[index[later_name]]
+            if later == group:
+                continue
+            if groups[group][2] is None:
+                name = groups[later][0]
+                resaves[group][name] = resaves[group].get(name, 0) + nbytes
+            elif group + 1 < len(groups):  # first saved by the engine at or after the next layer
+                extra_resident[group + 1] += nbytes
+    for g, (_, _, span) in enumerate(groups):
+        if span is not None and g + 1 < len(groups):
+            extra_resident[g + 1] += span.output_bytes
+    new_layers = []
+    transient = []
+    for g, (name, indices, span) in enumerate(groups):
+        if span is None:
+            layer = layers[indices[0]]
+            resident = layer.resident_bytes + extra_resident[g]
+            saved = layer.saved_bytes + extra_resident[g]
+            swap_bytes = saved - resident if swappable else 0
+            resaved = tuple(resaves[g].items()) if swap_bytes else ()
+            new_layers.append(
+                LayerProfile(
+                    name,
+                    saved_bytes=saved,
+                    swappable_bytes=swap_bytes,
+                    forward_seconds=layer.forward_seconds,
+                    backward_seconds=layer.backward_seconds,
+                    small_storages=layer.small_storages if swappable else (),
+                    resaved_by=resaved,
+                )
+            )
+            transient.append(0)
+        else:
+            inner = [layers[i] for i in indices]
+            forward = sum(layer.forward_seconds for layer in inner)
+            new_layers.append(
+                LayerProfile(
+                    name,
+                    saved_bytes=span.input_bytes + extra_resident[g],
+                    swappable_bytes=0,
+                    forward_seconds=forward,
+                    backward_seconds=sum(layer.backward_seconds for layer in inner) + forward,
+                )
+            )
+            transient.append(sum(layer.saved_bytes for layer in inner))
+    derived = StepProfile(
+        tuple(new_layers),
+        profile.static_bytes,
+        profile.d2h_bytes_per_second,
+        profile.h2d_bytes_per_second,
+    )
+    return RecomputedProfile(
+        derived,
+        tuple(transient),
+        tuple(tuple(indices) for _, indices, _ in groups),
+        tuple(span.name for span in chosen),
+    )

@@ -1,0 +1,93 @@
+"""What a pass run under a plan that recomputes tells the session.
+
+Under recomputation the engine sees fewer layers than the profiling pass did (a recomputed
+segment's inner saves go to the checkpoint; the segment saves only its inputs), so its
+measured profile cannot be planned from: the session keeps planning from the profile the
+plan was made from, unless the pass departed from what the plan expects the engine to see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lightning_accudnn.ops import SwapSchedule
+from lightning_accudnn.planner import Plan
+from lightning_accudnn.profile import StepProfile
+
+__all__ = ["departs_from_plan", "profile_to_plan_from", "schedule_for"]
+
+
+def schedule_for(plan: Plan) -> SwapSchedule:
+    """The engine's orders for a pass under ``plan``.
+
+    A plan that recomputes nothing keeps what it chose to keep and swaps the rest (a layer it
+    never saw is swapped, the safe side). Under recomputation layers the profiling pass never
+    saw save for the first time (a recomputed segment's output, saved by the layer after it):
+    the plan counts those bytes as kept by the layer after the segment, so the schedule
+    swaps exactly the layers the plan swaps and keeps every other.
+
+    Example:
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> plan = plan_swaps(StepProfile((LayerProfile("a", 100, 100),), 0), 1_000)
+        >>> schedule_for(plan).swaps("a"), schedule_for(plan).swaps("new")
+        (False, True)
+    """
+    window, limit = plan.prefetch_window_bytes, plan.max_copying_out_bytes
+    if plan.recomputed:
+        return SwapSchedule.swap_layers_named(plan.swapped_layers, window, limit)
+    return SwapSchedule.keep_layers_named(plan.kept_layers, window, limit)
+
+
+def departs_from_plan(plan: Plan, measured: StepProfile) -> bool:
+    """Whether ``measured`` (a pass run under ``plan``) saw the plan's layers out of order, a
+    layer saving more bytes than the plan counts for it, or more bytes in all.
+
+    A layer may be missing (it saved only storages saved before, which the engine counts
+    once) and may save less (the plan counts a segment's inputs even when they were saved
+    before); a layer the plan does not list may save what the plan counts elsewhere (a
+    recomputed segment's output, first saved by a layer the profiling pass saw save nothing).
+
+    Example:
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
+        >>> layers = (LayerProfile("block.a", 100, 100), LayerProfile("block.b", 100, 100))
+        >>> profile = StepProfile(layers, 0, segments=(SegmentProfile("block", 10),))
+        >>> plan = plan_swaps(profile, 300, policy="recompute")
+        >>> plan.recomputed
+        ('block',)
+        >>> departs_from_plan(plan, StepProfile((LayerProfile("block", 10, 10),), 0))
+        False
+        >>> departs_from_plan(plan, StepProfile((LayerProfile("block", 20, 20),), 0))
+        True
+    """
+    expected = {layer.name: (i, layer.saved_bytes) for i, layer in enumerate(plan.engine_profile.layers)}
+    position = -1
+    for layer in measured.layers:
+        known = expected.get(layer.name)
+        if known is None:
+            continue
+        if known[0] <= position or layer.saved_bytes > known[1]:
+            return True
+        position = known[0]
+    return measured.saved_bytes > plan.engine_profile.saved_bytes
+
+
+def profile_to_plan_from(plan: Plan | None, measured: StepProfile, graph_changed: bool) -> StepProfile:
+    """The profile to plan the next passes from, after a pass run under ``plan`` measured
+    ``measured``: the plan's own profile when the plan recomputes and the pass ran as it
+    expects (or was replayed by ordinal and departed: the next pass runs hooked and checks),
+    else ``measured`` with the segments the plan's profile found (only a profiling pass
+    finds segments).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> measured = StepProfile((LayerProfile("a", 1, 1),), 0)
+        >>> profile_to_plan_from(None, measured, graph_changed=False) is measured
+        True
+    """
+    if plan is None:
+        return measured
+    if plan.recomputed and (graph_changed or not departs_from_plan(plan, measured)):
+        return plan.profile
+    return replace(measured, segments=plan.profile.segments)

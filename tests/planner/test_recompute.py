@@ -1,0 +1,193 @@
+"""The planner's third choice: recompute segments, charged to backward, their saves held while it runs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_accudnn.planner.plan import BudgetTooSmallError, min_budget_bytes, plan_swaps
+from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator
+from lightning_accudnn.profile import LayerChoice, LayerProfile, SegmentProfile, StepProfile
+from tests.planner.strategies import run_sums
+
+GB = 10**9
+
+
+def _blocks(count: int, link: float, *, saved: int = GB, forward: float = 1e-3) -> StepProfile:
+    """``count`` residual-like blocks of two layers each, inputs a quarter of what they save."""
+    layers = []
+    for block in range(count):
+        layers.append(LayerProfile(f"b{block}.conv", saved // 2, saved // 2, forward / 2, forward))
+        layers.append(LayerProfile(f"b{block}.relu", saved // 2, saved // 2, forward / 2, forward))
+    segments = tuple(SegmentProfile(f"b{block}", saved // 4) for block in range(count))
+    return StepProfile(
+        tuple(layers),
+        static_bytes=GB,
+        d2h_bytes_per_second=link,
+        h2d_bytes_per_second=link,
+        segments=segments,
+    )
+
+
+def test_slow_link_fast_compute_the_hybrid_beats_swapping_alone():
+    profile = _blocks(6, link=2 * GB)
+    budget = profile.static_bytes + profile.saved_bytes // 3
+    swap = plan_swaps(profile, budget, policy="swap")
+    auto = plan_swaps(profile, budget, policy="auto")
+    assert auto.recomputed  # recomputing 1 ms of forward beats copying 1 GB at 2 GB/s
+    assert auto.predicted_step_seconds < swap.predicted_step_seconds
+    assert auto.predicted_peak_bytes <= budget
+    assert LayerChoice.RECOMPUTE in auto.choices
+    assert "recompute" in str(auto) and auto.to_dict()["recomputed_segments"] == list(auto.recomputed)
+    assert auto.recompute_seconds > 0
+    # the swap-only bound does not hold for a plan that recomputes; the policy's bound does
+    assert auto.lower_bound_seconds <= auto.predicted_step_seconds < swap.lower_bound_seconds
+
+
+def test_fast_link_chooses_swaps():
+    profile = _blocks(6, link=1e15)
+    budget = profile.static_bytes + profile.saved_bytes // 3
+    auto = plan_swaps(profile, budget, policy="auto")
+    swap = plan_swaps(profile, budget, policy="swap")
+    assert auto.recomputed == ()
+    assert auto.swap == swap.swap and auto.predicted_step_seconds == swap.predicted_step_seconds
+
+
+def test_recompute_policy_never_swaps_and_swap_policy_never_recomputes():
+    profile = _blocks(4, link=2 * GB)
+    budget = profile.static_bytes + profile.saved_bytes // 2
+    recompute = plan_swaps(profile, budget, policy="recompute")
+    assert not any(recompute.swap) and recompute.recomputed
+    assert set(recompute.choices) <= {LayerChoice.KEEP, LayerChoice.RECOMPUTE}
+    assert not plan_swaps(profile, budget, policy="swap").recomputed
+
+
+def test_an_unknown_policy_names_the_valid_ones():
+    with pytest.raises(ValueError, match="'auto', 'swap', 'recompute'"):
+        plan_swaps(_blocks(1, 1e9), 10 * GB, policy="fastest")
+
+
+def test_recomputation_lowers_the_smallest_budget_where_bytes_cannot_swap():
+    layers = (
+        LayerProfile("b0.a", 50, 0, 1.0, 1.0),
+        LayerProfile("b0.b", 50, 0, 1.0, 1.0),
+        LayerProfile("b1.a", 50, 0, 1.0, 1.0),
+        LayerProfile("b1.b", 50, 0, 1.0, 1.0),
+        LayerProfile("head", 10, 10, 1.0, 1.0),
+    )
+    segments = (SegmentProfile("b0", 10), SegmentProfile("b1", 10))
+    profile = StepProfile(layers, static_bytes=0, segments=segments)
+    assert min_budget_bytes(profile, policy="swap") == 210
+    # both recomputed: 10 + 10 held, and one block's 100 saves again while its backward runs
+    assert min_budget_bytes(profile, policy="auto") == 10 + 10 + 100
+    assert min_budget_bytes(profile, policy="recompute") == 120  # the head's 10 are freed by then
+    with pytest.raises(BudgetTooSmallError) as caught:
+        plan_swaps(profile, 119, policy="auto")
+    assert caught.value.min_budget_bytes == 120
+    assert plan_swaps(profile, 120, policy="auto").predicted_peak_bytes <= 120
+    with pytest.raises(BudgetTooSmallError):
+        plan_swaps(profile, 120, policy="swap")
+
+
+def test_the_transient_of_a_recomputed_segment_counts_while_its_backward_runs():
+    layers = (
+        LayerProfile("stem", 50, 50, 1.0, 1.0),
+        LayerProfile("block.a", 100, 100, 1.0, 2.0),
+        LayerProfile("block.b", 100, 100, 1.0, 2.0),
+    )
+    profile = StepProfile(layers, static_bytes=10, segments=(SegmentProfile("block", 50),))
+    step = recomputed_profile(profile, candidate_spans(profile))
+    assert [layer.name for layer in step.profile.layers] == ["stem", "block"]
+    assert step.transient_bytes == (0, 200)
+    block = step.profile.layers[1]
+    assert (block.saved_bytes, block.swappable_bytes) == (50, 0)
+    assert block.backward_seconds == (1.0 + 1.0) + (2.0 + 2.0)  # the forward again, then the backward
+    memory = Simulator(step.profile, step.transient_bytes).memory(PlanChoice((False, False)))
+    assert memory.forward_levels == (60, 110)
+    assert memory.backward_levels == (60, 10 + 50 + 50 + 200)
+
+
+def test_a_storage_first_saved_inside_a_recomputed_segment_stays_counted():
+    """The block's output, saved again by the head: under recomputation the engine sees the head
+    save it first, so its bytes must not vanish with the block's layers."""
+    layers = (
+        LayerProfile("block.a", 100, 100, resaved_by=(("head", 40),)),
+        LayerProfile("head", 5, 5),
+    )
+    profile = StepProfile(layers, static_bytes=0, segments=(SegmentProfile("block", 10),))
+    step = recomputed_profile(profile, candidate_spans(profile))
+    head = step.profile.layers[1]
+    assert (head.saved_bytes, head.resident_bytes) == (45, 40)
+
+
+# -- brute force ---------------------------------------------------------------------------
+
+_seconds = st.sampled_from([0.0, 0.5, 1.0, 2.0])
+
+
+@st.composite
+def segmented_profiles(draw) -> StepProfile:
+    """A stem, one or two blocks of one or two layers inside a group, a head: nested segments."""
+    names = ["stem"]
+    for block in range(draw(st.integers(1, 2))):
+        names += [f"group.b{block}.l{i}" for i in range(draw(st.integers(1, 2)))]
+    names.append("head")
+    layers = []
+    for name in names:
+        saved = draw(st.integers(0, 100))
+        swappable = draw(st.one_of(st.just(saved), st.integers(0, saved)))
+        layers.append(LayerProfile(name, saved, swappable, draw(_seconds), draw(_seconds)))
+    blocks = sorted({name.rsplit(".", 1)[0] for name in names if name.startswith("group.")})
+    segments = tuple(SegmentProfile(name, draw(st.integers(0, 60))) for name in ["group", *blocks])
+    link = draw(st.sampled_from([float("inf"), 25.0, 100.0]))
+    return StepProfile(tuple(layers), draw(st.integers(0, 50)), link, link, segments=segments)
+
+
+def _brute_force(profile: StepProfile, cap: int, policy: str) -> tuple[float | None, int]:
+    """Least step time with peak <= cap, and least peak, over every non-overlapping recompute
+    set x swap set x limit x window (written without the search)."""
+    spans = candidate_spans(profile) if policy != "swap" else ()
+    best, least = None, None
+    for mask in range(1 << len(spans)):
+        chosen = [span for bit, span in enumerate(spans) if mask >> bit & 1]
+        if any(a.overlaps(b) for a, b in itertools.combinations(chosen, 2)):
+            continue
+        step = recomputed_profile(profile, chosen, swappable=policy != "recompute")
+        simulator = Simulator(step.profile, step.transient_bytes)
+        for swap in itertools.product((False, True), repeat=len(step.profile.layers)):
+            if any(
+                s and not layer.swappable_bytes for s, layer in zip(swap, step.profile.layers, strict=True)
+            ):
+                continue
+            sums = run_sums(step.profile, swap)
+            for limit in [*sums, None]:
+                for window in sums:
+                    result = simulator.run(PlanChoice(swap, window, limit))
+                    least = result.peak_bytes if least is None else min(least, result.peak_bytes)
+                    if result.peak_bytes <= cap and (best is None or result.step_seconds < best):
+                        best = result.step_seconds
+    assert least is not None
+    return best, least
+
+
+@settings(max_examples=25, deadline=None)
+@given(segmented_profiles(), st.floats(0.0, 1.0), st.sampled_from(["auto", "recompute", "swap"]))
+def test_equal_to_brute_force_on_small_instances(profile, fraction, policy):
+    budget = int(profile.static_bytes + fraction * profile.saved_bytes)
+    best, least = _brute_force(profile, budget, policy)
+    assert min_budget_bytes(profile, policy=policy) == least
+    if best is None:
+        with pytest.raises(BudgetTooSmallError) as caught:
+            plan_swaps(profile, budget, policy=policy)
+        assert caught.value.min_budget_bytes == least
+        return
+    plan = plan_swaps(profile, budget, policy=policy)
+    assert plan.search in ("exhaustive", "nothing to swap")
+    assert plan.predicted_step_seconds == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert plan.predicted_peak_bytes <= budget
+    assert plan.min_budget_bytes == least
+    assert plan.predicted_step_seconds >= plan.lower_bound_seconds * (1 - 1e-9)

@@ -1,0 +1,89 @@
+"""Models for the recompute tests: dropout, SDPA, a block the user already checkpoints."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tests.models import SmallResNet
+
+
+class DropoutBlock(nn.Module):
+    """Pre-norm transformer block with dropout after attention and in the MLP, SDPA attention."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.drop = nn.Dropout(0.2)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Dropout(0.2), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop(self.proj(attended.transpose(1, 2).reshape(batch, length, dim)))
+        return x + self.mlp(self.norm2(x))
+
+
+class DropoutGPT(nn.Module):
+    def __init__(self, vocab: int = 40, dim: int = 32, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.Sequential(*[DropoutBlock(dim) for _ in range(layers)])
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+class UserCheckpointed(nn.Module):
+    """A stem, a block the model itself runs under checkpointing, two plain blocks, a head."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(width, width), nn.Tanh())
+        self.checkpointed = nn.Sequential(
+            nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh()
+        )
+        self.plain = nn.Sequential(*[_tanh_pair(width) for _ in range(2)])
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = checkpoint(self.checkpointed, x, use_reentrant=False)
+        return self.head(self.plain(x))
+
+
+def _tanh_pair(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh())
+
+
+def build(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    return {
+        "resnet": lambda: SmallResNet(channels=8, blocks=3),
+        "gpt": DropoutGPT,
+        "checkpointed": UserCheckpointed,
+    }[kind]()
+
+
+def batch(kind: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    if kind == "resnet":
+        return torch.randn(8, 3, 12, 12, generator=generator), torch.randint(0, 10, (8,), generator=generator)
+    if kind == "gpt":
+        tokens = torch.randint(0, 40, (4, 17), generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+    return torch.randn(16, 64, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+
+
+def loss_of(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

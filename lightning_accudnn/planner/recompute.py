@@ -15,12 +15,12 @@ engine's ledger and on the device, never below either):
 * the segment layer holds ``input_bytes`` from its forward to the end of its backward, even
   when an input's storage was saved before (the engine then deduplicates it);
 * a storage first saved inside a recomputed segment and saved again by a later layer ``p``
-  (``LayerProfile.resaved_by``), or one of the segment's outputs
-  (``SegmentProfile.output_bytes``: profiles measured by the engine do not list re-saves),
-  is, under recomputation, first saved by the engine at or after the first layer following
-  the segment: it is counted as resident bytes of that layer (from its forward to the end
-  of its backward, which covers every later first save; an output that is the next
-  segment's input is so counted twice);
+  (``LayerProfile.resaved_by``) is, under recomputation, first saved by the engine at or
+  after the first layer following the segment: it is counted as resident bytes of that
+  layer (from its forward to the end of its backward, which covers every later first save;
+  an output that is the next segment's input is so counted twice). The segment's outputs
+  (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a profile
+  that does not list re-saves (a FakeTensor trace's) still counts every output;
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
   the segment layer (the latest position its last save can have).
 
@@ -172,6 +172,7 @@ def recomputed_profile(
     position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
     index = {layer.name: i for i, layer in enumerate(layers)}
     extra_resident = [0] * len(groups)
+    leaving = [0] * len(groups)  # per recomputed segment: re-saved bytes first saved inside it
     resaves: list[dict[str, int]] = [{} for _ in groups]
     for i, layer in enumerate(layers):
         group = position[i]
@@ -184,9 +185,12 @@ def recomputed_profile(
                 resaves[group][name] = resaves[group].get(name, 0) + nbytes
             elif group + 1 < len(groups):  # first saved by the engine at or after the next layer
                 extra_resident[group + 1] += nbytes
+                leaving[group] += nbytes
     for g, (_, _, span) in enumerate(groups):
         if span is not None and g + 1 < len(groups):
-            extra_resident[g + 1] += span.output_bytes
+            # The outputs saved again after the segment are among the re-saves counted just now
+            # when the profile lists re-saves (the engine's do); else they are counted here.
+            extra_resident[g + 1] += max(0, span.output_bytes - leaving[g])
     new_layers = []
     transient = []
     for g, (name, indices, span) in enumerate(groups):

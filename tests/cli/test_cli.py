@@ -126,9 +126,7 @@ def test_usage_errors_exit_2_and_list_the_choices(args, expected, capsys) -> Non
 
 
 def test_python_dash_m_runs_the_same_command() -> None:
-    result = run_cli(
-        "plan", "torchvision:resnet18", "--batch-size", "8", "--budget", "8GB", "--gpu", "nope"
-    )
+    result = run_cli("plan", "torchvision:resnet18", "--batch-size", "8", "--budget", "8GB", "--gpu", "nope")
     assert result.returncode == 2
     assert "unknown GPU 'nope'" in result.stderr and "h100-pcie" in result.stderr
 

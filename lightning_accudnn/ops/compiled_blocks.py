@@ -21,13 +21,19 @@ same boundary (the wrapper's call, or the in-place block's ``_compiled_call_impl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["CallWrapHandle", "compiled_in_place", "is_compiled_wrapper", "wrap_compiled_call"]
+__all__ = [
+    "CallWrapHandle",
+    "compiled_in_place",
+    "is_compiled_wrapper",
+    "modules_outside_compiled_code",
+    "wrap_compiled_call",
+]
 
 
 def is_compiled_wrapper(module: nn.Module) -> bool:
@@ -51,6 +57,27 @@ def compiled_in_place(module: nn.Module) -> bool:
         True
     """
     return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def modules_outside_compiled_code(model: nn.Module) -> Iterator[tuple[str, nn.Module, bool]]:
+    """``(name, module, compiled)`` for the modules of ``model`` whose calls Python runs: every
+    module but those inside a compiled block; ``compiled`` marks the compiled blocks themselves
+    (hooks inside them would be traced into their graphs and break or recompile them).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+        >>> model[1].compile()
+        >>> [(name, compiled) for name, _, compiled in modules_outside_compiled_code(model)]
+        [('', False), ('0', False), ('1', True)]
+    """
+    compiled_prefixes: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix) for prefix in compiled_prefixes):
+            continue
+        compiled = is_compiled_wrapper(module) or compiled_in_place(module)
+        if compiled:
+            compiled_prefixes.append(f"{name}." if name else "")
+        yield name, module, compiled
 
 
 class CallWrapHandle:

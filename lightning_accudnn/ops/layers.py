@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops.compiled_blocks import (
     CallWrapHandle,
     compiled_in_place,
-    is_compiled_wrapper,
+    modules_outside_compiled_code,
     wrap_compiled_call,
 )
 from lightning_accudnn.profile import ROOT_LAYER
@@ -78,12 +78,7 @@ class LayerTracker:
         self.detach()
         self.reset()
         patterns = tuple(self.exclude)
-        compiled: list[str] = []  # prefixes of compiled blocks seen so far
-        for name, module in model.named_modules():
-            if any(name.startswith(prefix) for prefix in compiled):
-                continue
-            if is_compiled_wrapper(module) or compiled_in_place(module):
-                compiled.append(f"{name}." if name else "")
+        for name, module, _ in modules_outside_compiled_code(model):
             if not name:
                 continue
             excluded = any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import top_saved_tensor_hooks, tracks_running_statistics
+from lightning_accudnn.ops.compiled_blocks import modules_outside_compiled_code
 from lightning_accudnn.profile import SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
@@ -206,8 +207,8 @@ class SegmentProbe:
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
         self._inputs, self._output_bytes = {}, {}
-        for name, module in model.named_modules():
-            if not name:
+        for name, module, compiled in modules_outside_compiled_code(model):
+            if not name or compiled:  # a compiled block is not recomputed (yet): not a segment
                 continue
             if any(True for _ in module.children()):
                 self._parents.add(name)

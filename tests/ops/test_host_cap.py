@@ -11,6 +11,7 @@ import torch
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, SwapSchedule
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.models import SmallResNet, loss_of, make_batch
+from tests.session_training import train_cnn
 
 
 def activation_bytes() -> int:
@@ -47,21 +48,11 @@ def test_profiling_schedule_keeps_what_passes_the_cap_and_measures_all_of_it():
         loss_of(model, make_batch("cnn"))
 
 
-def train(session: OffloadSession, model: torch.nn.Module, steps: int) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for index in range(steps):
-        with session.step(model, optimizer):
-            loss = loss_of(model, make_batch("cnn", seed=index))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
 def test_session_under_a_host_cap_below_the_activations_trains_when_nothing_needs_swapping():
     saved = activation_bytes()
     config = OffloadConfig(budget="1GB", min_swap_bytes=0, host_memory_limit=int(0.8 * saved))
     with pytest.warns(UserWarning, match="CPU"), OffloadSession(config, "cpu") as session:
-        train(session, SmallResNet(), steps=3)
+        train_cnn(session, SmallResNet(), steps=3)
         assert session.plan is not None and session.plan.swapped_bytes == 0
         assert session.stats is not None and session.stats.bytes_swapped_out == 0
 
@@ -70,7 +61,7 @@ def test_a_cap_truly_too_small_names_the_limit_and_the_amount():
     saved = activation_bytes()
     probe = OffloadConfig(budget="1GB", min_swap_bytes=0)
     with pytest.warns(UserWarning, match="CPU"), OffloadSession(probe, "cpu") as session:
-        train(session, SmallResNet(), steps=1)
+        train_cnn(session, SmallResNet(), steps=1)
         assert session.plan is not None
         static = session.plan.profile.static_bytes
     config = OffloadConfig(budget=static + saved // 3, min_swap_bytes=0, host_memory_limit=saved // 4)
@@ -79,4 +70,4 @@ def test_a_cap_truly_too_small_names_the_limit_and_the_amount():
         OffloadSession(config, "cpu") as session,
         pytest.raises(HostMemoryExceeded, match=r"Raise host_memory_limit by at least .* nothing is"),
     ):
-        train(session, SmallResNet(), steps=2)
+        train_cnn(session, SmallResNet(), steps=2)

@@ -11,18 +11,9 @@ from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.session import session as session_module
 from lightning_accudnn.session.transfers import transfer_sizes
 from tests.models import SmallResNet, loss_of, make_batch
+from tests.session_training import train_cnn
 
 pytestmark = pytest.mark.filterwarnings("ignore:lightning-accudnn on CPU")
-
-
-def _train(session: OffloadSession, model: torch.nn.Module, steps: int) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for index in range(steps):
-        with session.step(model, optimizer):
-            loss = loss_of(model, make_batch("cnn", seed=index))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 def _pinned_session(budget: int, host_limit: int) -> OffloadSession:
@@ -40,15 +31,15 @@ def test_the_plan_fits_the_host_limit_in_pinned_bytes(monkeypatch):
     monkeypatch.setattr(session_module, "probe_host_link", lambda device: fast)
     torch.manual_seed(0)
     with OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu") as probe:
-        _train(probe, SmallResNet(), steps=1)
+        train_cnn(probe, SmallResNet(), steps=1)
         assert probe.plan is not None
         static, saved = probe.plan.profile.static_bytes, probe.plan.profile.saved_bytes
     budget = static + saved // 2
     with _pinned_session(budget, 2**30) as free:
         model = SmallResNet()
-        _train(free, model, steps=3)  # profile, plan, refine
+        train_cnn(free, model, steps=3)  # profile, plan, refine
         free.engine.pool = HostBufferPool(pin_memory=False, capacity_bytes=2**30, pinned_rounding=True)
-        _train(free, model, steps=1)  # one planned step in a fresh pool: what the plan pins
+        train_cnn(free, model, steps=1)  # one planned step in a fresh pool: what the plan pins
         assert free.plan is not None
         swapped, pinned = free.plan.swapped_bytes, free.engine.pool.allocated_bytes
     assert 0 < swapped < pinned  # what the plan swaps, and what the pool pins for it
@@ -58,14 +49,14 @@ def test_the_plan_fits_the_host_limit_in_pinned_bytes(monkeypatch):
     host_limit = (swapped + pinned) // 2
     with _pinned_session(budget, host_limit) as session:
         try:
-            _train(session, SmallResNet(), steps=3)
+            train_cnn(session, SmallResNet(), steps=3)
         except HostMemoryExceeded as error:
             assert "no plan fits both the device budget" in str(error)
         else:
             assert session.engine.pool.allocated_bytes <= host_limit
 
     with _pinned_session(budget, pinned) as session:
-        _train(session, SmallResNet(), steps=3)
+        train_cnn(session, SmallResNet(), steps=3)
         assert session.plan is not None and session.plan.swapped_bytes == swapped
         assert session.engine.pool.allocated_bytes == pinned
 
@@ -76,7 +67,7 @@ def test_the_plan_fits_the_host_limit_in_pinned_bytes(monkeypatch):
             HostMemoryExceeded, match=r"host-memory limit of .* Raise host_memory_limit by at least"
         ),
     ):
-        _train(session, SmallResNet(), steps=2)
+        train_cnn(session, SmallResNet(), steps=2)
 
 
 def test_the_link_is_probed_before_the_cap_and_rated_at_the_swapped_sizes(monkeypatch):
@@ -102,7 +93,7 @@ def test_the_link_is_probed_before_the_cap_and_rated_at_the_swapped_sizes(monkey
     model = SmallResNet()
     session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu", allocator=Allocator())
     assert events == ["probe"]
-    _train(session, model, steps=1)
+    train_cnn(session, model, steps=1)
     assert events.index("probe") < events.index("cap")
 
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)

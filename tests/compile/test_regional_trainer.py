@@ -5,6 +5,7 @@ violation; each block compiled once over the whole fit."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -40,6 +41,18 @@ def _end_process_group() -> None:
     DDP tests that run later in this process find one already initialised."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def launcher_environment_restored():
+    """Lightning's DDP launcher exports LOCAL_RANK, WORLD_SIZE, MASTER_PORT and the like into
+    this process; left behind, they make the DDP scripts later tests launch believe they were
+    started by an outside launcher (and wait for ranks that never come): take them back."""
+    saved = dict(os.environ)
+    yield
+    _end_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)

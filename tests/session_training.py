@@ -1,7 +1,8 @@
-"""A few training steps of a small CNN under an OffloadSession, shared by the host-memory tests."""
+"""A small CNN trained under an OffloadSession, or measured by a bare engine (host-memory tests)."""
 
 import torch
 
+from lightning_accudnn.ops import OffloadEngine, StepStats, SwapSchedule
 from lightning_accudnn.session import OffloadSession
 from tests.models import loss_of, make_batch
 
@@ -15,3 +16,14 @@ def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> No
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+
+
+def measured_cnn_pass(model: torch.nn.Module) -> StepStats:
+    """One forward and backward of ``model`` on the "cnn" batch, everything kept, as the engine saw it."""
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    with engine.offload(model, SwapSchedule.keep_everything()):
+        loss = loss_of(model, make_batch("cnn"))
+    loss.backward()
+    stats = engine.end_step()
+    assert stats is not None
+    return stats

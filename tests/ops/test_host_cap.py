@@ -11,18 +11,11 @@ import torch
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, SwapSchedule
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.models import SmallResNet, loss_of, make_batch
-from tests.session_training import train_cnn
+from tests.session_training import measured_cnn_pass, train_cnn
 
 
 def activation_bytes() -> int:
-    model = SmallResNet()
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    with engine.offload(model, SwapSchedule.keep_everything()):
-        loss = loss_of(model, make_batch("cnn"))
-    loss.backward()
-    stats = engine.end_step()
-    assert stats is not None
-    return sum(layer.saved_bytes for layer in stats.layers)
+    return sum(layer.saved_bytes for layer in measured_cnn_pass(SmallResNet()).layers)
 
 
 def test_profiling_schedule_keeps_what_passes_the_cap_and_measures_all_of_it():

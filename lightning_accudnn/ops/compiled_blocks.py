@@ -21,10 +21,10 @@ same boundary (the wrapper's call, or the in-place block's ``_compiled_call_impl
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch import nn
 
 __all__ = [
@@ -40,10 +40,12 @@ def is_compiled_wrapper(module: nn.Module) -> bool:
     """True when ``module`` is the wrapper ``torch.compile(module)`` returns (``OptimizedModule``).
 
     Example:
+        >>> import torch
         >>> is_compiled_wrapper(torch.compile(nn.Linear(2, 2))), is_compiled_wrapper(nn.Linear(2, 2))
         (True, False)
     """
-    compiled = getattr(torch._dynamo, "OptimizedModule", None)
+    dynamo = sys.modules.get("torch._dynamo")  # never imported here: importing it takes seconds
+    compiled = getattr(dynamo, "OptimizedModule", None) if dynamo is not None else None
     return compiled is not None and isinstance(module, compiled)
 
 

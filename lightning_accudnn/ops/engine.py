@@ -114,6 +114,9 @@ class StepStats:
     """The saves of a hooked pass, to replay the next passes of the same graph by ordinal."""
     graph_changed: bool = False
     """A pass replayed by ordinal saved a different sequence: its layers are not to be trusted."""
+    layers_read_in_forward: frozenset[str] = frozenset()
+    """Layers (of a hooked pass) whose saves a backward inside the forward read (a gradient
+    penalty): their saves outlive that backward, so their segments must not be recomputed."""
 
 
 class _StorageEntry:
@@ -144,6 +147,7 @@ class _StepState:
         self.kept_pending: dict[int, int] = {}
         self.unpacked = bytearray(replayed_saves)
         self.read_in_forward: set[int] = set()  # fast saves unpacked in forward: their ordinals
+        self.layers_read_in_forward: set[str] = set()  # hooked pass: layers of the records read there
         self.aborted = False
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
         self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
@@ -345,6 +349,7 @@ class OffloadEngine:
             timed=recording is not None,
             sequence=recording,
             graph_changed=graph_changed,
+            layers_read_in_forward=frozenset(step.layers_read_in_forward),
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block
@@ -686,8 +691,10 @@ class OffloadEngine:
         that the plan keeps them and counts them for the whole step."""
         record.read_in_forward = True
         step = self._step
-        if record.swappable and step is not None:
-            step.layer_swappable[record.layer] -= record.nbytes
+        if step is not None:
+            step.layers_read_in_forward.add(record.layer)
+            if record.swappable:
+                step.layer_swappable[record.layer] -= record.nbytes
 
     # -- filter and records -----------------------------------------------------------
 

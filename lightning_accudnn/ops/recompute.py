@@ -54,28 +54,39 @@ def is_recomputing() -> bool:
 _BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 
 
-@contextlib.contextmanager
-def _recomputation(module: nn.Module) -> Iterator[None]:
-    """Around the recomputation of ``module``: training BatchNorms update scratch statistics."""
-    swapped: list[tuple[nn.Module, str, torch.Tensor]] = []
-    for inner in module.modules():
-        if tracks_running_statistics(inner):
-            for name in _BATCH_NORM_STATISTICS:
-                buffer = getattr(inner, name, None)
-                if isinstance(buffer, torch.Tensor):
-                    swapped.append((inner, name, buffer))
-                    setattr(inner, name, buffer.clone())
-    _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
-    try:
-        yield
-    finally:
+class _Recomputation:
+    """Around each recomputation of ``module``: training BatchNorms update scratch statistics.
+
+    Checkpointing enters it once per backward that needs the segment again (a double backward
+    recomputes twice), so it can be entered any number of times, also nested.
+    """
+
+    __slots__ = ("module", "_swapped")
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self._swapped: list[list[tuple[nn.Module, str, torch.Tensor]]] = []
+
+    def __enter__(self) -> None:
+        swapped: list[tuple[nn.Module, str, torch.Tensor]] = []
+        for inner in self.module.modules():
+            if tracks_running_statistics(inner):
+                for name in _BATCH_NORM_STATISTICS:
+                    buffer = getattr(inner, name, None)
+                    if isinstance(buffer, torch.Tensor):
+                        swapped.append((inner, name, buffer))
+                        setattr(inner, name, buffer.clone())
+        self._swapped.append(swapped)
+        _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
+
+    def __exit__(self, *exc_info: object) -> None:
         _recomputing.depth -= 1
-        for inner, name, buffer in swapped:
+        for inner, name, buffer in self._swapped.pop():
             setattr(inner, name, buffer)
 
 
-def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], Any]:
-    return contextlib.nullcontext(), _recomputation(module)
+def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], _Recomputation]:
+    return contextlib.nullcontext(), _Recomputation(module)
 
 
 class SegmentRecomputer:

@@ -175,8 +175,12 @@ backward_seconds=0.004)
                     backward_seconds=layer.backward_seconds * work,
                 )
             )
-        factors = [now.saved_bytes / layer.saved_bytes for layer, now in zip(layers, measured, strict=True)]
-        grown = max([factor for factor in factors if factor > 0], default=1.0)
+        factors = [
+            now.saved_bytes / layer.saved_bytes
+            for layer, now in zip(layers, measured, strict=True)
+            if layer.saved_bytes and now.saved_bytes
+        ]
+        grown = max(factors, default=1.0)
         return replace(profile, layers=tuple(scaled), segments=_scaled_segments(profile, grown))
     bytes_factors, time_factors = _layer_factors(len(layers), ratio, growth, max_growth)
     scaled = []

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from lightning_accudnn.ops import SwapSchedule
 from lightning_accudnn.planner import Plan
-from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.profile import SegmentProfile, StepProfile
 
-__all__ = ["departs_from_plan", "profile_to_plan_from", "schedule_for"]
+__all__ = ["departs_from_plan", "profile_to_plan_from", "recomputable_segments", "schedule_for"]
 
 
 def schedule_for(plan: Plan) -> SwapSchedule:
@@ -51,14 +51,14 @@ def departs_from_plan(plan: Plan, measured: StepProfile) -> bool:
     Example:
         >>> from lightning_accudnn.planner import plan_swaps
         >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
-        >>> layers = (LayerProfile("block.a", 100, 100), LayerProfile("block.b", 100, 100))
-        >>> profile = StepProfile(layers, 0, segments=(SegmentProfile("block", 10),))
-        >>> plan = plan_swaps(profile, 300, policy="recompute")
+        >>> layers = tuple(LayerProfile(f"{block}.{op}", 100, 100) for block in ("one", "two") for op in "ab")
+        >>> segments = (SegmentProfile("one", 10), SegmentProfile("two", 10))
+        >>> plan = plan_swaps(StepProfile(layers, 0, segments=segments), 300, policy="recompute")
         >>> plan.recomputed
-        ('block',)
-        >>> departs_from_plan(plan, StepProfile((LayerProfile("block", 10, 10),), 0))
+        ('one',)
+        >>> departs_from_plan(plan, StepProfile((LayerProfile("one", 10, 10),) + layers[2:], 0))
         False
-        >>> departs_from_plan(plan, StepProfile((LayerProfile("block", 20, 20),), 0))
+        >>> departs_from_plan(plan, StepProfile((LayerProfile("one", 20, 20),) + layers[2:], 0))
         True
     """
     expected = {layer.name: (i, layer.saved_bytes) for i, layer in enumerate(plan.engine_profile.layers)}
@@ -91,3 +91,28 @@ def profile_to_plan_from(plan: Plan | None, measured: StepProfile, graph_changed
     if plan.recomputed and (graph_changed or not departs_from_plan(plan, measured)):
         return plan.profile
     return replace(measured, segments=plan.profile.segments)
+
+
+def recomputable_segments(
+    segments: tuple[SegmentProfile, ...], layers_read_in_forward: frozenset[str]
+) -> tuple[SegmentProfile, ...]:
+    """``segments`` but those holding a layer whose saves a backward inside the forward read.
+
+    Such a backward (a gradient penalty: ``autograd.grad(..., create_graph=True)`` in the
+    training step) would recompute the segment, and the graph it creates keeps the
+    recomputed saves alive until the step's backward: the plan would not count them.
+
+    Example:
+        >>> segments = (SegmentProfile("blocks.0", 10), SegmentProfile("blocks.1", 10))
+        >>> recomputable_segments(segments, frozenset({"blocks.1.conv"}))
+        (SegmentProfile(name='blocks.0', input_bytes=10, output_bytes=0),)
+    """
+    if not layers_read_in_forward:
+        return segments
+    return tuple(
+        segment
+        for segment in segments
+        if not any(
+            layer == segment.name or layer.startswith(f"{segment.name}.") for layer in layers_read_in_forward
+        )
+    )

@@ -37,7 +37,11 @@ from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
-from lightning_accudnn.session.recompute_pass import profile_to_plan_from, schedule_for
+from lightning_accudnn.session.recompute_pass import (
+    profile_to_plan_from,
+    recomputable_segments,
+    schedule_for,
+)
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats
 from lightning_accudnn.session.transfers import layer_host_bytes, transfer_sizes
@@ -539,7 +543,8 @@ class OffloadSession:
         self._weight_copy_bytes[key] = copies
         profile = self._profile_from(step, key, static_bytes)
         if profiling:
-            profile = replace(profile, segments=self._probe.segments())
+            segments = recomputable_segments(self._probe.segments(), step.layers_read_in_forward)
+            profile = replace(profile, segments=segments)
         profile = profile_to_plan_from(current.plan, profile, step.graph_changed)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.

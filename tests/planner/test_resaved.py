@@ -77,9 +77,16 @@ def _with_resaves(profile: StepProfile) -> StepProfile:
     )
 
 
-def test_without_the_resave_the_planner_undercounts_the_engine():
+def test_the_engine_reports_the_resave_without_which_the_planner_undercounts_it():
     profile, ledger_peak = _run(1024, small=1, window=0, limit=0)
-    predicted = Simulator(profile).memory(PlanChoice((True, True, True), 0, 0)).peak_bytes
+    # c saves nothing of its own, so x is counted back from the backward of b, the layer before.
+    assert profile.layers[0].resaved_by == (("b", 4096),)
+    choice = PlanChoice((True, True, True), 0, 0)
+    assert Simulator(profile).memory(choice).peak_bytes >= ledger_peak
+    unannotated = StepProfile(
+        tuple(dataclasses.replace(layer, resaved_by=()) for layer in profile.layers), static_bytes=0
+    )
+    predicted = Simulator(unannotated).memory(choice).peak_bytes
     assert (predicted, ledger_peak) == (4100, 8192)  # x (4096) and h (4096) held together in B_b
     annotated = _with_resaves(profile)
     assert Simulator(annotated).memory(PlanChoice((True,) * 4, 0, 0)).peak_bytes >= ledger_peak

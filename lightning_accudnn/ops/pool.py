@@ -8,7 +8,8 @@ pinned pool asks for (and counts) the rounded size: the cap bounds the bytes rea
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -101,9 +102,56 @@ class HostBufferPool:
         self.in_use_bytes -= size
         self._idle[size].append(buffer)
 
+    def reserve(self, sizes: Iterable[int]) -> int:
+        """Hold an idle buffer for each of ``sizes`` (the bytes of the buffers the passes to
+        come hold at once) and no other idle buffer: the passes then allocate none, and what
+        an earlier pass pinned beyond them (the profiling pass swaps everything) is freed.
+        Returns the bytes allocated; raises :class:`HostMemoryExceeded` (changing nothing)
+        when the buffers cannot all be held under the cap.
+
+        Example:
+            >>> pool = HostBufferPool(pin_memory=False, capacity_bytes=4096)
+            >>> pool.reserve([1000, 1000, 2000])
+            4096
+            >>> pool.acquire(2000).numel(), pool.allocations
+            (2048, 3)
+            >>> pool.reserve([1000]), pool.allocated_bytes  # one idle 1024 freed, 2048 in use
+            (0, 3072)
+            >>> try:
+            ...     pool.reserve([5000])
+            ... except HostMemoryExceeded as error:
+            ...     print(str(error)[:78])
+            the plan swaps storages that need 5120 bytes of host buffers at once, over the
+        """
+        needed = Counter(self.host_bytes(nbytes) for nbytes in sizes)
+        total = sum(size * count for size, count in needed.items())
+        if self.in_use_bytes + total > self.capacity_bytes:
+            raise HostMemoryExceeded(
+                f"the plan swaps storages that need {total} bytes of host buffers at once, over the "
+                f"host-memory cap ({self.capacity_bytes} bytes; {self.in_use_bytes} in use). Raise "
+                "host_memory_limit, raise the device budget so that less is swapped, or lower the batch size."
+            )
+        missing = {size: count - len(self._idle.get(size, ())) for size, count in needed.items()}
+        new_bytes = sum(size * count for size, count in missing.items() if count > 0)
+        self._free_idle(lambda size: needed.get(size, 0))
+        for size, count in missing.items():
+            for _ in range(count):
+                self._idle[size].append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory))
+                self.allocated_bytes += size
+                self.allocations += 1
+        return new_bytes
+
     def trim(self) -> None:
-        """Free every idle buffer."""
-        for buffers in self._idle.values():
-            for buffer in buffers:
-                self.allocated_bytes -= buffer.numel()
-        self._idle.clear()
+        """Free every idle buffer (pinned memory goes back to the system, not only to
+        PyTorch's host cache)."""
+        self._free_idle(lambda size: 0)
+
+    def _free_idle(self, keep: Callable[[int], int]) -> None:
+        """Free the idle buffers of each size beyond the first ``keep(size)``."""
+        freed = False
+        for size, buffers in self._idle.items():
+            while len(buffers) > keep(size):
+                self.allocated_bytes -= buffers.pop().numel()
+                freed = True
+        if freed and self.pin_memory:
+            torch.accelerator.empty_host_cache()

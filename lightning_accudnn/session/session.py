@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
@@ -44,7 +45,7 @@ from lightning_accudnn.session.recompute_pass import (
 )
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats
-from lightning_accudnn.session.transfers import layer_host_bytes, transfer_sizes
+from lightning_accudnn.session.transfers import layer_host_bytes, swapped_buffer_sizes, transfer_sizes
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
@@ -193,6 +194,7 @@ class OffloadSession:
         self._sequences: dict[PassKey, SaveSequence] = {}
         self._sequences_recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each ran under
         self.recomputer = SegmentRecomputer()  # the plan's recomputed segments (ops/recompute.py)
+        self._host_buffer_sizes: dict[PassKey, Counter[int]] = {}  # per planned kind, its host buffers
         self._probe = SegmentProbe()  # in profiling passes: which segments could be recomputed
         self._state_bytes_key: tuple[object, ...] | None = None
         self._state_bytes = 0
@@ -600,9 +602,22 @@ class OffloadSession:
     def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
         """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""
         plan = self._make_plan(profile, key)
+        sequence = self._sequences.get(key)
+        if sequence is not None:
+            self._reserve_host_buffers(key, swapped_buffer_sizes(sequence, plan.swapped_layers))
         self._book.keep(key, plan, PlanSource.REFINED if self._measured[key].planned else PlanSource.PROFILED)
         if current:
             self.plan = plan
+
+    def _reserve_host_buffers(self, key: PassKey, sizes: list[int]) -> None:
+        """Have the pool hold, idle, the buffers the planned passes of every kind need (the
+        most any one kind holds at once, per size): they allocate none in forward, and what
+        the profiling pass pinned beyond that goes back to the system."""
+        self._host_buffer_sizes[key] = Counter(self.engine.pool.host_bytes(nbytes) for nbytes in sizes)
+        needed: Counter[int] = Counter()
+        for counts in self._host_buffer_sizes.values():
+            needed |= counts
+        self.engine.pool.reserve(needed.elements())
 
     def _model_ordinal(self, model: int) -> int:
         """The model's number in the order this session met it (the same on every rank)."""

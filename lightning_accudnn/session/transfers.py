@@ -1,6 +1,6 @@
 """What a pass's swaps move, read from its profiled save sequence: the copy sizes (for the
-host link's rates) and each layer's host bytes as the host pool rounds them (for the plan's
-host-memory limit).
+host link's rates), each layer's host bytes as the host pool rounds them (for the plan's
+host-memory limit) and the host buffers a plan's pass holds (reserved when the plan is made).
 
 The sequence lists every save with its storage's size; a storage saved twice is listed twice,
 which weighs the rates and the rounding ratios alike and changes neither much.
@@ -8,12 +8,12 @@ which weighs the rates and the rounding ratios alike and changes neither much.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-from lightning_accudnn.ops.layers import SaveSequence
+from lightning_accudnn.ops.layers import SWAPPABLE, SaveSequence
 from lightning_accudnn.profile import StepProfile
 
-__all__ = ["layer_host_bytes", "transfer_sizes"]
+__all__ = ["layer_host_bytes", "swapped_buffer_sizes", "transfer_sizes"]
 
 
 def transfer_sizes(sequence: SaveSequence | None, min_swap_bytes: int) -> list[int]:
@@ -71,3 +71,23 @@ def layer_host_bytes(
         else:
             result.append(host_bytes(nbytes))
     return result
+
+
+def swapped_buffer_sizes(sequence: SaveSequence, swapped_layers: Collection[str]) -> list[int]:
+    """The bytes of the host buffers a pass of ``sequence`` holds by the end of its forward
+    when it swaps ``swapped_layers``: one per swappable record those layers open.
+
+    Example:
+        >>> from lightning_accudnn.ops.layers import SMALL
+        >>> sequence = SaveSequence()
+        >>> sequence.append("a", False, 4096, record_bytes=4096, kind=SWAPPABLE)
+        >>> sequence.append("a", False, 64, record_bytes=64, kind=SMALL)
+        >>> sequence.append("b", False, 2048, record_bytes=2048, kind=SWAPPABLE)
+        >>> swapped_buffer_sizes(sequence, {"a"})
+        [4096]
+    """
+    return [
+        nbytes
+        for layer, nbytes, kind in zip(sequence.layers, sequence.record_bytes, sequence.kinds, strict=True)
+        if kind == SWAPPABLE and layer in swapped_layers
+    ]

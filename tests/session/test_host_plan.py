@@ -103,3 +103,34 @@ def test_the_link_is_probed_before_the_cap_and_rated_at_the_swapped_sizes(monkey
     assert profile.h2d_bytes_per_second == pytest.approx(expected.h2d_bytes_per_second)
     assert profile.d2h_bytes_per_second < 0.5 * curve.link_for().d2h_bytes_per_second
     session.close()
+
+
+def test_the_host_buffers_a_plan_swaps_into_are_reserved_when_it_is_made(monkeypatch):
+    fast = LinkCurve((2**10, 2**26), (1e-12, 1e-9), (1e-12, 1e-9))
+    monkeypatch.setattr(session_module, "probe_host_link", lambda device: fast)
+    torch.manual_seed(0)
+    model = SmallResNet()
+    with OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu") as probe:
+        train_cnn(probe, model, steps=1)
+        assert probe.plan is not None
+        static, saved = probe.plan.profile.static_bytes, probe.plan.profile.saved_bytes
+    with _pinned_session(static + saved // 2, 2**30) as session:
+        pool = session.engine.pool
+        pinned_before_the_plan = []
+        reserve = pool.reserve
+        monkeypatch.setattr(
+            pool,
+            "reserve",
+            lambda sizes: (pinned_before_the_plan.append(pool.allocated_bytes), reserve(sizes))[1],
+        )
+        train_cnn(session, model, steps=1)  # the profiling pass swaps everything; the plan follows
+        plan = session.plan
+        assert plan is not None and 0 < plan.swapped_bytes < saved
+        # What the profiling pass pinned beyond the plan's buffers is freed, the rest held idle...
+        held, allocations = pool.allocated_bytes, pool.allocations
+        assert pool.in_use_bytes == 0 and pool.idle_bytes == held
+        assert plan.swapped_bytes <= held < pinned_before_the_plan[0]
+        # ...and the planned passes take every buffer from them: none allocated in forward.
+        train_cnn(session, model, steps=2)
+        assert session.plan is plan or session.plan.swapped_layers == plan.swapped_layers
+        assert pool.allocations == allocations and pool.allocated_bytes == held

@@ -463,14 +463,24 @@ def search_mixed(
         peaks = [_least_peak(recomputed_profile(profile, chosen, swappable=swappable)) for chosen in bounding]
         least = min(peaks)
         searched = [(), bounding[peaks.index(least)], *faster_recompute_sets(spans)]
-    seen: set[tuple[str, ...]] = set()
+    steps: dict[tuple[str, ...], RecomputedProfile] = {}
     for chosen in searched:
         names = tuple(span.name for span in chosen)
-        if names in seen:
-            continue
-        seen.add(names)
-        step = recomputed_profile(profile, chosen, swappable=swappable)
+        if names not in steps:
+            steps[names] = recomputed_profile(profile, chosen, swappable=swappable)
+    # Least recomputation first: a set whose compute alone (nothing swapped, so nothing waited
+    # for) is slower than the best plan so far can only lose, and is not searched.
+    for step in sorted(steps.values(), key=lambda step: step.recompute_seconds):
         simulator = Simulator(step.profile, step.transient_bytes)
+        if best is not None and best_key is not None:
+            compute_only = simulator.times(PlanChoice((False,) * simulator.k, 0, 0)).step_seconds
+            if compute_only > best.step_seconds * (1 + 1e-9) or (
+                compute_only >= best.step_seconds and step.recompute_seconds > best_key[1]
+            ):
+                if every_set:
+                    peak = _least_peak(step)
+                    least = peak if least is None else min(least, peak)
+                continue
         step_fits = None if host_fits is None else _on_profile(host_fits, step)
         result = search(simulator, cap, max_limit, step_fits)
         exact = exact and result.method != "heuristic"

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lightning_accudnn.planner.plan import BudgetTooSmallError, min_budget_bytes, plan_swaps
 from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
+from lightning_accudnn.planner.search import recompute_sets
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import LayerChoice, LayerProfile, SegmentProfile, StepProfile
 from tests.planner.strategies import run_sums
@@ -191,3 +192,17 @@ def test_equal_to_brute_force_on_small_instances(profile, fraction, policy):
     assert plan.predicted_peak_bytes <= budget
     assert plan.min_budget_bytes == least
     assert plan.predicted_step_seconds >= plan.lower_bound_seconds * (1 - 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(segmented_profiles(), st.data())
+def test_nothing_swapped_is_never_slower_than_a_plan_of_the_same_recompute_set(profile, data):
+    """What the search's pruning of recompute sets relies on: waits only add to the compute stream."""
+    chosen = data.draw(st.sampled_from(recompute_sets(candidate_spans(profile))))
+    step = recomputed_profile(profile, chosen, swappable=True)
+    simulator = Simulator(step.profile, step.transient_bytes)
+    swap = tuple(data.draw(st.booleans()) for _ in step.profile.layers)
+    sums = sorted(run_sums(step.profile, swap))
+    choice = PlanChoice(swap, data.draw(st.sampled_from(sums)), data.draw(st.sampled_from([*sums, None])))
+    compute_only = simulator.run(PlanChoice((False,) * len(swap), 0, 0)).step_seconds
+    assert compute_only <= simulator.run(choice).step_seconds * (1 + 1e-12)

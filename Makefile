@@ -16,13 +16,14 @@ venv: $(BIN)/.installed
 demo: venv
 	$(BIN)/python examples/demo.py
 
-# What CI runs (.ci/run): lint, format, types, then every test (GPU tests skip without CUDA).
+# What CI runs (.ci/run): lint, format, types, then every test (GPU tests skip without CUDA),
+# one pytest worker per core, each test file on one worker (its module fixtures built once).
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # For local work: the same checks without the multi-process and slow tests.
 test-fast: lint typecheck
-	$(BIN)/python -m pytest -q -m "not slow and not ddp"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not ddp"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -7,6 +7,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+# Under pytest-xdist every core runs a worker: one intra-op thread each, not one per core each.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

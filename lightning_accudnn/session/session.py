@@ -201,6 +201,7 @@ class OffloadSession:
         self._closed = False
         self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
         self._out_of_memory_retries = 0  # in a row, since the last pass that completed
+        self._raised_since_agreement = 0  # reserve bytes this rank added for its overshoots since
         self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         # Agreement between ranks (the coordinator's): requests waiting for the next agreement
@@ -561,14 +562,23 @@ class OffloadSession:
         self._measured[key] = _Measured(profile, None if step.timed else known, planned=not profiling)
         self._wire_keys.setdefault(key, (self._model_ordinal(key.model), key.batch, key.position))
         scheduled = profiling or self._book.needs_refining(key)
-        request = ReplanRequest(replan=changed or scheduled, overshoot_bytes=overshoot)
+        request = ReplanRequest(replan=changed or scheduled)
+        if overshoot:
+            # The reserve grows at once, on this rank (its next pass must not pass the budget
+            # again while it waits for an agreement point); the request carries all this rank
+            # raised since the last one, so that the agreement leaves every rank with as much.
+            self._raise_reserve(overshoot, "the pass's peak passed the usable budget")
+            self._raised_since_agreement += overshoot
+            request = ReplanRequest(replan=True, overshoot_bytes=self._raised_since_agreement)
+            scheduled = True
         if request:
             self._requests[key] = self._requests.get(key, ReplanRequest()) | request
         if self.coordinator.due():
             self._agree(key)
         elif scheduled:
-            # Between agreement points a profiling or refining pass is planned from this rank's
-            # own figures (ranks may see other batch shapes); the next agreement merges them.
+            # Between agreement points a profiling or refining pass (or one over the budget) is
+            # planned from this rank's own figures (ranks may see other batch shapes); the next
+            # agreement merges them.
             self._keep_new_plan(key, self._measured[key].profile_to_plan(), current=True)
         if self.on_stats is not None:
             self.on_stats(stats)
@@ -577,20 +587,14 @@ class OffloadSession:
     def _agree(self, last: PassKey) -> None:
         """An agreement point: merge every rank's requests, re-plan the passes they name."""
         requests, self._requests = self._requests, {}
+        raised, self._raised_since_agreement = self._raised_since_agreement, 0
         agreed = self.coordinator.agree({self._wire_keys[key]: request for key, request in requests.items()})
         if not agreed:
             return
-        overshoot = max(request.overshoot_bytes for request in agreed.values())
-        if overshoot:
-            usable = self.budget_bytes - self.reserve_bytes
-            self.reserve_bytes += overshoot
-            log.warning(
-                "accudnn: the pass's peak passed the usable budget %s by %s; reserve raised to %s, "
-                "re-planned",
-                format_bytes(usable),
-                format_bytes(overshoot),
-                format_bytes(self.reserve_bytes),
-            )
+        # Every rank ends with the reserve of the rank that raised it most since the last agreement.
+        catch_up = max(request.overshoot_bytes for request in agreed.values()) - raised
+        if catch_up > 0:
+            self._raise_reserve(catch_up, "another rank's pass passed its usable budget")
         keys: dict[Hashable, PassKey] = {wire: key for key, wire in self._wire_keys.items() if wire in agreed}
         profiles = self.coordinator.merge(
             {wire: self._measured[key].profile_to_plan() for wire, key in keys.items()}
@@ -598,6 +602,17 @@ class OffloadSession:
         for wire, profile in profiles.items():
             key = keys[wire]
             self._keep_new_plan(key, profile, current=key == last)
+
+    def _raise_reserve(self, nbytes: int, why: str) -> None:
+        usable = self.budget_bytes - self.reserve_bytes
+        self.reserve_bytes += nbytes
+        log.warning(
+            "accudnn: %s %s by %s; reserve raised to %s, re-planned",
+            why,
+            format_bytes(usable),
+            format_bytes(nbytes),
+            format_bytes(self.reserve_bytes),
+        )
 
     def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
         """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""

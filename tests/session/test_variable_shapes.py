@@ -138,7 +138,7 @@ def test_gpt_with_dynamic_padding_over_24_lengths_profiles_once_and_keeps_the_bu
     static, saved = _memory_need(model, _lm_loss, _tokens(4, max(lengths), seed=0))
     budget = static + int(0.5 * saved)  # the longest batches must swap
     gpu = SimulatedGPU(lag=lag, seed=3)
-    config = OffloadConfig(budget=budget, min_swap_bytes=0)
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
     with pytest.warns(UserWarning, match="CPU"), OffloadSession(config, "cpu", runtime=gpu) as session:
         batches = [_tokens(4, length, seed=i) for i, length in enumerate(lengths)]
         steps = _train(session, model, _lm_loss, batches, gpu=gpu)
@@ -162,7 +162,7 @@ def test_cnn_over_several_image_sizes_profiles_once_and_keeps_the_budget():
     sizes = [16, 12, 20, 8, 24, 14, 16, 20, 10, 24]
     static, saved = _memory_need(model, _cnn_loss, _images(4, max(sizes), seed=0))
     budget = static + int(0.5 * saved)
-    config = OffloadConfig(budget=budget, min_swap_bytes=0)
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
     with pytest.warns(UserWarning, match="CPU"), OffloadSession(config, "cpu") as session:
         batches = [_images(4, size, seed=i) for i, size in enumerate(sizes)]
         steps = _train(session, model, _cnn_loss, batches)
@@ -196,7 +196,7 @@ def test_a_pass_whose_layers_differ_is_planned_from_its_own_measurements_within_
     lengths = [17, 21, 41, 41, 49, 13, 49, 21]  # 41 and 49 take the branch
     static, saved = _memory_need(model, _lm_loss, _tokens(4, max(lengths), seed=0))
     budget = static + int(0.5 * saved)
-    config = OffloadConfig(budget=budget, min_swap_bytes=0)
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
     with pytest.warns(UserWarning, match="CPU"), OffloadSession(config, "cpu") as session:
         plans = []
         reference_steps = []
@@ -224,7 +224,7 @@ def test_the_short_last_batch_of_an_epoch_is_scaled_not_profiled():
     tokens = _tokens(27, 33, seed=0)  # 27 sequences in batches of 8: the last batch holds 3
     static, saved = _memory_need(model, _lm_loss, tokens[:8])
     budget = static + int(0.3 * saved)
-    config = OffloadConfig(budget=budget, min_swap_bytes=0)
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
     with pytest.warns(UserWarning, match="CPU"), OffloadSession(config, "cpu") as session:
         epochs = 2
         steps = _train(

@@ -44,6 +44,8 @@ class HostBufferPool:
         >>> pool.release(buffer)
         >>> pool.acquire(1000) is buffer
         True
+        >>> pool.first_bytes(buffer, 1000).numel(), pool.first_bytes(buffer, 1000) is pool.first_bytes(buffer, 1000)
+        (1000, True)
         >>> pool.can_hold(2**20)
         False
         >>> HostBufferPool(pin_memory=False, capacity_bytes=2**20, pinned_rounding=True).host_bytes(600_000)
@@ -57,6 +59,8 @@ class HostBufferPool:
         self.pinned_rounding = pin_memory if pinned_rounding is None else pinned_rounding
         self.capacity_bytes = capacity_bytes
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
+        # (buffer address, length) -> the buffer's first bytes: a step asks for the same ones again
+        self._views: dict[tuple[int, int], torch.Tensor] = {}
         self.allocated_bytes = 0
         self.in_use_bytes = 0
         self.allocations = 0
@@ -96,6 +100,14 @@ class HostBufferPool:
         self.in_use_bytes += size
         return buffer
 
+    def first_bytes(self, buffer: torch.Tensor, nbytes: int) -> torch.Tensor:
+        """``buffer[:nbytes]`` for a buffer of this pool, made once and handed out again."""
+        key = (buffer.data_ptr(), nbytes)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = buffer[:nbytes]
+        return view
+
     def release(self, buffer: torch.Tensor) -> None:
         size = buffer.numel()
         self.in_use_bytes -= size
@@ -107,3 +119,4 @@ class HostBufferPool:
             for buffer in buffers:
                 self.allocated_bytes -= buffer.numel()
         self._idle.clear()
+        self._views.clear()  # they would keep the freed buffers alive

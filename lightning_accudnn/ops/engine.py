@@ -706,8 +706,11 @@ class OffloadEngine:
         assert isinstance(version, int) and isinstance(index, int)
         if step.aborted:
             raise _stale_error()
-        self._reap()
-        self._prefetch()
+        if self._lingering:
+            self._reap()
+        current = self._step
+        if current is not None and current.next_prefetch >= 0:
+            self._prefetch()
         if tensor is not None:
             assert isinstance(tensor, torch.Tensor)
             check_version(tensor, version, tensor.dtype, tensor.shape)

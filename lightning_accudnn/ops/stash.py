@@ -88,9 +88,13 @@ def byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
         >>> base = torch.zeros(4, 8)
         >>> byte_extent(base[1:3, 2:4])
         (40, 80)
+        >>> byte_extent(base[1:3])
+        (32, 96)
     """
     itemsize = tensor.element_size()
     start = int(tensor.storage_offset()) * itemsize
+    if tensor.is_contiguous():  # the common case, without a walk over the dimensions
+        return start, start + tensor.numel() * itemsize
     if tensor.numel() == 0:
         return start, start
     last = sum(

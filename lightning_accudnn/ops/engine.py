@@ -739,7 +739,7 @@ class OffloadEngine:
 
     def _mark_read_in_forward(self, record: StorageRecord) -> None:
         """A backward inside the forward (a gradient penalty) reads this record: it stays on the
-        device until its last handle dies, and its bytes are reported as not swappable, so
+        device until the step ends, and its bytes are reported as not swappable, so
         that the plan keeps them and counts them for the whole step."""
         record.read_in_forward = True
         step = self._step
@@ -906,7 +906,9 @@ class OffloadEngine:
         host = record.host_view = self.pool.first_bytes(buffer, nbytes)
         if not step.watched:
             self._watch(step)
-        source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage, record.start, (nbytes,))
+        source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(
+            storage, record.start, (nbytes,), (1,)
+        )
         self._hold_found(record.source_block)
         written = self.runtime.record_compute()
         record.copy_out = self.runtime.copy_out(written, source, host)

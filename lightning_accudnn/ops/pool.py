@@ -44,7 +44,8 @@ class HostBufferPool:
         >>> pool.release(buffer)
         >>> pool.acquire(1000) is buffer
         True
-        >>> pool.first_bytes(buffer, 1000).numel(), pool.first_bytes(buffer, 1000) is pool.first_bytes(buffer, 1000)
+        >>> view = pool.first_bytes(buffer, 1000)
+        >>> view.numel(), pool.first_bytes(buffer, 1000) is view
         (1000, True)
         >>> pool.can_hold(2**20)
         False

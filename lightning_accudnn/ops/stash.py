@@ -1,4 +1,4 @@
-"""Saved storages, the device blocks they occupy, and the handles autograd holds to them.
+"""Saved storages, the device blocks they occupy, and how a saved view is checked and rebuilt.
 
 A :class:`StorageRecord` is one copy of (part of) a device storage, taken the first time a
 tensor of one *view lineage* is saved in a step. A later save reuses the record only when

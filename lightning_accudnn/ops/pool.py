@@ -15,6 +15,7 @@ import torch
 from lightning_accudnn.ops.errors import HostMemoryExceeded
 
 _ALIGN = 512
+_MAX_VIEWS = 4096  # remembered host views (a few hundred bytes each)
 
 
 def _bucket(nbytes: int) -> int:
@@ -106,6 +107,8 @@ class HostBufferPool:
         key = (buffer.data_ptr(), nbytes)
         view = self._views.get(key)
         if view is None:
+            if len(self._views) >= _MAX_VIEWS:  # shapes that change every step: start over
+                self._views.clear()
             view = self._views[key] = buffer[:nbytes]
         return view
 

@@ -22,6 +22,7 @@ Usage from a plain PyTorch loop (Lightning's strategy does the same)::
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -48,12 +49,13 @@ from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
     DeviceBlock,
-    SavedTensor,
     StorageRecord,
     byte_extent,
+    check_version,
     lineage_root,
     modified_in_place_error,
     record_extent,
+    saved_view,
 )
 from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
 from lightning_accudnn.ops.weight_copies import WeightCopies
@@ -138,6 +140,12 @@ class _StepState:
     counted here by *group*, the ordinal of the storage's first save (``kept_nbytes``,
     ``kept_address``; ``kept_pending`` saves not unpacked yet), and ``unpacked`` marks the
     ordinals unpacked once in backward (later unpacks, a retained graph's, count nothing).
+    Saves through the records are numbered in the step; ``handle_unpacked`` marks those
+    unpacked once.
+
+    Autograd's handles to the step's saves refer to this object, so it lives as long as
+    the graph (or the engine) does: when it dies, the host buffers of its swapped records go
+    back to the pool (:meth:`OffloadEngine._watch`), one finalizer per step, not per tensor.
     """
 
     def __init__(self, replayed_saves: int = 0) -> None:
@@ -146,6 +154,10 @@ class _StepState:
         self.kept_address: dict[int, int] = {}
         self.kept_pending: dict[int, int] = {}
         self.unpacked = bytearray(replayed_saves)
+        self.handle_unpacked = bytearray()  # per save through the records, in pack order
+        self.records: list[StorageRecord] = []  # every record opened in the step
+        self.held_records = 0  # records whose device bytes are still the engine's
+        self.watched = False  # its swapped records' host buffers go back when it dies
         self.read_in_forward: set[int] = set()  # fast saves unpacked in forward: their ordinals
         self.layers_read_in_forward: set[str] = set()  # hooked pass: layers of the records read there
         self.aborted = False
@@ -232,7 +244,7 @@ class OffloadEngine:
         self._counted_callback = self._on_counted
         self._found_released_callback = self._on_found_block_released
         self._allocated_released_callback = self._on_allocated_block_released
-        self._last_handle_callback = self._release_record
+        self._watches: set[weakref.ref[_StepState]] = set()  # steps whose host buffers are still out
 
     # -- the step -------------------------------------------------------------------
 
@@ -325,6 +337,8 @@ class OffloadEngine:
         self.timer.end_backward()
         while step.copying_out:
             self._retire(step, step.copying_out.popleft())
+        if step.held_records:
+            self._release_devices(step)
         self._reap()
         self._release_lingering()
         self._release_kept(step)
@@ -441,11 +455,8 @@ class OffloadEngine:
         step.aborted = True
         self._calls, self._departed = 0, -1
         self._release_kept(step)
-        for entry in step.by_storage.values():
-            for record in entry.records:
-                self._release_record(record)
-        for record in step.swapped:
-            self._release_record(record)
+        self._release_devices(step)
+        self._release_hosts(step.swapped)
         self._release_lingering()
         self.runtime.collect_wait_seconds()
 
@@ -587,8 +598,14 @@ class OffloadEngine:
         storage_nbytes: int,
         layer: str,
         excluded: bool,
-    ) -> tuple[SavedTensor, StorageRecord, bool]:
-        """A save through the records; returns its handle, its record and whether it opened it."""
+    ) -> tuple[tuple[object, ...], StorageRecord, bool]:
+        """A save through the records; returns its handle, its record and whether it opened it.
+
+        The handle autograd keeps is a plain 9-tuple (no finalizer; a fast-kept save's has 5):
+        ``(record, tensor, version, index, step, dtype, shape, stride, offset)``, ``tensor``
+        ``None`` for a swapped record and the view's dtype, shape, stride and storage offset
+        ``None`` for a kept one; ``index`` numbers the step's saves through the records
+        (:attr:`_StepState.handle_unpacked`)."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
             block = DeviceBlock(key, storage_nbytes, self._counted_callback, self._found_released_callback)
@@ -602,14 +619,35 @@ class OffloadEngine:
                 record.last_save = ordinal + 1
                 if self._recording is not None and record.swappable:
                     self._note_resave(step, record, layer)
-                return SavedTensor(record, tensor), record, False
+                return self._handle(step, record, tensor), record, False
         record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)
         entry.records.append(record)
+        step.held_records += 1
+        step.records.append(record)
         if record.swap:
             self._start_copy_out(step, record, storage)
         else:
             self._hold_found(record.source_block)
-        return SavedTensor(record, tensor), record, True
+        return self._handle(step, record, tensor), record, True
+
+    @staticmethod
+    def _handle(step: _StepState, record: StorageRecord, tensor: torch.Tensor) -> tuple[object, ...]:
+        index = len(step.handle_unpacked)
+        step.handle_unpacked.append(0)
+        record.pending_unpacks += 1
+        if record.swap:
+            return (
+                record,
+                None,
+                tensor._version,
+                index,
+                step,
+                tensor.dtype,
+                tensor.shape,
+                tensor.stride(),
+                tensor.storage_offset(),
+            )
+        return (record, tensor, tensor._version, index, step, None, None, None, None)
 
     @staticmethod
     def _note_resave(step: _StepState, record: StorageRecord, layer: str) -> None:
@@ -632,7 +670,7 @@ class OffloadEngine:
         return resaved
 
     def _unpack(self, packed: object) -> torch.Tensor:
-        if type(packed) is tuple:
+        if type(packed) is tuple and len(packed) == 5:
             # A fast-kept save: checked for in-place changes, uncounted at its storage's last read.
             tensor: torch.Tensor
             step: _StepState
@@ -658,36 +696,50 @@ class OffloadEngine:
             return tensor
         if isinstance(packed, torch.Tensor):
             return packed
-        self._reap()
-        self._prefetch()
-        assert isinstance(packed, SavedTensor)
-        record = packed.record
-        if record.aborted:
+        assert type(packed) is tuple
+        return self._unpack_record(packed)
+
+    def _unpack_record(self, packed: tuple[object, ...]) -> torch.Tensor:
+        """Unpack a save through the records (see :meth:`_handle`)."""
+        record, tensor, version, index, step = packed[:5]
+        assert isinstance(record, StorageRecord) and isinstance(step, _StepState)
+        assert isinstance(version, int) and isinstance(index, int)
+        if step.aborted:
             raise _stale_error()
-        packed.check_version()
+        if self._lingering:
+            self._reap()
+        current = self._step
+        if current is not None and current.next_prefetch >= 0:
+            self._prefetch()
+        if tensor is not None:
+            assert isinstance(tensor, torch.Tensor)
+            check_version(tensor, version, tensor.dtype, tensor.shape)
+        else:
+            dtype, shape, stride, offset = packed[5:]
+            assert isinstance(dtype, torch.dtype) and isinstance(shape, torch.Size)
+            check_version(record.root(), version, dtype, shape)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
-        if not record.swap:
-            assert packed.tensor is not None
-            tensor = packed.tensor
-        else:
+        if tensor is None:
             if record.fetched is None:
                 self._fetch(record)
             fetched, block = record.fetched, record.fetched_block
             assert fetched is not None and block is not None
             self.runtime.use_on_compute(fetched, record.fetched_ready)
             record.fetched_ready = None
-            tensor = packed.rebuild(fetched, 0 if block is record.source_block else record.start)
-        if not packed.unpacked:
-            packed.unpacked = True
+            start = 0 if block is record.source_block else record.start
+            tensor = saved_view(fetched, start, dtype, shape, stride, offset)  # type: ignore[arg-type]
+        if not step.handle_unpacked[index]:
+            step.handle_unpacked[index] = 1
             record.pending_unpacks -= 1
-        if record.swap and record.pending_unpacks == 0 and not record.read_in_forward:
-            self._drop_fetched(record)
+        if record.pending_unpacks == 0 and not record.read_in_forward and not self._in_forward:
+            self._release_device(step if step is self._step else None, record)
+        assert isinstance(tensor, torch.Tensor)
         return tensor
 
     def _mark_read_in_forward(self, record: StorageRecord) -> None:
         """A backward inside the forward (a gradient penalty) reads this record: it stays on the
-        device until its last handle dies, and its bytes are reported as not swappable, so
+        device until the step ends, and its bytes are reported as not swappable, so
         that the plan keeps them and counts them for the whole step."""
         record.read_in_forward = True
         step = self._step
@@ -746,7 +798,6 @@ class OffloadEngine:
             swappable=swappable,
             root=root,
             source_block=entry.block,
-            on_last_handle=self._last_handle_callback,
         )
         record.ordinal = ordinal
         record.kind = SWAPPABLE if swappable else SMALL if allowed else PINNED
@@ -804,32 +855,63 @@ class OffloadEngine:
             if self._step is not None:
                 self._step.window_used -= block.nbytes
 
-    def _release_record(self, record: StorageRecord) -> None:
-        """Give back everything a record holds (its last handle died, or the step aborted)."""
-        if record.released:
-            return
-        record.released = True
-        record.aborted = record.live_handles > 0
-        if not record.swap:
+    def _release_device(self, step: _StepState | None, record: StorageRecord) -> None:
+        """The record's device bytes are no longer needed (read for the last time, or the step
+        ends): they leave the count in compute order. A swapped record keeps its host copy
+        (a retained graph may read it again) until its step dies (:meth:`_watch`)."""
+        if record.swap:
+            self._leave_fifo(step, record)
+            self._drop_source(record)
+            self._drop_fetched(record)
+        elif not record.released:
             record.source_block.unhold()
-            return
-        self._leave_fifo(self._step, record)
-        self._drop_source(record)
-        self._drop_fetched(record)
-        if record.host_buffer is not None:
-            self.runtime.release_host(record.host_buffer)
-            self.pool.release(record.host_buffer)
-            record.host_buffer = None
+        if not record.released:
+            record.released = True
+            if step is not None:
+                step.held_records -= 1
+
+    def _release_devices(self, step: _StepState) -> None:
+        """Every record of the step gives its device bytes back (the step ends or aborts)."""
+        for record in step.records:
+            self._release_device(step, record)
+
+    def _release_hosts(self, records: list[StorageRecord]) -> None:
+        """Host buffers of swapped records back to the pool (their step is over or died)."""
+        for record in records:
+            buffer = record.host_buffer
+            if buffer is not None:
+                record.host_buffer = record.host_view = None
+                self.runtime.release_host(buffer)
+                self.pool.release(buffer)
+
+    def _watch(self, step: _StepState) -> None:
+        """Give the host buffers of the step's swapped records back to the pool when the step
+        dies: when the engine has closed it and autograd has freed every handle to its saves
+        (after backward, or when a graph is dropped without one)."""
+        step.watched = True
+        records = step.swapped
+        watches = self._watches
+
+        def died(reference: weakref.ref[_StepState]) -> None:
+            watches.discard(reference)
+            self._release_hosts(records)
+
+        watches.add(weakref.ref(step, died))
 
     # -- copies ---------------------------------------------------------------------------
 
     def _start_copy_out(self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage) -> None:
-        record.host_buffer = self.pool.acquire(record.nbytes)
-        source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+        nbytes = record.nbytes
+        buffer = record.host_buffer = self.pool.acquire(nbytes)
+        host = record.host_view = self.pool.first_bytes(buffer, nbytes)
+        if not step.watched:
+            self._watch(step)
+        source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(
+            storage, record.start, (nbytes,), (1,)
+        )
         self._hold_found(record.source_block)
         written = self.runtime.record_compute()
-        extent = source[record.start : record.end]
-        record.copy_out = self.runtime.copy_out(written, extent, record.host_bytes())
+        record.copy_out = self.runtime.copy_out(written, source, host)
         record.copy_out_source = source
         step.swapped.append(record)
         step.next_prefetch = len(step.swapped) - 1
@@ -900,7 +982,8 @@ class OffloadEngine:
             )
             allocated = self.runtime.record_compute()
             record.fetched = destination
-            record.fetched_ready = self.runtime.copy_in(allocated, record.host_bytes(), destination)
+            assert record.host_view is not None
+            record.fetched_ready = self.runtime.copy_in(allocated, record.host_view, destination)
             if step is not None:
                 step.bytes_in += record.nbytes
         record.fetched_block = block

@@ -16,6 +16,7 @@ import torch
 from lightning_accudnn.ops.errors import HostMemoryExceeded
 
 _ALIGN = 512
+_MAX_VIEWS = 4096  # remembered host views (a few hundred bytes each)
 
 
 def _bucket(nbytes: int) -> int:
@@ -45,6 +46,9 @@ class HostBufferPool:
         >>> pool.release(buffer)
         >>> pool.acquire(1000) is buffer
         True
+        >>> view = pool.first_bytes(buffer, 1000)
+        >>> view.numel(), pool.first_bytes(buffer, 1000) is view
+        (1000, True)
         >>> pool.can_hold(2**20)
         False
         >>> HostBufferPool(pin_memory=False, capacity_bytes=2**20, pinned_rounding=True).host_bytes(600_000)
@@ -58,6 +62,8 @@ class HostBufferPool:
         self.pinned_rounding = pin_memory if pinned_rounding is None else pinned_rounding
         self.capacity_bytes = capacity_bytes
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
+        # (buffer address, length) -> the buffer's first bytes: a step asks for the same ones again
+        self._views: dict[tuple[int, int], torch.Tensor] = {}
         self.allocated_bytes = 0
         self.in_use_bytes = 0
         self.allocations = 0
@@ -96,6 +102,16 @@ class HostBufferPool:
             self.allocations += 1
         self.in_use_bytes += size
         return buffer
+
+    def first_bytes(self, buffer: torch.Tensor, nbytes: int) -> torch.Tensor:
+        """``buffer[:nbytes]`` for a buffer of this pool, made once and handed out again."""
+        key = (buffer.data_ptr(), nbytes)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= _MAX_VIEWS:  # shapes that change every step: start over
+                self._views.clear()
+            view = self._views[key] = buffer[:nbytes]
+        return view
 
     def release(self, buffer: torch.Tensor) -> None:
         size = buffer.numel()
@@ -153,5 +169,7 @@ class HostBufferPool:
             while len(buffers) > keep(size):
                 self.allocated_bytes -= buffers.pop().numel()
                 freed = True
-        if freed and self.pin_memory:
-            torch.accelerator.empty_host_cache()
+        if freed:
+            self._views.clear()  # they would keep the freed buffers alive
+            if self.pin_memory:
+                torch.accelerator.empty_host_cache()

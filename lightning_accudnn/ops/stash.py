@@ -1,4 +1,4 @@
-"""Saved storages, the device blocks they occupy, and the handles autograd holds to them.
+"""Saved storages, the device blocks they occupy, and how a saved view is checked and rebuilt.
 
 A :class:`StorageRecord` is one copy of (part of) a device storage, taken the first time a
 tensor of one *view lineage* is saved in a step. A later save reuses the record only when
@@ -88,9 +88,13 @@ def byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
         >>> base = torch.zeros(4, 8)
         >>> byte_extent(base[1:3, 2:4])
         (40, 80)
+        >>> byte_extent(base[1:3])
+        (32, 96)
     """
     itemsize = tensor.element_size()
     start = int(tensor.storage_offset()) * itemsize
+    if tensor.is_contiguous():  # the common case, without a walk over the dimensions
+        return start, start + tensor.numel() * itemsize
     if tensor.numel() == 0:
         return start, start
     last = sum(
@@ -132,11 +136,9 @@ class StorageRecord:
         "fetched",
         "fetched_block",
         "fetched_ready",
-        "live_handles",
+        "host_view",
         "pending_unpacks",
         "released",
-        "aborted",
-        "on_last_handle",
         "ordinal",
         "kind",
     )
@@ -152,7 +154,6 @@ class StorageRecord:
         root: torch.Tensor,
         swappable: bool | None = None,
         source_block: DeviceBlock,
-        on_last_handle: Callable[[StorageRecord], None],
     ) -> None:
         self.layer = layer
         self.start, self.end, self.nbytes = start, end, end - start
@@ -171,11 +172,9 @@ class StorageRecord:
         self.fetched: torch.Tensor | None = None  # the bytes on the device in backward
         self.fetched_block: DeviceBlock | None = None
         self.fetched_ready: StreamEvent | None = None  # copy-in event compute has not waited on yet
-        self.live_handles = 0
-        self.pending_unpacks = 0
-        self.released = False
-        self.aborted = False
-        self.on_last_handle = on_last_handle
+        self.host_view: torch.Tensor | None = None  # ``host_buffer``'s first ``nbytes``: the copy
+        self.pending_unpacks = 0  # saves through it not unpacked yet
+        self.released = False  # its device bytes are no longer the engine's: no later save reuses it
         self.ordinal = -1  # of the save that opened it in its step
         self.kind = 0  # what it is to the plan (``layers.SWAPPABLE``, ``SMALL``, ``PINNED``)
 
@@ -188,10 +187,6 @@ class StorageRecord:
             and self.start <= start
             and end <= self.end
         )
-
-    def host_bytes(self) -> torch.Tensor:
-        assert self.host_buffer is not None
-        return self.host_buffer[: self.nbytes]
 
 
 def record_extent(
@@ -223,76 +218,40 @@ def modified_in_place_error(
     )
 
 
-class SavedTensor:
-    """What autograd keeps for one saved tensor: the record and how to rebuild the view.
+def saved_view(
+    device_bytes: torch.Tensor,
+    start: int,
+    dtype: torch.dtype,
+    shape: torch.Size,
+    stride: tuple[int, ...],
+    offset: int,
+) -> torch.Tensor:
+    """The saved view (``dtype``, ``shape``, ``stride``, element ``offset`` into its storage)
+    over ``device_bytes``, whose storage holds the saved storage's bytes from byte ``start`` on.
 
-    A kept tensor is held as it is and handed back unchanged; a swapped one keeps only
-    its dtype, shape, strides and offset into the storage.
+    Example:
+        >>> x = torch.arange(6.0).reshape(2, 3)
+        >>> copy = x.untyped_storage()[4:]  # the bytes from the second element on
+        >>> saved_view(torch.empty(0, dtype=torch.uint8).set_(copy), 4, x.dtype, (3,), (1,), 3)
+        tensor([3., 4., 5.])
     """
+    view = torch.empty(0, dtype=dtype, device=device_bytes.device)
+    return view.set_(device_bytes.untyped_storage(), offset - start // view.element_size(), shape, stride)
 
-    __slots__ = (
-        "record",
-        "tensor",
-        "dtype",
-        "shape",
-        "stride",
-        "offset",
-        "version",
-        "unpacked",
-        "__weakref__",
-    )
 
-    def __init__(self, record: StorageRecord, tensor: torch.Tensor) -> None:
-        self.record = record
-        self.version = tensor._version  # autograd checks it no longer (hooks are set): the engine does
-        self.unpacked = False
-        record.live_handles += 1
-        record.pending_unpacks += 1
-        if record.swap:
-            self.tensor = None
-            self.dtype, self.shape = tensor.dtype, tensor.shape
-            self.stride, self.offset = tensor.stride(), tensor.storage_offset()
-        else:
-            self.tensor = tensor
+def check_version(current: torch.Tensor | None, version: int, dtype: torch.dtype, shape: torch.Size) -> None:
+    """Raise as plain autograd does when ``current`` (the saved tensor, or the lineage root it
+    shares a version counter with; ``None`` when that root is gone: not checked) changed in place
+    since the save at ``version``.
 
-    def check_version(self) -> None:
-        """Raise as plain autograd does when the saved tensor was changed in place since it was saved.
-
-        A kept tensor is always checked; a swapped one through its lineage root while that
-        lives (a tensor changed in place and then freed before backward is not detected).
-
-        Example:
-
-            >>> x = torch.ones(3)
-            >>> record = StorageRecord(layer="a", start=0, end=12, last_save=1, swap=False,
-            ...     root=x, source_block=DeviceBlock(0, 12, int, id), on_last_handle=id)
-            >>> saved = SavedTensor(record, x)
-            >>> _ = x.mul_(2)
-            >>> saved.check_version()
-            Traceback (most recent call last):
-            ...
-            RuntimeError: one of the variables needed ... is at version 1; expected version 0 instead. ...
-            >>> saved.version = x._version; saved.check_version()
-        """
-        if self.tensor is not None:
-            current: torch.Tensor | None = self.tensor
-            dtype, shape = self.tensor.dtype, self.tensor.shape
-        else:
-            current = self.record.root()
-            dtype, shape = self.dtype, self.shape
-        if current is not None and current._version != self.version:
-            raise modified_in_place_error(dtype, shape, current._version, self.version)
-
-    def rebuild(self, device_bytes: torch.Tensor, start: int) -> torch.Tensor:
-        """The saved view over ``device_bytes``, which hold the storage's bytes from ``start`` on."""
-        view = torch.empty(0, dtype=self.dtype, device=device_bytes.device)
-        offset = self.offset - start // view.element_size()
-        return view.set_(device_bytes.untyped_storage(), offset, self.shape, self.stride)
-
-    def __del__(self) -> None:
-        record = self.record
-        if not self.unpacked:
-            record.pending_unpacks -= 1
-        record.live_handles -= 1
-        if record.live_handles == 0:
-            record.on_last_handle(record)
+    Example:
+        >>> x = torch.ones(3)
+        >>> _ = x.mul_(2)
+        >>> check_version(x, 0, x.dtype, x.shape)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: one of the variables needed ... is at version 1; expected version 0 instead. ...
+        >>> check_version(x, 1, x.dtype, x.shape)
+    """
+    if current is not None and current._version != version:
+        raise modified_in_place_error(dtype, shape, current._version, version)

@@ -122,3 +122,37 @@ def test_copies_out_in_flight_are_bounded_by_the_schedule():
     )
     assert peaks[None] == everything
     assert peaks[0] < everything / 3
+
+
+def test_a_graph_dropped_without_backward_gives_its_host_buffers_back_when_freed():
+    model = SmallResNet()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    batch = make_batch("cnn")
+    with engine.offload(model, SwapSchedule.swap_everything()):
+        loss = loss_of(model, batch)
+    stats = engine.end_step()  # no backward: the graph is still alive
+    assert stats is not None and stats.bytes_swapped_out > 0
+    assert engine.ledger.activation_bytes == 0  # the device bytes left the count with the step
+    assert engine.pool.in_use_bytes > 0  # the host copies stay while the graph may still read them
+    del loss
+    assert engine.pool.in_use_bytes == 0
+
+
+def test_a_graph_retained_past_the_end_of_its_step_reads_its_swapped_copies_again():
+    torch.manual_seed(0)
+    model = SmallResNet()
+    batch = make_batch("cnn")
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    with engine.offload(model, SwapSchedule.swap_everything(max_copying_out_bytes=0)):
+        loss = loss_of(model, batch)
+    loss.backward(retain_graph=True)
+    first = [p.grad.clone() for p in model.parameters()]
+    assert engine.end_step() is not None
+    # The next step (other data) takes buffers from the pool: none of the retained graph's.
+    _step(engine, model, SwapSchedule.swap_everything(max_copying_out_bytes=0), make_batch("cnn", seed=1))
+    model.zero_grad()
+    loss.backward()
+    for a, p in zip(first, model.parameters(), strict=True):
+        assert torch.equal(a, p.grad)
+    del loss
+    assert engine.pool.in_use_bytes == 0

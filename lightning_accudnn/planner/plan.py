@@ -40,7 +40,9 @@ class BudgetTooSmallError(ValueError):
     plan and the peak of the session's profiling pass (every activation swapped, nothing
     recomputed), plus the reserve; the same whatever budget was asked and whatever the timings.
     ``profiling_binds`` is true when the profiling pass is what sets it (plans that recompute
-    would need less, but that pass runs first).
+    would need less, but that pass runs first). When that pass's measured peak passed the
+    computed one (the host-memory limit kept storages on the device),
+    ``with_host_memory_for_all_bytes`` is the smallest budget with host memory for everything.
 
     When saved tensors below ``min_swap_bytes`` stay on the device and a smaller threshold
     would lower the smallest budget by at least 1%, ``smaller_min_swap_bytes`` is
@@ -65,12 +67,14 @@ class BudgetTooSmallError(ValueError):
         smaller_min_swap_bytes: tuple[int, int] | None = None,
         *,
         profiling_binds: bool = False,
+        with_host_memory_for_all_bytes: int | None = None,
     ) -> None:
         self.min_budget_bytes = min_budget_bytes
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
         self.smaller_min_swap_bytes = smaller_min_swap_bytes
         self.profiling_binds = profiling_binds
+        self.with_host_memory_for_all_bytes = with_host_memory_for_all_bytes
         needed = _rounded_up(min_budget_bytes)  # rounded up: that much is enough
         reserve = f" (including the {format_bytes(reserve_bytes)} reserve)" if reserve_bytes else ""
         who = (
@@ -85,6 +89,13 @@ class BudgetTooSmallError(ValueError):
             f"Raise the budget to at least {needed}, or lower the batch size so that the "
             "activations shrink."
         )
+        if with_host_memory_for_all_bytes is not None:
+            message += (
+                " The profiling pass measured more than swapping every activation holds: what the "
+                "host-memory limit could not take stayed on the device. With host memory for all of it "
+                f"the smallest budget would be {_rounded_up(with_host_memory_for_all_bytes)}: raise "
+                "host_memory_limit, or the budget."
+            )
         if smaller_min_swap_bytes is not None:
             threshold, smaller = smaller_min_swap_bytes
             message += (
@@ -484,11 +495,11 @@ def plan_swaps(
     No plan's budget is below the peak of the pass the session profiles with (the first pass
     of each new batch shape: every swappable activation swapped, nothing recomputed), since
     that pass runs before any plan: a budget that only recomputation would fit is refused.
-    ``profiling_peak_bytes`` is that pass's measured peak when the caller has one (the session
-    passes its ledger's, which is above the computed one when the host-memory limit kept
-    storages on the device); the larger of it and the computed peak
-    (:func:`swap_everything_peak_bytes`) is used. Recomputation then serves speed at budgets
-    of at least that much.
+    ``profiling_peak_bytes`` is that pass's peak; by default the computed one
+    (:func:`swap_everything_peak_bytes`, what ``accudnn plan`` and the tuner predict). The
+    session passes its profiling pass's measured ledger peak instead: exact, where the computed
+    peak assumes the worst split of layers into storages, and higher when the host-memory limit
+    kept storages on the device. Recomputation then serves speed at budgets of at least that.
 
     Raises :class:`BudgetTooSmallError` when no plan fits; its ``min_budget_bytes`` is the
     larger of the least peak of the plans searched and the profiling pass's peak, plus the
@@ -519,12 +530,15 @@ def plan_swaps(
     floor = _profiling_floor(profile, profiling_peak_bytes)
     if cap < floor:  # the profiling pass itself would not fit: no plan is searched
         least = _least_peak(profile, policy)
+        computed = swap_everything_peak_bytes(profile)
+        min_budget = max(least, floor) + reserve_bytes
         raise BudgetTooSmallError(
-            max(least, floor) + reserve_bytes,
+            min_budget,
             budget_bytes,
             reserve_bytes,
-            _smaller_min_swap_bytes(profile, max(least, floor) + reserve_bytes, reserve_bytes, policy, floor),
+            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes, policy, floor),
             profiling_binds=floor > least,
+            with_host_memory_for_all_bytes=max(least, computed) + reserve_bytes if floor > computed else None,
         )
     host_limit = host_limit_bytes if host_limit_bytes is not None else 0
     host_fits = None if costs is None else lambda swap: _host_bytes_of(costs, swap) <= host_limit
@@ -637,9 +651,8 @@ def swap_everything_peak_bytes(profile: StepProfile) -> int:
 
 
 def _profiling_floor(profile: StepProfile, profiling_peak_bytes: int | None) -> int:
-    """The profiling pass's peak: the computed one, or the measured one if that is higher."""
-    computed = swap_everything_peak_bytes(profile)
-    return computed if profiling_peak_bytes is None else max(computed, profiling_peak_bytes)
+    """The profiling pass's peak: the one given, or the computed one."""
+    return swap_everything_peak_bytes(profile) if profiling_peak_bytes is None else profiling_peak_bytes
 
 
 def _least_peak(profile: StepProfile, policy: str) -> int:
@@ -661,15 +674,15 @@ def _smaller_min_swap_bytes(
     """(threshold, smallest budget) for the largest ``min_swap_bytes`` that gets within 1% of
     making every listed small storage swappable, if that saves at least 1% of the smallest
     budget (``min_swap_bytes`` then limits it). ``floor`` is the profiling pass's peak at the
-    profile's threshold: what it measured above the computed peak is assumed at every threshold."""
+    profile's threshold: its difference from the computed peak is assumed at every threshold."""
     small = profile.small_storages
     if not small:
         return None
-    above_computed = floor - swap_everything_peak_bytes(profile)
+    measured_over_computed = floor - swap_everything_peak_bytes(profile)
 
     def smallest(threshold: int) -> int:
         lowered = profile.with_min_swap_bytes(threshold)
-        floor_then = swap_everything_peak_bytes(lowered) + above_computed
+        floor_then = swap_everything_peak_bytes(lowered) + measured_over_computed
         return min_budget_bytes(lowered, reserve_bytes, policy, profiling_peak_bytes=floor_then)
 
     best = smallest(min(small))

@@ -110,18 +110,26 @@ def test_no_budget_below_the_profiling_pass_even_where_only_recomputation_would_
         plan_swaps(profile, 150, policy="swap")
 
 
-def test_a_measured_profiling_peak_above_the_computed_one_raises_the_smallest_budget():
-    """The session passes its profiling pass's ledger peak (above the computed one when the
-    host-memory limit kept storages on the device); below the computed one it changes nothing."""
-    profile = _unswappable_blocks()
+def test_a_measured_profiling_peak_replaces_the_computed_one():
+    """The session passes its profiling pass's ledger peak: above the computed one when the
+    host-memory limit kept storages on the device (the error then says what host memory for
+    everything would need), below it when the storages split better than the worst case."""
+    profile = _unswappable_blocks()  # computed: 210; least peak recomputing: 120
     assert min_budget_bytes(profile, policy="swap", profiling_peak_bytes=250) == 250
-    assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=100) == 210
-    with pytest.raises(BudgetTooSmallError) as caught:
+    assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=150) == 150
+    assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=100) == 120
+    assert min_budget_bytes(profile, policy="swap", profiling_peak_bytes=100) == 210
+    with pytest.raises(BudgetTooSmallError, match="raise host_memory_limit") as caught:
         plan_swaps(profile, 249, reserve_bytes=4, policy="swap", profiling_peak_bytes=250)
     assert caught.value.min_budget_bytes == 254 and caught.value.profiling_binds
+    assert caught.value.with_host_memory_for_all_bytes == 214
     plan = plan_swaps(profile, 254, reserve_bytes=4, policy="recompute", profiling_peak_bytes=250)
     assert plan.min_budget_bytes == 254 and plan.profiling_peak_bytes == 250
     assert plan.to_dict()["profiling_peak_bytes"] == 250
+    with pytest.raises(BudgetTooSmallError) as caught:
+        plan_swaps(profile, 149, policy="auto", profiling_peak_bytes=150)
+    assert caught.value.with_host_memory_for_all_bytes is None
+    assert plan_swaps(profile, 150, policy="auto", profiling_peak_bytes=150).recomputed
 
 
 def test_above_the_profiling_floor_recomputation_serves_speed():
@@ -249,10 +257,10 @@ def test_equal_to_brute_force_on_small_instances(profile, fraction, policy):
     st.one_of(st.none(), st.integers(0, 600)),
 )
 def test_the_smallest_budget_covers_the_profiling_pass_and_plans_exactly(profile, policy, reserve, measured):
-    """For every policy: never below the profiling pass's peak (computed, or measured when
-    higher); ``plan_swaps`` succeeds at exactly the smallest budget and refuses one byte less,
+    """For every policy: never below the profiling pass's peak (computed, or the measured one
+    given); ``plan_swaps`` succeeds at exactly the smallest budget and refuses one byte less,
     naming it."""
-    floor = max(swap_everything_peak_bytes(profile), measured or 0)
+    floor = swap_everything_peak_bytes(profile) if measured is None else measured
     smallest = min_budget_bytes(profile, reserve, policy, profiling_peak_bytes=measured)
     assert smallest >= floor + reserve
     plan = plan_swaps(profile, smallest, reserve, policy=policy, profiling_peak_bytes=measured)

@@ -318,7 +318,8 @@ def plan_command(args: argparse.Namespace) -> int:
         need = error.min_budget_bytes
         if args.json:
             layers = [{**dataclasses.asdict(layer), "swap": None} for layer in profile.layers]
-            print(json.dumps({**header, "feasible": False, "min_budget_bytes": need, "layers": layers}))
+            smallest = {"min_budget_bytes": need, "profiling_binds": error.profiling_binds}
+            print(json.dumps({**header, "feasible": False, **smallest, "layers": layers}))
         return _fail(
             f"{args.model}, batch {args.batch_size}, on {gpu.name}: {error}\n"
             f"accudnn: the smallest budget that fits is {need} bytes: rerun with --budget {need}",
@@ -381,7 +382,11 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
             f"{ms(plan.lower_bound_seconds)} (bound ratio {plan.bound_ratio:.3f}; assumes swapping only, "
             "copies hidden behind compute)",
         ),
-        ("smallest budget", gb("min_budget_bytes")),
+        (
+            "smallest budget",
+            f"{gb('min_budget_bytes')} (the profiling pass, every activation swapped and none "
+            f"recomputed, peaks at {gb('profiling_peak_bytes')}; no budget below it works)",
+        ),
         (
             "traced in",
             f"{report['trace_seconds']:.1f} s ({_flops(trace.forward_flops)} forward, "

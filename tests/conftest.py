@@ -6,7 +6,6 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-
 # Under pytest-xdist every core runs a worker: one intra-op thread each, not one per core each.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)

@@ -7,6 +7,7 @@ from lightning_accudnn.planner.plan import (
     lower_bound_seconds,
     min_budget_bytes,
     plan_swaps,
+    swap_everything_peak_bytes,
 )
 from lightning_accudnn.planner.scaling import ShapeRatio, fit_growth, plan_covers, scale_profile, shape_ratio
 from lightning_accudnn.planner.timeline import (
@@ -50,5 +51,6 @@ __all__ = [
     "scale_profile",
     "shape_ratio",
     "simulate",
+    "swap_everything_peak_bytes",
     "unconstrained_seconds",
 ]

@@ -30,13 +30,19 @@ __all__ = [
     "lower_bound_seconds",
     "min_budget_bytes",
     "plan_swaps",
+    "swap_everything_peak_bytes",
 ]
 
 
 class BudgetTooSmallError(ValueError):
     """No plan fits the budget. ``min_budget_bytes`` is the smallest budget (reserve included)
-    at which :func:`plan_swaps` succeeds for this profile: the least peak of any plan plus the
-    reserve, the same whatever budget was asked and whatever the timings.
+    at which :func:`plan_swaps` succeeds for this profile: the larger of the least peak of any
+    plan and the peak of the session's profiling pass (every activation swapped, nothing
+    recomputed), plus the reserve; the same whatever budget was asked and whatever the timings.
+    ``profiling_binds`` is true when the profiling pass is what sets it (plans that recompute
+    would need less, but that pass runs first). When that pass's measured peak passed the
+    computed one (the host-memory limit kept storages on the device),
+    ``with_host_memory_for_all_bytes`` is the smallest budget with host memory for everything.
 
     When saved tensors below ``min_swap_bytes`` stay on the device and a smaller threshold
     would lower the smallest budget by at least 1%, ``smaller_min_swap_bytes`` is
@@ -59,19 +65,37 @@ class BudgetTooSmallError(ValueError):
         budget_bytes: int,
         reserve_bytes: int,
         smaller_min_swap_bytes: tuple[int, int] | None = None,
+        *,
+        profiling_binds: bool = False,
+        with_host_memory_for_all_bytes: int | None = None,
     ) -> None:
         self.min_budget_bytes = min_budget_bytes
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
         self.smaller_min_swap_bytes = smaller_min_swap_bytes
+        self.profiling_binds = profiling_binds
+        self.with_host_memory_for_all_bytes = with_host_memory_for_all_bytes
         needed = _rounded_up(min_budget_bytes)  # rounded up: that much is enough
         reserve = f" (including the {format_bytes(reserve_bytes)} reserve)" if reserve_bytes else ""
+        who = (
+            "the first pass of a new batch shape (the profiling pass) swaps every activation and "
+            f"recomputes none, and needs {needed} ({min_budget_bytes} bytes){reserve}; the plans made "
+            "after it need less, but that pass runs first"
+            if profiling_binds
+            else f"even the least memory-hungry plan needs {needed} ({min_budget_bytes} bytes){reserve}"
+        )
         message = (
-            f"memory budget {format_bytes(budget_bytes)} is too small for this training step: even the "
-            f"least memory-hungry plan needs {needed} ({min_budget_bytes} bytes){reserve}. "
+            f"memory budget {format_bytes(budget_bytes)} is too small for this training step: {who}. "
             f"Raise the budget to at least {needed}, or lower the batch size so that the "
             "activations shrink."
         )
+        if with_host_memory_for_all_bytes is not None:
+            message += (
+                " The profiling pass measured more than swapping every activation holds: what the "
+                "host-memory limit could not take stayed on the device. With host memory for all of it "
+                f"the smallest budget would be {_rounded_up(with_host_memory_for_all_bytes)}: raise "
+                "host_memory_limit, or the budget."
+            )
         if smaller_min_swap_bytes is not None:
             threshold, smaller = smaller_min_swap_bytes
             message += (
@@ -213,9 +237,10 @@ class Plan:
     segment saving the segment's inputs (kept). ``lower_bound_seconds`` is the physical bound
     for ``budget_bytes`` under ``policy`` (see :func:`lower_bound_seconds`; the reserve is
     the planner's own margin, so its cost shows in ``bound_ratio``). ``min_budget_bytes`` is
-    the smallest budget, reserve included, at which a plan exists under ``policy`` (see
-    :func:`plan_swaps`). ``search`` says how the plan was found: ``"nothing to swap"``,
-    ``"exhaustive"`` or ``"heuristic"``.
+    the smallest budget, reserve included, at which a plan exists under ``policy`` and the
+    session's profiling pass fits too (see :func:`plan_swaps`); ``profiling_peak_bytes`` is
+    that pass's peak (every activation swapped, nothing recomputed). ``search`` says how the
+    plan was found: ``"nothing to swap"``, ``"exhaustive"`` or ``"heuristic"``.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -243,6 +268,7 @@ class Plan:
     recomputed: tuple[str, ...] = ()
     policy: str = "auto"
     step: RecomputedProfile | None = field(default=None, repr=False, compare=False)
+    profiling_peak_bytes: int = 0
 
     @property
     def bound_ratio(self) -> float:
@@ -365,7 +391,8 @@ class Plan:
             f"policy {self.policy}: predicted peak {format_bytes(self.predicted_peak_bytes)} of "
             f"{format_bytes(usable)} usable (budget {format_bytes(self.budget_bytes)} less reserve "
             f"{format_bytes(self.reserve_bytes)}; least budget that fits "
-            f"{format_bytes(self.min_budget_bytes)})",
+            f"{format_bytes(self.min_budget_bytes)}; the profiling pass, every activation swapped, "
+            f"peaks at {format_bytes(self.profiling_peak_bytes)})",
             f"predicted step {self.predicted_step_seconds * 1e3:.3f} ms ({overhead} vs "
             f"{unconstrained * 1e3:.3f} ms unconstrained), lower bound "
             f"{self.lower_bound_seconds * 1e3:.3f} ms ({self._bound_assumes()}), "
@@ -397,6 +424,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "reserve_bytes": self.reserve_bytes,
             "min_budget_bytes": self.min_budget_bytes,
+            "profiling_peak_bytes": self.profiling_peak_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_step_seconds": self.predicted_step_seconds,
             "unconstrained_seconds": self.unconstrained_seconds,
@@ -442,6 +470,7 @@ def plan_swaps(
     *,
     host_limit_bytes: int | None = None,
     host_bytes: Sequence[int] | None = None,
+    profiling_peak_bytes: int | None = None,
 ) -> Plan:
     """The fastest predicted plan whose predicted peak is at most ``budget_bytes - reserve_bytes``.
 
@@ -463,9 +492,19 @@ def plan_swaps(
     Beyond that it is a **heuristic** with a bounded number of simulations (see
     :mod:`.search`); it always includes swapping everything and recomputing nothing.
 
+    No plan's budget is below the peak of the pass the session profiles with (the first pass
+    of each new batch shape: every swappable activation swapped, nothing recomputed), since
+    that pass runs before any plan: a budget that only recomputation would fit is refused.
+    ``profiling_peak_bytes`` is that pass's peak; by default the computed one
+    (:func:`swap_everything_peak_bytes`, what ``accudnn plan`` and the tuner predict). The
+    session passes its profiling pass's measured ledger peak instead: exact, where the computed
+    peak assumes the worst split of layers into storages, and higher when the host-memory limit
+    kept storages on the device. Recomputation then serves speed at budgets of at least that.
+
     Raises :class:`BudgetTooSmallError` when no plan fits; its ``min_budget_bytes`` is the
-    least peak of the plans searched plus the reserve (it does not depend on the budget or the
-    timings), and the planner succeeds with any budget of at least that much.
+    larger of the least peak of the plans searched and the profiling pass's peak, plus the
+    reserve (it does not depend on the budget or the timings), and the planner succeeds with
+    any budget of at least that much.
 
     With ``host_limit_bytes`` no plan swaps more than that many host bytes: swapping a layer
     takes ``host_bytes[i]`` of them (default its ``swappable_bytes``; pass the host pool's
@@ -488,10 +527,23 @@ def plan_swaps(
     check_policy(policy)
     cap = budget_bytes - reserve_bytes
     costs = _host_costs(profile, host_limit_bytes, host_bytes)
+    floor = _profiling_floor(profile, profiling_peak_bytes)
+    if cap < floor:  # the profiling pass itself would not fit: no plan is searched
+        least = _least_peak(profile, policy)
+        computed = swap_everything_peak_bytes(profile)
+        min_budget = max(least, floor) + reserve_bytes
+        raise BudgetTooSmallError(
+            min_budget,
+            budget_bytes,
+            reserve_bytes,
+            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes, policy, floor),
+            profiling_binds=floor > least,
+            with_host_memory_for_all_bytes=max(least, computed) + reserve_bytes if floor > computed else None,
+        )
     host_limit = host_limit_bytes if host_limit_bytes is not None else 0
     host_fits = None if costs is None else lambda swap: _host_bytes_of(costs, swap) <= host_limit
     result = search_mixed(profile, cap, max_copying_out_bytes, policy, host_fits)
-    min_budget = result.min_peak_bytes + reserve_bytes
+    min_budget = max(result.min_peak_bytes, floor) + reserve_bytes
     if result.best is None and costs is not None and result.min_peak_bytes <= cap:
         raise HostLimitTooSmallError(
             host_limit,
@@ -504,7 +556,7 @@ def plan_swaps(
             min_budget,
             budget_bytes,
             reserve_bytes,
-            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes, policy),
+            _smaller_min_swap_bytes(profile, min_budget, reserve_bytes, policy, floor),
         )
     step = result.step
     choice = result.best.choice
@@ -530,6 +582,7 @@ def plan_swaps(
         recomputed=step.recomputed,
         policy=policy,
         step=step,
+        profiling_peak_bytes=floor,
     )
 
 
@@ -552,17 +605,58 @@ def _host_bytes_of(costs: tuple[int, ...], swap: tuple[bool, ...]) -> int:
     return sum(cost for cost, swapped in zip(costs, swap, strict=True) if swapped)
 
 
-def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0, policy: str = "auto") -> int:
-    """The smallest budget at which :func:`plan_swaps` succeeds under ``policy``: the least
-    peak of the plans it searches plus the reserve.
+def min_budget_bytes(
+    profile: StepProfile,
+    reserve_bytes: int = 0,
+    policy: str = "auto",
+    *,
+    profiling_peak_bytes: int | None = None,
+) -> int:
+    """The smallest budget at which :func:`plan_swaps` succeeds under ``policy``: the larger
+    of the least peak of the plans it searches and the profiling pass's peak (see
+    :func:`plan_swaps` for ``profiling_peak_bytes``), plus the reserve.
 
     Example:
-        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
         >>> layers = (LayerProfile("a", 100, 100), LayerProfile("b", 100, 100))
         >>> min_budget_bytes(StepProfile(layers, static_bytes=10), reserve_bytes=5)
         215
+
+        Nothing swappable: recomputing both blocks would peak at 110 bytes (their inputs, and
+        one block's saves while its backward runs), but the profiling pass keeps all 200:
+
+        >>> layers = tuple(LayerProfile(f"b{i}.{part}", 50, 0) for i in range(2) for part in "xy")
+        >>> segments = (SegmentProfile("b0", 10), SegmentProfile("b1", 10))
+        >>> profile = StepProfile(layers, static_bytes=0, segments=segments)
+        >>> min_budget_bytes(profile, policy="recompute"), swap_everything_peak_bytes(profile)
+        (200, 200)
     """
     check_policy(policy)
+    return max(_least_peak(profile, policy), _profiling_floor(profile, profiling_peak_bytes)) + reserve_bytes
+
+
+def swap_everything_peak_bytes(profile: StepProfile) -> int:
+    """The predicted peak of the session's profiling pass: every swappable activation swapped,
+    nothing recomputed, copy-out limit and prefetch window 0 (the least peak of any plan under
+    policy ``"swap"``). No plan's budget is below it (see :func:`plan_swaps`).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = (LayerProfile("a", 100, 100), LayerProfile("b", 100, 0))
+        >>> swap_everything_peak_bytes(StepProfile(layers, static_bytes=10))  # b stays: 10 + 100 + 100
+        210
+    """
+    simulator = Simulator(profile)
+    return simulator.peak_bytes(least_peak_choice(simulator))
+
+
+def _profiling_floor(profile: StepProfile, profiling_peak_bytes: int | None) -> int:
+    """The profiling pass's peak: the one given, or the computed one."""
+    return swap_everything_peak_bytes(profile) if profiling_peak_bytes is None else profiling_peak_bytes
+
+
+def _least_peak(profile: StepProfile, policy: str) -> int:
+    """The least peak of the plans :func:`plan_swaps` searches under ``policy``."""
     spans = candidate_spans(profile) if policy != "swap" else ()
     least = None
     for chosen in recompute_sets(spans):
@@ -571,23 +665,31 @@ def min_budget_bytes(profile: StepProfile, reserve_bytes: int = 0, policy: str =
         peak = simulator.peak_bytes(least_peak_choice(simulator))
         least = peak if least is None else min(least, peak)
     assert least is not None
-    return least + reserve_bytes
+    return least
 
 
 def _smaller_min_swap_bytes(
-    profile: StepProfile, min_budget: int, reserve_bytes: int, policy: str
+    profile: StepProfile, min_budget: int, reserve_bytes: int, policy: str, floor: int
 ) -> tuple[int, int] | None:
     """(threshold, smallest budget) for the largest ``min_swap_bytes`` that gets within 1% of
     making every listed small storage swappable, if that saves at least 1% of the smallest
-    budget (``min_swap_bytes`` then limits it)."""
+    budget (``min_swap_bytes`` then limits it). ``floor`` is the profiling pass's peak at the
+    profile's threshold: its difference from the computed peak is assumed at every threshold."""
     small = profile.small_storages
     if not small:
         return None
-    best = min_budget_bytes(profile.with_min_swap_bytes(min(small)), reserve_bytes, policy)
+    measured_over_computed = floor - swap_everything_peak_bytes(profile)
+
+    def smallest(threshold: int) -> int:
+        lowered = profile.with_min_swap_bytes(threshold)
+        floor_then = swap_everything_peak_bytes(lowered) + measured_over_computed
+        return min_budget_bytes(lowered, reserve_bytes, policy, profiling_peak_bytes=floor_then)
+
+    best = smallest(min(small))
     if 100 * (min_budget - best) < min_budget:
         return None
     for threshold in sorted(set(small), reverse=True):
-        smaller = min_budget_bytes(profile.with_min_swap_bytes(threshold), reserve_bytes, policy)
+        smaller = smallest(threshold)
         if 100 * (smaller - best) <= best:
             return threshold, smaller
     return min(small), best  # pragma: no cover - the smallest threshold always qualifies

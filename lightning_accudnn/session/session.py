@@ -43,7 +43,7 @@ from lightning_accudnn.session.recompute_pass import (
     recomputable_segments,
     schedule_for,
 )
-from lightning_accudnn.session.shapes import ShapePlanner
+from lightning_accudnn.session.shapes import ShapePlanner, same_pass_other_shape
 from lightning_accudnn.session.stats import OffloadStats
 from lightning_accudnn.session.transfers import layer_host_bytes, swapped_buffer_sizes, transfer_sizes
 
@@ -122,7 +122,9 @@ class OffloadSession:
     runs a plan scaled from, or made for, another shape of the same pass
     (:mod:`~lightning_accudnn.session.shapes`), not a profiling step. A budget too small for any
     plan raises :class:`~lightning_accudnn.planner.BudgetTooSmallError` at the end of the
-    first backward, before any optimizer step, naming the smallest budget that works.
+    first backward, before any optimizer step, naming the smallest budget that works: never
+    below the profiling pass's own peak (it runs first in every run and never recomputes), so
+    under policy ``"auto"`` or ``"recompute"`` a budget only recomputation would fit is refused.
 
     A plain loop (the step closes itself when backward ends)::
 
@@ -211,6 +213,9 @@ class OffloadSession:
         self._wire_keys: dict[PassKey, tuple[object, ...]] = {}
         self._model_ordinals: dict[int, int] = {}
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
+        # Per pass that profiled: its profiling pass's ledger peak less its model state (no plan's
+        # budget may be below that pass's peak: it runs first, in every run).
+        self._profiling_activation_peaks: dict[PassKey, int] = {}
         self.allocator: AllocatorControl = (
             allocator if allocator is not None else allocator_control_for(self.device)
         )
@@ -548,6 +553,7 @@ class OffloadSession:
         if profiling:
             segments = recomputable_segments(self._probe.segments(), step.layers_read_in_forward)
             profile = replace(profile, segments=segments)
+            self._profiling_activation_peaks[key] = step.ledger_peak_bytes - self.engine.ledger.static_bytes
         profile = profile_to_plan_from(current.plan, profile, step.graph_changed)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
@@ -642,8 +648,17 @@ class OffloadSession:
 
     def _make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
         """The fastest plan under the budget. The planner's smallest budget does not depend on
-        the budget asked or on the timings, so a budget an error named always plans."""
+        the budget asked or on the timings, so a budget an error named always plans.
+
+        No plan's budget is below the peak of the profiling passes this pass ran in this run
+        (at this batch shape or another; the first runs first in every run): their largest
+        measured activation peak over ``profile``'s model state, whatever pass ``profile`` came
+        from (profiling, refining, merged across ranks, scaled from another shape). A shape
+        planned from another's profile never profiles, so its own computed peak of swapping
+        everything is not its floor: a scaled plan may recompute below it. With no profiling
+        pass known, the planner computes the floor."""
         budget = self.budget_bytes
+        profiling_peak = self._profiling_peak(key, profile.static_bytes)
         pool = self.engine.pool
         host_bytes = layer_host_bytes(
             profile, self._sequences.get(key), self.config.min_swap_bytes, pool.host_bytes
@@ -656,6 +671,7 @@ class OffloadSession:
                 policy=self.config.policy,
                 host_limit_bytes=pool.capacity_bytes,
                 host_bytes=host_bytes,
+                profiling_peak_bytes=profiling_peak,
             )
         except HostLimitTooSmallError as error:
             raise HostMemoryExceeded(str(error)) from error
@@ -669,6 +685,16 @@ class OffloadSession:
             f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
         return plan
+
+    def _profiling_peak(self, key: PassKey, static_bytes: int) -> int | None:
+        """The largest measured peak of the profiling passes of ``key``'s pass (any batch shape),
+        with ``static_bytes`` of model state; ``None`` when none profiled on this rank."""
+        peaks = [
+            peak
+            for other, peak in self._profiling_activation_peaks.items()
+            if other == key or same_pass_other_shape(other, key)
+        ]
+        return static_bytes + max(peaks) if peaks else None
 
     def _profile_from(self, step: StepStats, key: PassKey, static_bytes: int) -> StepProfile:
         """The pass's profile, with the host link's rates at the sizes of its swappable storages."""

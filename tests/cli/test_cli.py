@@ -142,6 +142,28 @@ def test_infeasible_budget_exits_1_with_the_smallest_budget_that_fits(capsys) ->
     check_plan_json(json.loads(capsys.readouterr().out), need)
 
 
+def test_no_policy_names_a_budget_below_the_profiling_pass(capsys) -> None:
+    """At the 1 MiB default the small ResNet swaps nothing: recomputing would peak lower, but
+    the profiling pass (every activation swapped, none recomputed) keeps everything, so every
+    policy names the same smallest budget, says when that pass is what binds, and plans at it."""
+    named = set()
+    for policy in ("swap", "auto", "recompute"):
+        assert main(["plan", *SMALL, "--budget", "1000", "--policy", policy, "--json"]) == 1
+        captured = capsys.readouterr()
+        report = json.loads(captured.out)
+        assert report["profiling_binds"] is (policy != "swap")
+        assert ("first pass of a new batch shape" in captured.err) is (policy != "swap")
+        named.add(report["min_budget_bytes"])
+        need = report["min_budget_bytes"]
+        assert main(["plan", *SMALL, "--budget", str(need), "--policy", policy, "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        check_plan_json(plan, need)
+        assert plan["profiling_peak_bytes"] == plan["min_budget_bytes"] == need
+    assert named == {report["unconstrained_peak_bytes"]}
+    assert main(["plan", *SMALL, "--budget", str(need)]) == 0
+    assert "the profiling pass, every activation swapped and none recomputed" in capsys.readouterr().out
+
+
 def test_small_model_is_told_that_min_swap_bytes_limits_the_smallest_budget(capsys) -> None:
     """At the 1 MiB default the small ResNet swaps nothing; the error names a threshold that
     lowers the smallest budget, and that budget plans with that threshold."""

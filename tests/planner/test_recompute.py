@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_accudnn.planner.plan import BudgetTooSmallError, min_budget_bytes, plan_swaps
+from lightning_accudnn.planner.plan import (
+    BudgetTooSmallError,
+    min_budget_bytes,
+    plan_swaps,
+    swap_everything_peak_bytes,
+)
 from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
 from lightning_accudnn.planner.search import recompute_sets
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
@@ -72,7 +77,7 @@ def test_an_unknown_policy_names_the_valid_ones():
         plan_swaps(_blocks(1, 1e9), 10 * GB, policy="fastest")
 
 
-def test_recomputation_lowers_the_smallest_budget_where_bytes_cannot_swap():
+def _unswappable_blocks() -> StepProfile:
     layers = (
         LayerProfile("b0.a", 50, 0, 1.0, 1.0),
         LayerProfile("b0.b", 50, 0, 1.0, 1.0),
@@ -81,17 +86,62 @@ def test_recomputation_lowers_the_smallest_budget_where_bytes_cannot_swap():
         LayerProfile("head", 10, 10, 1.0, 1.0),
     )
     segments = (SegmentProfile("b0", 10), SegmentProfile("b1", 10))
-    profile = StepProfile(layers, static_bytes=0, segments=segments)
-    assert min_budget_bytes(profile, policy="swap") == 210
-    # both recomputed: 10 + 10 held, and one block's 100 saves again while its backward runs
-    assert min_budget_bytes(profile, policy="auto") == 10 + 10 + 100
-    assert min_budget_bytes(profile, policy="recompute") == 120  # the head's 10 are freed by then
+    return StepProfile(layers, static_bytes=0, segments=segments)
+
+
+def test_no_budget_below_the_profiling_pass_even_where_only_recomputation_would_fit():
+    """Both blocks recomputed would peak at 10 + 10 held and one block's 100 saved again while
+    its backward runs (120), but the profiling pass swaps what it can and recomputes nothing:
+    210. The smallest budget of every policy is that pass's peak, and it plans."""
+    profile = _unswappable_blocks()
+    assert swap_everything_peak_bytes(profile) == 210
+    for policy in ("swap", "auto", "recompute"):
+        assert min_budget_bytes(profile, policy=policy) == 210
+        assert min_budget_bytes(profile, reserve_bytes=7, policy=policy) == 217
+        with pytest.raises(BudgetTooSmallError) as caught:
+            plan_swaps(profile, 209, policy=policy)
+        assert caught.value.min_budget_bytes == 210
+        assert caught.value.profiling_binds is (policy != "swap")
+        plan = plan_swaps(profile, 210, policy=policy)
+        assert plan.predicted_peak_bytes <= 210
+        assert plan.min_budget_bytes == plan.profiling_peak_bytes == 210
+    with pytest.raises(BudgetTooSmallError, match="first pass of a new batch shape .* swaps every"):
+        plan_swaps(profile, 150, policy="auto")
+    with pytest.raises(BudgetTooSmallError, match="even the least memory-hungry plan needs"):
+        plan_swaps(profile, 150, policy="swap")
+
+
+def test_a_measured_profiling_peak_replaces_the_computed_one():
+    """The session passes its profiling pass's ledger peak: above the computed one when the
+    host-memory limit kept storages on the device (the error then says what host memory for
+    everything would need), below it when the storages split better than the worst case."""
+    profile = _unswappable_blocks()  # computed: 210; least peak recomputing: 120
+    assert min_budget_bytes(profile, policy="swap", profiling_peak_bytes=250) == 250
+    assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=150) == 150
+    assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=100) == 120
+    assert min_budget_bytes(profile, policy="swap", profiling_peak_bytes=100) == 210
+    with pytest.raises(BudgetTooSmallError, match="raise host_memory_limit") as caught:
+        plan_swaps(profile, 249, reserve_bytes=4, policy="swap", profiling_peak_bytes=250)
+    assert caught.value.min_budget_bytes == 254 and caught.value.profiling_binds
+    assert caught.value.with_host_memory_for_all_bytes == 214
+    plan = plan_swaps(profile, 254, reserve_bytes=4, policy="recompute", profiling_peak_bytes=250)
+    assert plan.min_budget_bytes == 254 and plan.profiling_peak_bytes == 250
+    assert plan.to_dict()["profiling_peak_bytes"] == 250
     with pytest.raises(BudgetTooSmallError) as caught:
-        plan_swaps(profile, 119, policy="auto")
-    assert caught.value.min_budget_bytes == 120
-    assert plan_swaps(profile, 120, policy="auto").predicted_peak_bytes <= 120
-    with pytest.raises(BudgetTooSmallError):
-        plan_swaps(profile, 120, policy="swap")
+        plan_swaps(profile, 149, policy="auto", profiling_peak_bytes=150)
+    assert caught.value.with_host_memory_for_all_bytes is None
+    assert plan_swaps(profile, 150, policy="auto", profiling_peak_bytes=150).recomputed
+
+
+def test_above_the_profiling_floor_recomputation_serves_speed():
+    """Between the profiling pass's peak and the unconstrained peak, a slow link makes the
+    recomputing plan the faster one, and auto picks it."""
+    profile = _blocks(6, link=2 * GB)
+    floor = swap_everything_peak_bytes(profile)
+    budget = min_budget_bytes(profile, policy="recompute")
+    assert floor <= budget < profile.unconstrained_peak_bytes
+    auto, swap = plan_swaps(profile, budget, policy="auto"), plan_swaps(profile, budget, policy="swap")
+    assert auto.recomputed and auto.predicted_step_seconds < swap.predicted_step_seconds
 
 
 def test_the_transient_of_a_recomputed_segment_counts_while_its_backward_runs():
@@ -178,19 +228,25 @@ def _brute_force(profile: StepProfile, cap: int, policy: str) -> tuple[float | N
 @settings(max_examples=25, deadline=None)
 @given(segmented_profiles(), st.floats(0.0, 1.0), st.sampled_from(["auto", "recompute", "swap"]))
 def test_equal_to_brute_force_on_small_instances(profile, fraction, policy):
+    """The least time of any plan within the budget, written without the search; no plan's budget
+    is below the profiling pass's peak (the least peak of swap-only plans, from the brute force)."""
     budget = int(profile.static_bytes + fraction * profile.saved_bytes)
     best, least = _brute_force(profile, budget, policy)
-    assert min_budget_bytes(profile, policy=policy) == least
+    floor = _brute_force(profile, budget, "swap")[1]
+    smallest = max(least, floor)
+    assert min_budget_bytes(profile, policy=policy) == smallest
+    if budget < floor:
+        best = None
     if best is None:
         with pytest.raises(BudgetTooSmallError) as caught:
             plan_swaps(profile, budget, policy=policy)
-        assert caught.value.min_budget_bytes == least
+        assert caught.value.min_budget_bytes == smallest
         return
     plan = plan_swaps(profile, budget, policy=policy)
     assert plan.search in ("exhaustive", "nothing to swap")
     assert plan.predicted_step_seconds == pytest.approx(best, rel=1e-9, abs=1e-12)
     assert plan.predicted_peak_bytes <= budget
-    assert plan.min_budget_bytes == least
+    assert plan.min_budget_bytes == smallest
     assert plan.predicted_step_seconds >= plan.lower_bound_seconds * (1 - 1e-9)
 
 
@@ -206,3 +262,25 @@ def test_nothing_swapped_is_never_slower_than_a_plan_of_the_same_recompute_set(p
     choice = PlanChoice(swap, data.draw(st.sampled_from(sums)), data.draw(st.sampled_from([*sums, None])))
     compute_only = simulator.run(PlanChoice((False,) * len(swap), 0, 0)).step_seconds
     assert compute_only <= simulator.run(choice).step_seconds * (1 + 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    segmented_profiles(),
+    st.sampled_from(["auto", "recompute", "swap"]),
+    st.integers(0, 20),
+    st.one_of(st.none(), st.integers(0, 600)),
+)
+def test_the_smallest_budget_covers_the_profiling_pass_and_plans_exactly(profile, policy, reserve, measured):
+    """For every policy: never below the profiling pass's peak (computed, or the measured one
+    given); ``plan_swaps`` succeeds at exactly the smallest budget and refuses one byte less,
+    naming it."""
+    floor = swap_everything_peak_bytes(profile) if measured is None else measured
+    smallest = min_budget_bytes(profile, reserve, policy, profiling_peak_bytes=measured)
+    assert smallest >= floor + reserve
+    plan = plan_swaps(profile, smallest, reserve, policy=policy, profiling_peak_bytes=measured)
+    assert plan.predicted_peak_bytes <= smallest - reserve
+    assert plan.min_budget_bytes == smallest and plan.profiling_peak_bytes == floor
+    with pytest.raises(BudgetTooSmallError) as caught:
+        plan_swaps(profile, smallest - 1, reserve, policy=policy, profiling_peak_bytes=measured)
+    assert caught.value.min_budget_bytes == smallest

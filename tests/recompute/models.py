@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_accudnn.planner.bandwidth import LinkCurve
 from tests.models import SmallResNet
 
 
@@ -87,3 +89,12 @@ def batch(kind: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def loss_of(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = model(inputs)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+#: A host link of about 1 KB/s each way: every copy costs seconds.
+SLOW_LINK = LinkCurve((2**10, 2**30), d2h_seconds=(1.0, 2.0**20), h2d_seconds=(1.0, 2.0**20))
+
+
+def slow_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions made from now on (in this test) measure :data:`SLOW_LINK` as their host link."""
+    monkeypatch.setattr("lightning_accudnn.session.session.probe_host_link", lambda device: SLOW_LINK)

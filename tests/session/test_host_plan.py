@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_accudnn.ops import HostBufferPool, HostMemoryExceeded
+from lightning_accudnn.planner import BudgetTooSmallError
 from lightning_accudnn.planner.bandwidth import LinkCurve
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.session import session as session_module
@@ -60,14 +61,19 @@ def test_the_plan_fits_the_host_limit_in_pinned_bytes(monkeypatch):
         assert session.plan is not None and session.plan.swapped_bytes == swapped
         assert session.engine.pool.allocated_bytes == pinned
 
-    # Too little host memory for any plan within the device budget, once rounded.
+    # Too little host memory: the profiling pass keeps on the device what the pool cannot take,
+    # past the device budget. Refused at its end, naming its measured peak and what the budget
+    # would be with host memory for everything (within this one).
     with (
         _pinned_session(static + saved // 3, swapped // 3) as session,
         pytest.raises(
-            HostMemoryExceeded, match=r"host-memory limit of .* Raise host_memory_limit by at least"
-        ),
+            BudgetTooSmallError, match=r"host-memory limit could not take .* raise host_memory_limit"
+        ) as raised,
     ):
         train_cnn(session, SmallResNet(), steps=2)
+    assert session.stats is not None and session.stats.profiling
+    assert raised.value.min_budget_bytes == session.stats.ledger_peak_bytes > static + saved // 3
+    assert raised.value.with_host_memory_for_all_bytes <= static + saved // 3
 
 
 def test_the_link_is_probed_before_the_cap_and_rated_at_the_swapped_sizes(monkeypatch):

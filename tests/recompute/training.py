@@ -1,0 +1,89 @@
+"""Training helpers for the recompute tests: plain training's record, a profile, a session run."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.planner import StepProfile
+from tests.recompute.models import batch, build, loss_of
+
+STEPS = 4
+
+
+def plain(kind: str) -> list[dict[str, torch.Tensor]]:
+    """Per step, every gradient and (after the optimizer step) every parameter and buffer."""
+    model = build(kind)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1)
+    record = []
+    for step in range(STEPS):
+        loss_of(model, *batch(kind, step)).backward()
+        grads = {f"grad:{n}": p.grad.clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad()
+        record.append({**grads, **state(model)})
+    return record
+
+
+def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def measured_profile(kind: str, config: OffloadConfig, runtime=None) -> StepProfile:
+    """The profile of a planned pass (its layers and segments do not depend on the policy)."""
+    return profiled(kind, config, runtime)[0]
+
+
+def profiled(kind: str, config: OffloadConfig, runtime=None) -> tuple[StepProfile, int]:
+    """The profile of a planned pass and the ledger peak of the profiling pass, measured under
+    ``config`` with room for everything (policy "recompute", which never swaps, plans fastest)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = OffloadSession(config.replace(budget=10**9, policy="recompute"), "cpu", runtime=runtime)
+    model = build(kind)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    peaks = []
+    for step in range(2):
+        with session.step(model, optimizer):
+            loss = loss_of(model, *batch(kind, step))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert session.stats is not None
+        peaks.append(session.stats.ledger_peak_bytes)
+    assert session.plan is not None
+    session.close()
+    return session.plan.profile, peaks[0]
+
+
+def train(kind: str, config: OffloadConfig, runtime=None, after_step=lambda session: None):
+    reports: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = OffloadSession(config, "cpu", runtime=runtime, report=reports.append)
+    hooked = []
+    attach = session.engine.tracker.attach
+    session.engine.tracker.attach = lambda model: (hooked.append(1), attach(model))[1]
+    model = build(kind)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1)
+    record, plans, hooked_per_step, peaks = [], [], [], []
+    for step in range(STEPS):
+        before = len(hooked)
+        with session.step(model, optimizer):
+            loss = loss_of(model, *batch(kind, step))
+        loss.backward()
+        grads = {f"grad:{n}": p.grad.clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad()
+        record.append({**grads, **state(model)})
+        plans.append(session.plan)
+        hooked_per_step.append(len(hooked) - before)
+        peaks.append((session.stats.profiling, session.stats.ledger_peak_bytes))
+        after_step(session)
+    session.close()
+    assert not any("forward" in vars(module) for module in model.modules())  # wrappers removed
+    return record, plans, hooked_per_step, peaks, session

@@ -23,7 +23,7 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
-from lightning_accudnn.planner import Plan, StepProfile, format_bytes
+from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
 from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.planner.plan import ROUTE_EAGER, HostLimitTooSmallError, plan_swaps
@@ -675,6 +675,22 @@ class OffloadSession:
             )
         except HostLimitTooSmallError as error:
             raise HostMemoryExceeded(str(error)) from error
+        except BudgetTooSmallError as error:
+            enough = error.with_host_memory_for_all_bytes
+            if enough is None or budget < enough:
+                raise
+            # The budget would do but for the host limit: the profiling pass kept on the device
+            # what the host pool could not take.
+            needed = sum(host_bytes)
+            raise HostMemoryExceeded(
+                f"the host-memory limit of {format_bytes(pool.capacity_bytes)} is too small for this "
+                f"training step: the profiling pass (the first pass of a new batch shape swaps every "
+                f"activation) kept on the device what it could not hold and needed "
+                f"{format_bytes(error.min_budget_bytes)} of device memory, over the budget of "
+                f"{format_bytes(budget)}. Raise host_memory_limit by at least "
+                f"{format_bytes(max(1, needed - pool.capacity_bytes))} (to {format_bytes(needed)}, "
+                f"every activation), or raise the budget to at least {format_bytes(error.min_budget_bytes)}."
+            ) from error
         plan = replace(plan, route=self._routes.get(key.model, ROUTE_EAGER))
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(

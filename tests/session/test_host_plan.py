@@ -62,18 +62,21 @@ def test_the_plan_fits_the_host_limit_in_pinned_bytes(monkeypatch):
         assert session.engine.pool.allocated_bytes == pinned
 
     # Too little host memory: the profiling pass keeps on the device what the pool cannot take,
-    # past the device budget. Refused at its end, naming its measured peak and what the budget
-    # would be with host memory for everything (within this one).
+    # past the device budget. Refused at its end as a host-memory error (with host memory for
+    # everything the budget would do), naming the host memory needed and the pass's measured peak.
     with (
         _pinned_session(static + saved // 3, swapped // 3) as session,
         pytest.raises(
-            BudgetTooSmallError, match=r"host-memory limit could not take .* raise host_memory_limit"
+            HostMemoryExceeded,
+            match=r"host-memory limit of .* Raise host_memory_limit by at least .* or raise the budget",
         ) as raised,
     ):
         train_cnn(session, SmallResNet(), steps=2)
     assert session.stats is not None and session.stats.profiling
-    assert raised.value.min_budget_bytes == session.stats.ledger_peak_bytes > static + saved // 3
-    assert raised.value.with_host_memory_for_all_bytes <= static + saved // 3
+    cause = raised.value.__cause__
+    assert isinstance(cause, BudgetTooSmallError)
+    assert cause.min_budget_bytes == session.stats.ledger_peak_bytes > static + saved // 3
+    assert cause.with_host_memory_for_all_bytes <= static + saved // 3
 
 
 def test_the_link_is_probed_before_the_cap_and_rated_at_the_swapped_sizes(monkeypatch):

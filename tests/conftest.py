@@ -2,11 +2,15 @@ import os
 
 # cuBLAS needs this before its first use to run deterministically (GPU gradient tests).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+# Under pytest-xdist every core runs a worker: one intra-op thread each, not one per core each.
+# OMP_NUM_THREADS set also keeps Lightning from changing the count for a fit (its CPU DDP sets
+# it from the process count otherwise): results that must be bitwise equal are computed alike.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Under pytest-xdist every core runs a worker: one intra-op thread each, not one per core each.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 

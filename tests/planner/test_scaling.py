@@ -167,8 +167,8 @@ def test_a_plan_covers_every_shape_whose_layers_shrink(profile, fraction, data):
         measured=[
             LayerProfile(
                 layer.name,
-                int(layer.saved_bytes * f),
-                min(int(layer.saved_bytes * f), int(layer.swappable_bytes * f)),
+                math.ceil(layer.saved_bytes * f),
+                min(math.ceil(layer.saved_bytes * f), math.ceil(layer.swappable_bytes * f)),
             )
             for layer, f in zip(profile.layers, factors, strict=True)
         ],

@@ -13,8 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn.cli import main
+from lightning_accudnn.cli import build_parser, main, resolve_model
+from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.gpus import get_gpu
+from lightning_accudnn.planner.plan import plan_swaps
+from lightning_accudnn.planner.trace import trace_step
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -300,3 +303,19 @@ def test_help_lists_the_options(capsys) -> None:
         "80%",
     ):
         assert option in out
+
+
+def test_resnet152_at_a_third_of_its_need_auto_plans_a_faster_step_than_swap() -> None:
+    """Issue 16's case, as `accudnn plan torchvision:resnet152 --batch-size 64 --gpu h100
+    --json` plans it (traced once here, planned under both policies): at a third of the
+    unconstrained need the link cannot hide the swaps, and recomputing some blocks is faster."""
+    command = ["plan", "torchvision:resnet152", "--batch-size", "64", "--gpu", "h100", "--budget", "1GB"]
+    args = build_parser().parse_args(command)  # the command's defaults (optimizer, min_swap_bytes)
+    gpu = get_gpu(args.gpu)
+    trace = trace_step(resolve_model(args.model).build, (64, 3, 224, 224), tracker=LayerTracker())
+    profile = trace.to_profile(gpu, optimizer=args.optimizer, min_swap_bytes=args.min_swap_bytes)
+    budget = profile.unconstrained_peak_bytes // 3
+    auto, swap = (plan_swaps(profile, budget, policy=policy).to_dict() for policy in ("auto", "swap"))
+    assert auto["recomputed_segments"] and not swap["recomputed_segments"]
+    assert auto["predicted_step_seconds"] < swap["predicted_step_seconds"]
+    assert max(auto["predicted_peak_bytes"], swap["predicted_peak_bytes"]) <= budget

@@ -379,8 +379,8 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         ),
         (
             "lower bound",
-            f"{ms(plan.lower_bound_seconds)} (bound ratio {plan.bound_ratio:.3f}; assumes swapping only, "
-            "copies hidden behind compute)",
+            f"{ms(plan.lower_bound_seconds)} (bound ratio {plan.bound_ratio:.3f}; assumes "
+            f"{report['lower_bound_assumes']})",
         ),
         (
             "smallest budget",

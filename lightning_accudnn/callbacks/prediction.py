@@ -96,6 +96,7 @@ def predict_batch_sizes(
                         [largest],
                         budget_bytes,
                         reserve_bytes,
+                        policy=policy,
                     )
                 )
     return dict(sorted(predictions.items()))

@@ -40,3 +40,13 @@ def test_no_batch_is_predicted_to_fit_below_its_profiling_pass():
         predictions = predict_batch_sizes(profile, 8, None, [8, 16], budget, policy=policy)
         assert predictions[8].feasible and not predictions[16].feasible
         assert predictions[16].peak_bytes == 100 + 800
+
+
+def test_the_largest_fitting_batch_the_tuner_adds_is_predicted_under_the_same_policy():
+    """A free link: auto would swap the largest fitting batch for nothing, recompute pays."""
+    profile = _profile(swappable=50)
+    added = predict_batch_sizes(profile, 8, None, [8, 64], 700, add_largest=True, policy="recompute")
+    (largest,) = set(added) - {8, 64}
+    alone = predict_batch_sizes(profile, 8, None, [largest], 700, policy="recompute")[largest]
+    auto = predict_batch_sizes(profile, 8, None, [largest], 700, policy="auto")[largest]
+    assert added[largest].seconds_per_batch == alone.seconds_per_batch > auto.seconds_per_batch

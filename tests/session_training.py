@@ -1,5 +1,7 @@
 """A small CNN trained under an OffloadSession, or measured by a bare engine (host-memory tests)."""
 
+from collections.abc import Callable
+
 import torch
 
 from lightning_accudnn.ops import OffloadEngine, StepStats, SwapSchedule
@@ -18,12 +20,19 @@ def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> No
         optimizer.zero_grad()
 
 
-def measured_cnn_pass(model: torch.nn.Module) -> StepStats:
-    """One forward and backward of ``model`` on the "cnn" batch, everything kept, as the engine saw it."""
+def measured_pass(
+    model: torch.nn.Module, loss_of_model: Callable[[torch.nn.Module], torch.Tensor]
+) -> StepStats:
+    """One forward (``loss_of_model(model)``) and backward, everything kept, as the engine saw it."""
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
     with engine.offload(model, SwapSchedule.keep_everything()):
-        loss = loss_of(model, make_batch("cnn"))
+        loss = loss_of_model(model)
     loss.backward()
     stats = engine.end_step()
     assert stats is not None
     return stats
+
+
+def measured_cnn_pass(model: torch.nn.Module) -> StepStats:
+    """One forward and backward of ``model`` on the "cnn" batch, everything kept, as the engine saw it."""
+    return measured_pass(model, lambda module: loss_of(module, make_batch("cnn")))

@@ -7,26 +7,5 @@ Inductor's ``custom_partitioner_fn``, both marked experimental upstream. See
 Imports torch, ``planner`` and ``lightning_accudnn.profile`` only.
 """
 
-from lightning_accudnn.compile.partitioner import (
-    PARTITIONER_VERSION,
-    TESTED_TORCH_VERSIONS,
-    Partition,
-    PlanPartitioner,
-    layer_of,
-    module_path,
-    offloading_options,
-    plan_choices,
-    profile_of,
-)
-
-__all__ = [
-    "PARTITIONER_VERSION",
-    "TESTED_TORCH_VERSIONS",
-    "Partition",
-    "PlanPartitioner",
-    "layer_of",
-    "module_path",
-    "offloading_options",
-    "plan_choices",
-    "profile_of",
-]
+from lightning_accudnn.compile.partitioner import *  # noqa: F403 (its public names, listed once there)
+from lightning_accudnn.compile.partitioner import __all__ as __all__

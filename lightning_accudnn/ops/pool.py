@@ -97,11 +97,14 @@ class HostBufferPool:
                     f"({self.capacity_bytes} bytes; {self.in_use_bytes} in use). Raise host_memory_limit, "
                     "raise the device budget so that less is swapped, or lower the batch size."
                 )
-            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
-            self.allocated_bytes += size
-            self.allocations += 1
+            buffer = self._new_buffer(size)
         self.in_use_bytes += size
         return buffer
+
+    def _new_buffer(self, size: int) -> torch.Tensor:
+        self.allocated_bytes += size
+        self.allocations += 1
+        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
 
     def first_bytes(self, buffer: torch.Tensor, nbytes: int) -> torch.Tensor:
         """``buffer[:nbytes]`` for a buffer of this pool, made once and handed out again."""
@@ -151,10 +154,7 @@ class HostBufferPool:
         new_bytes = sum(size * count for size, count in missing.items() if count > 0)
         self._free_idle(lambda size: needed.get(size, 0))
         for size, count in missing.items():
-            for _ in range(count):
-                self._idle[size].append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory))
-                self.allocated_bytes += size
-                self.allocations += 1
+            self._idle[size].extend(self._new_buffer(size) for _ in range(count))
         return new_bytes
 
     def trim(self) -> None:

@@ -472,10 +472,11 @@ def search_mixed(
     # for) is slower than the best plan so far can only lose, and is not searched.
     for step in sorted(steps.values(), key=lambda step: step.recompute_seconds):
         simulator = Simulator(step.profile, step.transient_bytes)
-        if best is not None and best_key is not None:
+        if best_key is not None:
+            best_seconds, best_recompute = best_key[0], best_key[1]
             compute_only = simulator.times(PlanChoice((False,) * simulator.k, 0, 0)).step_seconds
-            if compute_only > best.step_seconds * (1 + 1e-9) or (
-                compute_only >= best.step_seconds and step.recompute_seconds > best_key[1]
+            if compute_only > best_seconds * (1 + 1e-9) or (
+                compute_only >= best_seconds and step.recompute_seconds > best_recompute
             ):
                 if every_set:
                     peak = _least_peak(step)

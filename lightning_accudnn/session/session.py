@@ -203,7 +203,7 @@ class OffloadSession:
         self._closed = False
         self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
         self._out_of_memory_retries = 0  # in a row, since the last pass that completed
-        self._raised_since_agreement = 0  # reserve bytes this rank added for its overshoots since
+        self._raised_since_agreement = 0  # reserve this rank added for overshoots since the last agreement
         self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         # Agreement between ranks (the coordinator's): requests waiting for the next agreement

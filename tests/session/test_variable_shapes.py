@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.session.plan_book import PlanSource
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import SmallResNet, TinyGPT, TransformerBlock
+from tests.session_training import measured_pass
 
 VOCAB = 50
 
@@ -60,12 +60,7 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
 def _memory_need(model: nn.Module, loss_of, batch) -> tuple[int, int]:
     """(model state with SGD-momentum state, saved activations) of one step of ``batch``."""
     model = copy.deepcopy(model)
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    with engine.offload(model, SwapSchedule.keep_everything()):
-        loss = loss_of(model, batch)
-    loss.backward()
-    stats = engine.end_step()
-    assert stats is not None
+    stats = measured_pass(model, lambda module: loss_of(module, batch))
     return model_state_bytes(model, [_sgd(model)]), sum(layer.saved_bytes for layer in stats.layers)
 
 

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.planner import BudgetTooSmallError
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import loss_of
+from tests.session_training import measured_pass
 from tests.simulated.helpers import assert_bitwise_equal, grads_of, train_plain
 from tests.simulated.random_models import PIECES, RandomNet, random_batch
 
@@ -32,12 +32,7 @@ lags = st.one_of(st.integers(min_value=0, max_value=12), st.none())
 def _need(model: torch.nn.Module, batch: object) -> tuple[int, int]:
     """(model state with SGD momentum, saved activations) of one step, as the engine counts them."""
     probe = copy.deepcopy(model)
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    with engine.offload(probe, SwapSchedule.keep_everything()):
-        loss = loss_of(probe, batch)
-    loss.backward()
-    stats = engine.end_step()
-    assert stats is not None
+    stats = measured_pass(probe, lambda module: loss_of(module, batch))
     optimizer = torch.optim.SGD(probe.parameters(), lr=0.05, momentum=0.9)
     return model_state_bytes(probe, [optimizer]), sum(layer.saved_bytes for layer in stats.layers)
 

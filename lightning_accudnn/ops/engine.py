@@ -137,9 +137,11 @@ class _StepState:
     """Bookkeeping of the step in progress.
 
     Saves kept on the fast path of a replayed pass have no record: their storages are
-    counted here by *group*, the ordinal of the storage's first save (``kept_nbytes``,
-    ``kept_address``; ``kept_pending`` saves not unpacked yet), and ``unpacked`` marks the
-    ordinals unpacked once in backward (later unpacks, a retained graph's, count nothing).
+    counted here by *group*, the ordinal of the storage's first save, in lists indexed by
+    ordinal (``kept_pending[group]`` saves not unpacked yet, ``kept_nbytes[group]`` the bytes
+    counted; ``kept_open`` groups still pending; ``kept_address`` only for a runtime that
+    tracks blocks), and ``unpacked`` marks the ordinals unpacked once in backward (later
+    unpacks, a retained graph's, count nothing).
     Saves through the records are numbered in the step; ``handle_unpacked`` marks those
     unpacked once.
 
@@ -150,9 +152,10 @@ class _StepState:
 
     def __init__(self, replayed_saves: int = 0) -> None:
         self.by_storage: dict[int, _StorageEntry] = {}
-        self.kept_nbytes: dict[int, int] = {}
+        self.kept_pending = [0] * replayed_saves
+        self.kept_nbytes = [0] * replayed_saves
+        self.kept_open = 0
         self.kept_address: dict[int, int] = {}
-        self.kept_pending: dict[int, int] = {}
         self.unpacked = bytearray(replayed_saves)
         self.handle_unpacked = bytearray()  # per save through the records, in pack order
         self.records: list[StorageRecord] = []  # every record opened in the step
@@ -213,6 +216,7 @@ class OffloadEngine:
         runtime: Runtime | None = None,
     ) -> None:
         self.runtime: Runtime = runtime if runtime is not None else make_runtime(device)
+        self._tracks_blocks = self.runtime.tracks_blocks
         self.device = self.runtime.device
         self.min_swap_bytes = min_swap_bytes
         self.pool = HostBufferPool(pin_memory=self.runtime.pin_memory, capacity_bytes=host_memory_limit)
@@ -232,6 +236,7 @@ class OffloadEngine:
         self._route: ReplayRoute | None = None  # ``_replaying`` compiled for the schedule
         self._calls = 0  # tensors given to the pack hook in this pass: the ordinal of the next
         self._departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
+        self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
         self._replayed_layers: tuple[object, tuple[LayerProfile, ...]] | None = None  # last report
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by :meth:`offload`
         self._step: _StepState | None = None
@@ -284,10 +289,10 @@ class OffloadEngine:
             self._storages_model = model
         self._replaying = sequence
         self._recording = SaveSequence() if sequence is None else None
-        self._calls, self._departed = 0, -1
         self.runtime.timing = sequence is None  # no timing events in passes replayed by ordinal
         if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
             self._route = ReplayRoute(sequence, schedule)
+        self._restart_ordinals()
         if self._step is None and sequence is None:
             self.timer.start()
         self._hooked = True
@@ -367,7 +372,7 @@ class OffloadEngine:
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block
-        self._calls, self._departed = 0, -1
+        self._restart_ordinals()
         self.timer.reset()
         return stats
 
@@ -453,7 +458,7 @@ class OffloadEngine:
         if step is None:
             return
         step.aborted = True
-        self._calls, self._departed = 0, -1
+        self._restart_ordinals()
         self._release_kept(step)
         self._release_devices(step)
         self._release_hosts(step.swapped)
@@ -520,7 +525,7 @@ class OffloadEngine:
         self._calls = ordinal + 1
         route = self._route
         assert route is not None
-        if self._departed < 0 and ordinal < len(route.fast):
+        if ordinal < self._fast_end:
             action = route.actions[ordinal]
             if action == LEAVE:
                 return tensor
@@ -535,15 +540,21 @@ class OffloadEngine:
                     if step is None or not self._in_forward:
                         step = self._open_step()
                     if action == KEEP_NEW:
-                        nbytes, address = sequence.sizes[ordinal], tensor.data_ptr()
+                        nbytes = sequence.sizes[ordinal]
                         step.kept_pending[ordinal] = 1
                         step.kept_nbytes[ordinal] = nbytes
-                        step.kept_address[ordinal] = address
-                        self.ledger.acquire(nbytes)
-                        self.runtime.hold(address, nbytes)
+                        step.kept_open += 1
+                        ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
+                        current = ledger.activation_bytes + nbytes
+                        ledger.activation_bytes = current
+                        if current > ledger.peak_activation_bytes:
+                            ledger.peak_activation_bytes = current
+                        if self._tracks_blocks:
+                            address = step.kept_address[ordinal] = tensor.data_ptr()
+                            self.runtime.hold(address, nbytes)
                         return (tensor, tensor._version, ordinal, ordinal, step)
                     group = sequence.groups[ordinal]
-                    pending = step.kept_pending.get(group)
+                    pending = step.kept_pending[group]
                     if pending:
                         step.kept_pending[group] = pending + 1
                         return (tensor, tensor._version, group, ordinal, step)
@@ -557,7 +568,7 @@ class OffloadEngine:
                         step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
                     )[0]
         if self._departed < 0:
-            self._departed = ordinal
+            self._departed, self._fast_end = ordinal, 0
         found = self._activation_storage(tensor)
         if found is None:
             return tensor
@@ -578,15 +589,19 @@ class OffloadEngine:
         return storage, key, storage.nbytes()
 
     def _uncount_kept(self, step: _StepState, group: int) -> None:
-        """The last pending save of a fast-kept storage was read in backward: out of the count."""
-        del step.kept_pending[group]
-        self.ledger.release(step.kept_nbytes.pop(group))
-        self.runtime.release(step.kept_address.pop(group))
+        """The last pending save of a fast-kept storage was read (or the step ends): out of the count."""
+        step.kept_pending[group] = 0
+        step.kept_open -= 1
+        self.ledger.activation_bytes -= step.kept_nbytes[group]
+        if self._tracks_blocks:
+            self.runtime.release(step.kept_address.pop(group))
 
     def _release_kept(self, step: _StepState) -> None:
         """The step ends (or aborts): fast-kept storages never read are no longer counted."""
-        for group in list(step.kept_pending):
-            self._uncount_kept(step, group)
+        if step.kept_open:
+            for group, pending in enumerate(step.kept_pending):
+                if pending:
+                    self._uncount_kept(step, group)
 
     def _pack_record(
         self,
@@ -683,8 +698,12 @@ class OffloadEngine:
                     pending = step.kept_pending[group] - 1
                     if pending:
                         step.kept_pending[group] = pending
-                    else:
-                        self._uncount_kept(step, group)
+                    else:  # _uncount_kept, inline: the hot path
+                        step.kept_pending[group] = 0
+                        step.kept_open -= 1
+                        self.ledger.activation_bytes -= step.kept_nbytes[group]
+                        if self._tracks_blocks:
+                            self.runtime.release(step.kept_address.pop(group))
                 if self._lingering:
                     self._reap()
                 if step.next_prefetch >= 0:
@@ -1007,6 +1026,11 @@ class OffloadEngine:
                 return
             self._fetch(record)
             step.next_prefetch -= 1
+
+    def _restart_ordinals(self) -> None:
+        """The next save is the first of a pass: ordinal 0, on the sequence replayed (if any)."""
+        self._calls, self._departed = 0, -1
+        self._fast_end = len(self._route) if self._replaying is not None and self._route is not None else 0
 
     def _open_step(self) -> _StepState:
         self._in_forward = True

@@ -17,23 +17,32 @@ class DeviceLedger:
         (120, 150)
     """
 
+    __slots__ = ("static_bytes", "activation_bytes", "peak_activation_bytes")
+
     def __init__(self) -> None:
         self.static_bytes = 0
         self.activation_bytes = 0
-        self.peak_bytes = 0
+        self.peak_activation_bytes = 0  # model state is constant in a step: the peak is of these
 
     @property
     def current_bytes(self) -> int:
         return self.static_bytes + self.activation_bytes
 
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.peak_activation_bytes
+
     def start_step(self, static_bytes: int) -> None:
         """Set the model-state bytes for this step and restart the peak from now."""
         self.static_bytes = static_bytes
-        self.peak_bytes = self.current_bytes
+        self.peak_activation_bytes = self.activation_bytes
 
     def acquire(self, nbytes: int) -> None:
-        self.activation_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        """Count ``nbytes`` more (the engine's kept fast path does the same arithmetic inline)."""
+        current = self.activation_bytes + nbytes
+        self.activation_bytes = current
+        if current > self.peak_activation_bytes:
+            self.peak_activation_bytes = current
 
     def release(self, nbytes: int) -> None:
         self.activation_bytes -= nbytes

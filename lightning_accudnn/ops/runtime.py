@@ -35,6 +35,9 @@ class Runtime(Protocol):
 
     device: torch.device
     pin_memory: bool
+    tracks_blocks: bool
+    """Whether :meth:`hold` and :meth:`release` do anything (a model of the device's allocator):
+    when not, the engine's fast path for kept saves skips them and never reads an address."""
     timing: bool
     """Whether waits on copies are timed now: the engine sets it for hooked (profiling and
     refining) passes only, so that a steady-state step records no timing events."""
@@ -100,6 +103,7 @@ class HostCopyRuntime:
 
     device = torch.device("cpu")
     pin_memory = False
+    tracks_blocks = False
 
     def __init__(self) -> None:
         self._waited = 0.0
@@ -159,6 +163,7 @@ class CudaRuntime:
     """
 
     pin_memory = True
+    tracks_blocks = False  # dropping the reference is the release, in compute-stream order
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

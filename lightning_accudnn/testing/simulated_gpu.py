@@ -96,6 +96,7 @@ class SimulatedGPU:
 
     device = torch.device("cpu")
     pin_memory = False
+    tracks_blocks = True  # its allocator model needs every hold and release
     timing = False  # nothing to time: its clocks are op counts
 
     def __init__(

@@ -16,6 +16,8 @@ class FaultyDevice(HostCopyRuntime):
     """Host copies that raise ``torch.OutOfMemoryError`` on the next ``hold`` (forward) or
     ``allocate`` (backward prefetch) once armed, ``times`` times in a row."""
 
+    tracks_blocks = True  # the engine then calls hold on every kept save too
+
     def __init__(self, where: str, times: int = 1) -> None:
         super().__init__()
         self.where = where

@@ -38,13 +38,10 @@ from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
-from lightning_accudnn.session.recompute_pass import (
-    profile_to_plan_from,
-    recomputable_segments,
-    schedule_for,
-)
+from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
 from lightning_accudnn.session.shapes import ShapePlanner, same_pass_other_shape
 from lightning_accudnn.session.stats import OffloadStats
+from lightning_accudnn.session.steady_memo import SteadyMemo
 from lightning_accudnn.session.transfers import layer_host_bytes, swapped_buffer_sizes, transfer_sizes
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
@@ -213,6 +210,7 @@ class OffloadSession:
         self._wire_keys: dict[PassKey, tuple[object, ...]] = {}
         self._model_ordinals: dict[int, int] = {}
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
+        self._steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
         # Per pass that profiled: its profiling pass's ledger peak less its model state (no plan's
         # budget may be below that pass's peak: it runs first, in every run).
         self._profiling_activation_peaks: dict[PassKey, int] = {}
@@ -476,7 +474,7 @@ class OffloadSession:
                 max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
             )
         else:
-            schedule = schedule_for(plan)
+            schedule = self._steady.schedule(key, plan)
         self.recomputer.install(block.model, recomputed)
         self.recomputer.enabled = bool(recomputed)
         sequence = None if hooked else self._sequences[key]
@@ -549,17 +547,11 @@ class OffloadSession:
             copies = self._weight_copy_bytes.get(key, 0)
         static_bytes = self.engine.ledger.static_bytes - self._weight_copy_bytes.get(key, 0) + copies
         self._weight_copy_bytes[key] = copies
-        profile = self._profile_from(step, key, static_bytes)
-        if profiling:
-            segments = recomputable_segments(self._probe.segments(), step.layers_read_in_forward)
-            profile = replace(profile, segments=segments)
-            self._profiling_activation_peaks[key] = step.ledger_peak_bytes - self.engine.ledger.static_bytes
-        profile = profile_to_plan_from(current.plan, profile, step.graph_changed)
+        known = self._book.plan(key)
+        profile, changed = self._conclude(step, key, static_bytes, current.plan, known)
         usable = self.budget_bytes - self.reserve_bytes
         # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
         overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
-        known = self._book.plan(key)
-        changed = known is not None and self._book.departs(key, profile)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.
@@ -589,6 +581,31 @@ class OffloadSession:
         if self.on_stats is not None:
             self.on_stats(stats)
         return stats
+
+    def _conclude(
+        self, step: StepStats, key: PassKey, static_bytes: int, plan: Plan | None, known: Plan | None
+    ) -> tuple[StepProfile, bool]:
+        """The profile to plan ``key`` from after ``step`` ran under ``plan``, and whether it
+        departs from ``known`` (the plan kept for it); a replayed pass that measured what the
+        last one did reuses its conclusions (:class:`SteadyMemo`)."""
+        replayed = not step.timed and not step.graph_changed
+        sources = (plan, known, self._links.get(key))
+        if replayed:
+            reused = self._steady.conclusion(key, step.layers, static_bytes, sources)
+            if reused is not None:
+                return reused
+        else:
+            self._steady.forget(key)
+        profile = self._profile_from(step, key, static_bytes)
+        if plan is None:
+            segments = recomputable_segments(self._probe.segments(), step.layers_read_in_forward)
+            profile = replace(profile, segments=segments)
+            self._profiling_activation_peaks[key] = step.ledger_peak_bytes - self.engine.ledger.static_bytes
+        profile = profile_to_plan_from(plan, profile, step.graph_changed)
+        changed = known is not None and self._book.departs(key, profile)
+        if replayed:
+            self._steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
+        return profile, changed
 
     def _agree(self, last: PassKey) -> None:
         """An agreement point: merge every rank's requests, re-plan the passes they name."""

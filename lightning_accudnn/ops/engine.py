@@ -119,6 +119,10 @@ class StepStats:
     layers_read_in_forward: frozenset[str] = frozenset()
     """Layers (of a hooked pass) whose saves a backward inside the forward read (a gradient
     penalty): their saves outlive that backward, so their segments must not be recomputed."""
+    observed: bool = True
+    """Whether the pass's saves passed the engine's hooks. A pass replayed unobserved (see
+    :meth:`OffloadEngine.offload`) reports the layers and the ledger peak of the last observed
+    pass of its sequence under the same schedule, and cannot see a changed graph."""
 
 
 class _StorageEntry:
@@ -164,6 +168,7 @@ class _StepState:
         self.read_in_forward: set[int] = set()  # fast saves unpacked in forward: their ordinals
         self.layers_read_in_forward: set[str] = set()  # hooked pass: layers of the records read there
         self.aborted = False
+        self.observed = True  # its saves pass the hooks (see OffloadEngine.offload)
         self.swapped: list[StorageRecord] = []  # by last save: the order backward needs them in
         self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
         self.copying_out_bytes = 0  # of the records still in it (``in_fifo``)
@@ -238,6 +243,7 @@ class OffloadEngine:
         self._departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
         self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
         self._replayed_layers: tuple[object, tuple[LayerProfile, ...]] | None = None  # last report
+        self._last_observed: tuple[ReplayRoute, int] | None = None  # a kept-all replay: its activation peak
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by :meth:`offload`
         self._step: _StepState | None = None
         self._hooked = False
@@ -260,6 +266,8 @@ class OffloadEngine:
         schedule: SwapSchedule,
         static_bytes: int = 0,
         sequence: SaveSequence | None = None,
+        *,
+        observe: bool = True,
     ) -> Iterator[None]:
         """Run the forward passes inside under ``schedule``; the first saved tensor opens a step.
 
@@ -270,6 +278,16 @@ class OffloadEngine:
         marks the step ``graph_changed`` (its saves then count under
         :data:`CHANGED_GRAPH_LAYER`, which a plan swaps). The parameters' storages are
         re-read in hooked passes and whenever the model object changes.
+
+        With ``observe=False`` and a ``sequence`` whose every save the schedule keeps (it swaps
+        nothing), no hook is installed at all: autograd saves as it does without the engine,
+        which costs nothing per saved tensor. The step then reports the layers and the ledger
+        peak of the last observed pass of that sequence under that schedule
+        (:attr:`StepStats.observed` false), and a changed graph goes unseen until a pass is
+        observed again: the caller observes one now and then. The engine observes anyway
+        when the schedule swaps something or it has observed no pass of the sequence under
+        the schedule yet. An unobserved block holds one pass: after :meth:`end_step` inside
+        it, nothing more is seen (the next :meth:`end_step` returns ``None``).
 
         ``static_bytes`` (model state) starts the ledger of each step opened inside. The
         block may hold backward passes too (Lightning's manual optimization): call
@@ -293,13 +311,20 @@ class OffloadEngine:
         if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
             self._route = ReplayRoute(sequence, schedule)
         self._restart_ordinals()
+        unobserved = not observe and self._route is not None and self._observed_peak(self._route) is not None
+        if unobserved:
+            assert self._route is not None
+            self._calls = len(self._route)  # as if every save was seen: the step reports them all
+            self._open_step().observed = False
         if self._step is None and sequence is None:
             self.timer.start()
         self._hooked = True
         try:
             with (
                 self.tracker.attached(model) if sequence is None else nullcontext(),
-                torch.autograd.graph.saved_tensors_hooks(
+                nullcontext()
+                if unobserved
+                else torch.autograd.graph.saved_tensors_hooks(
                     self._pack_recorded if sequence is None else self._pack_replayed, self._unpack
                 ),
             ):
@@ -349,6 +374,15 @@ class OffloadEngine:
         self._release_kept(step)
         replaying, recording = self._replaying, self._recording
         graph_changed = replaying is not None and (self._departed >= 0 or self._calls != len(replaying))
+        if step.observed and replaying is not None and self._route is not None:
+            if graph_changed or not self._route.keeps_all:
+                self._last_observed = None
+            else:
+                self._last_observed = (self._route, self.ledger.peak_activation_bytes)
+        elif not step.observed:
+            peak = self._observed_peak(self._route)
+            assert peak is not None
+            self.ledger.peak_activation_bytes = peak
         if recording is not None:
             layers = self._layer_usage(step)
             forward_seconds = sum(layer.forward_seconds for layer in layers)
@@ -369,6 +403,7 @@ class OffloadEngine:
             sequence=recording,
             graph_changed=graph_changed,
             layers_read_in_forward=frozenset(step.layers_read_in_forward),
+            observed=step.observed,
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block
@@ -1026,6 +1061,14 @@ class OffloadEngine:
                 return
             self._fetch(record)
             step.next_prefetch -= 1
+
+    def _observed_peak(self, route: ReplayRoute | None) -> int | None:
+        """The activation peak of the last observed pass replayed on ``route``, if it kept
+        everything (a pass that may run unobserved); ``None`` otherwise."""
+        last = self._last_observed
+        if last is None or route is None or last[0] is not route or not route.keeps_all:
+            return None
+        return last[1]
 
     def _restart_ordinals(self) -> None:
         """The next save is the first of a pass: ordinal 0, on the sequence replayed (if any)."""

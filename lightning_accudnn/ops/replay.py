@@ -37,13 +37,13 @@ class ReplayRoute:
         >>> sequence.append("b", False, 64, kind=SWAPPABLE, record_bytes=64)
         >>> sequence.append("b", False, 64, group=2, kind=REUSED, record_of=2)
         >>> route = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b"]))
-        >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD]
-        True
+        >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD], route.keeps_all
+        (True, False)
         >>> route.layer_bytes(len(route))
         ({'a': 64}, {'a': 64})
     """
 
-    __slots__ = ("sequence", "schedule", "fast", "actions", "_totals", "_order")
+    __slots__ = ("sequence", "schedule", "fast", "actions", "keeps_all", "_totals", "_order")
 
     def __init__(self, sequence: SaveSequence, schedule: SwapSchedule) -> None:
         self.sequence = sequence
@@ -60,6 +60,8 @@ class ReplayRoute:
                 zip(sequence.kinds, self.fast, sequence.groups, strict=True)
             )
         ]
+        #: Whether every save takes the fast kept path or is left alone (nothing is swapped).
+        self.keeps_all = RECORD not in self.actions
         self._totals: tuple[dict[str, int], dict[str, int]] | None = None
         self._order: list[str] | None = None
 

@@ -48,6 +48,12 @@ __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSessi
 
 log = logging.getLogger("lightning_accudnn")
 
+#: In steady state a pass whose plan keeps everything (nothing swapped, nothing recomputed)
+#: runs without the engine's hooks, which then cost nothing per saved tensor, but for one pass
+#: of its kind in this many: a changed graph shows at the next observed pass (on CUDA the
+#: allocator's peak is checked against the budget every pass).
+OBSERVE_KEPT_PASSES_EVERY = 8
+
 #: The copy-out limit of the safest mode, which the profiling pass runs under: one storage in
 #: flight at a time (the least memory any plan holds, as the planner's smallest budget assumes).
 SMALLEST_COPY_OUT_LIMIT = 0
@@ -211,6 +217,7 @@ class OffloadSession:
         self._model_ordinals: dict[int, int] = {}
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
         self._steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
+        self._unobserved_passes: dict[PassKey, int] = {}  # since the last observed one, per pass kind
         # Per pass that profiled: its profiling pass's ledger peak less its model state (no plan's
         # budget may be below that pass's peak: it runs first, in every run).
         self._profiling_activation_peaks: dict[PassKey, int] = {}
@@ -478,12 +485,25 @@ class OffloadSession:
         self.recomputer.install(block.model, recomputed)
         self.recomputer.enabled = bool(recomputed)
         sequence = None if hooked else self._sequences[key]
-        context = self.engine.offload(block.model, schedule, static_bytes=static_bytes, sequence=sequence)
+        observe = hooked or bool(recomputed) or self._observation_due(key)
+        context = self.engine.offload(
+            block.model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
+        )
         context.__enter__()
         block.engine_context = context
         block.pass_closed = False
         if plan is None:
             self._probe.attach(block.model)  # inside the engine's hooks: what it sees is a segment
+
+    def _observation_due(self, key: PassKey) -> bool:
+        """Whether this replayed pass of ``key`` must pass the engine's hooks even if its plan
+        keeps everything: one in :data:`OBSERVE_KEPT_PASSES_EVERY` is, so that a changed graph
+        shows within that many passes (a plan that swaps is observed every pass: the engine
+        decides, see :meth:`OffloadEngine.offload`)."""
+        count = self._unobserved_passes.get(key, 0) + 1
+        due = count >= OBSERVE_KEPT_PASSES_EVERY
+        self._unobserved_passes[key] = 0 if due else count
+        return due
 
     def _model_state_bytes(self, block: _Block, *, refresh: bool) -> int:
         """:func:`model_state_bytes`, walked again only in hooked passes or when the model, the
@@ -758,6 +778,7 @@ class OffloadSession:
             predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes,
             predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
             plan_source=source,
+            observed=step.observed,
         )
 
 

@@ -1,0 +1,114 @@
+"""Issue 13, passes replayed unobserved: a sequence whose every save the schedule keeps may run
+with no saved-tensor hook at all (nothing per saved tensor). The engine only does so once it
+observed a pass of the sequence under the schedule; the step then reports that pass's layers
+and ledger peak, and a schedule that swaps is observed whatever was asked."""
+
+import copy
+
+import torch
+from torch import nn
+
+from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+
+
+def _deep(width: int = 32, depth: int = 5) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class _CountingHooks:
+    """Outer saved-tensor hooks: autograd calls the innermost pair only, so these count the
+    saves that no engine hook intercepted."""
+
+    def __init__(self) -> None:
+        self.packed = 0
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.packed += 1
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+def _pass(engine, model, x, schedule, sequence=None, observe=True):
+    outer = _CountingHooks()
+    with (
+        torch.autograd.graph.saved_tensors_hooks(outer.pack, outer.unpack),
+        engine.offload(model, schedule, sequence=sequence, observe=observe),
+    ):
+        loss = model(x).square().sum()
+    loss.backward()
+    stats = engine.end_step()
+    assert stats is not None
+    return stats, outer.packed
+
+
+def test_a_kept_sequence_runs_unobserved_once_observed_and_reports_the_observed_figures():
+    torch.manual_seed(0)
+    model = _deep()
+    plain = copy.deepcopy(model)
+    x = torch.randn(4, 32)
+    keep = SwapSchedule.keep_everything()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    profiled, _ = _pass(engine, model, x, keep)
+    sequence = profiled.sequence
+    plain(x).square().sum().backward()
+
+    observed, observed_peak = [], None
+    for _ in range(4):
+        stats, seen_by_outer = _pass(engine, model, x, keep, sequence, observe=False)
+        plain(x).square().sum().backward()
+        observed.append(stats.observed)
+        # Observed: the engine's hooks took every save; unobserved: none did.
+        assert seen_by_outer == (0 if stats.observed else len(sequence))
+        assert not stats.graph_changed and not stats.timed
+        assert [(layer.name, layer.saved_bytes) for layer in stats.layers] == [
+            (layer.name, layer.saved_bytes) for layer in profiled.layers
+        ]
+        assert engine.ledger.activation_bytes == 0
+        if stats.observed:
+            observed_peak = stats.ledger_peak_bytes
+        else:
+            assert stats.ledger_peak_bytes == observed_peak
+    assert observed == [True, False, False, False]  # the first replay under the schedule is observed
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    engine.close()
+
+
+def test_a_schedule_that_swaps_is_observed_whatever_was_asked():
+    torch.manual_seed(0)
+    model = _deep()
+    x = torch.randn(4, 32)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    profiled, _ = _pass(engine, model, x, SwapSchedule.keep_everything())
+    swap = SwapSchedule.swap_everything(max_copying_out_bytes=0)
+    for _ in range(3):
+        stats, seen_by_outer = _pass(engine, model, x, swap, profiled.sequence, observe=False)
+        assert stats.observed and seen_by_outer == 0 and stats.bytes_swapped_out > 0
+    engine.close()
+
+
+def test_a_new_schedule_or_a_changed_graph_is_observed_again_before_running_unobserved():
+    torch.manual_seed(0)
+    model = _deep()
+    x = torch.randn(4, 32)
+    keep = SwapSchedule.keep_everything()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    sequence = _pass(engine, model, x, keep)[0].sequence
+    assert _pass(engine, model, x, keep, sequence, observe=False)[0].observed
+    assert not _pass(engine, model, x, keep, sequence, observe=False)[0].observed
+    # A pass observed with another batch size departs from the sequence: the next may not skip.
+    changed, _ = _pass(engine, model, torch.randn(6, 32), keep, sequence)
+    assert changed.graph_changed
+    assert _pass(engine, model, x, keep, sequence, observe=False)[0].observed
+    assert not _pass(engine, model, x, keep, sequence, observe=False)[0].observed
+    # Another schedule (that still keeps everything) is a new route: observed first.
+    other = SwapSchedule.keep_layers_named(sorted(set(sequence.layers)))
+    assert _pass(engine, model, x, other, sequence, observe=False)[0].observed
+    assert not _pass(engine, model, x, other, sequence, observe=False)[0].observed
+    engine.close()

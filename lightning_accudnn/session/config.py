@@ -11,10 +11,13 @@ from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.search import check_policy
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
-__all__ = ["DEFAULT_HOST_MEMORY_SHARE", "OffloadConfig"]
+__all__ = ["DEFAULT_HOST_MEMORY_SHARE", "DEFAULT_OBSERVE_EVERY", "OffloadConfig"]
 
 #: Share of system RAM the pinned pool may take unless told otherwise.
 DEFAULT_HOST_MEMORY_SHARE = 0.5
+
+#: In steady state one pass in this many of a kind whose plan keeps everything is observed.
+DEFAULT_OBSERVE_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ class OffloadConfig:
     * ``policy``: what a plan may do with a segment besides keeping it: ``"auto"`` (swap or
       recompute, whichever is fastest), ``"swap"`` (swap only) or ``"recompute"``
       (recompute only).
+    * ``observe_every``: in steady state a pass whose plan keeps everything (swaps and
+      recomputes nothing) runs without the engine's hooks, which then cost nothing per saved
+      tensor, but for one pass of its kind in this many: a changed graph shows there, and the
+      next pass profiles it. ``1`` observes every pass. On CUDA the allocator's peak is
+      checked against the budget every pass either way.
 
     Example:
         >>> config = OffloadConfig(budget="12GB", keep_on_device="head")
@@ -56,9 +64,16 @@ class OffloadConfig:
     host_memory_limit: Budget | int | str | None = None
     reserve_bytes: int | None = None
     policy: str = "auto"
+    observe_every: int = DEFAULT_OBSERVE_EVERY
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
+        if (
+            isinstance(self.observe_every, bool)
+            or not isinstance(self.observe_every, int)
+            or self.observe_every < 1
+        ):
+            raise ValueError(f"observe_every must be an int >= 1 (1: every pass), got {self.observe_every!r}")
         set_field = object.__setattr__  # frozen: normalise once, here
         set_field(self, "budget", Budget.parse(self.budget))
         if self.host_memory_limit is not None:
@@ -105,7 +120,7 @@ class OffloadConfig:
             Traceback (most recent call last):
             ...
             TypeError: unknown offload option 'budgett'; the options are budget, min_swap_bytes, \
-keep_on_device, host_memory_limit, reserve_bytes, policy
+keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every
         """
         names = option_names()
         for name in options:

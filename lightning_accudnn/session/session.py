@@ -48,12 +48,6 @@ __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSessi
 
 log = logging.getLogger("lightning_accudnn")
 
-#: In steady state a pass whose plan keeps everything (nothing swapped, nothing recomputed)
-#: runs without the engine's hooks, which then cost nothing per saved tensor, but for one pass
-#: of its kind in this many: a changed graph shows at the next observed pass (on CUDA the
-#: allocator's peak is checked against the budget every pass).
-OBSERVE_KEPT_PASSES_EVERY = 8
-
 #: The copy-out limit of the safest mode, which the profiling pass runs under: one storage in
 #: flight at a time (the least memory any plan holds, as the planner's smallest budget assumes).
 SMALLEST_COPY_OUT_LIMIT = 0
@@ -497,11 +491,11 @@ class OffloadSession:
 
     def _observation_due(self, key: PassKey) -> bool:
         """Whether this replayed pass of ``key`` must pass the engine's hooks even if its plan
-        keeps everything: one in :data:`OBSERVE_KEPT_PASSES_EVERY` is, so that a changed graph
-        shows within that many passes (a plan that swaps is observed every pass: the engine
+        keeps everything: one in ``config.observe_every`` is, so that a changed graph shows
+        within that many passes (a plan that swaps is observed every pass: the engine
         decides, see :meth:`OffloadEngine.offload`)."""
         count = self._unobserved_passes.get(key, 0) + 1
-        due = count >= OBSERVE_KEPT_PASSES_EVERY
+        due = count >= self.config.observe_every
         self._unobserved_passes[key] = 0 if due else count
         return due
 

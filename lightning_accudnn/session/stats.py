@@ -23,10 +23,9 @@ class OffloadStats:
     ``profiling`` for a profiling step, else ``profiled``, ``scaled`` from another batch
     shape, ``covered`` by another shape's plan, or ``refined`` from its own measurements);
     the session always sets it. ``observed`` is false for a steady-state pass whose plan keeps
-    everything and which ran without the engine's hooks (one in
-    :data:`~lightning_accudnn.session.session.OBSERVE_KEPT_PASSES_EVERY` of its kind is
-    observed): on CPU its ledger figures are those of the last observed pass of its kind; on
-    CUDA the allocator's peaks are measured every pass.
+    everything and which ran without the engine's hooks (one in ``OffloadConfig.observe_every``
+    of its kind is observed): on CPU its ledger figures are those of the last observed pass of
+    its kind; on CUDA the allocator's peaks are measured every pass.
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,

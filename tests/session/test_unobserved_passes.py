@@ -1,14 +1,16 @@
 """Issue 13, steady state under a plan that keeps everything: passes run without the engine's
-hooks but one in OBSERVE_KEPT_PASSES_EVERY of each kind, train bitwise like the plain loop, and
+hooks but one in ``observe_every`` of each kind, train bitwise like the plain loop, and
 a graph changed in an unobserved pass is planned from once the next observed pass sees it."""
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.session.session import OBSERVE_KEPT_PASSES_EVERY
+
+EVERY = 8
 
 
 class _Switchable(nn.Module):
@@ -34,8 +36,8 @@ def test_kept_plans_run_mostly_unobserved_train_bitwise_and_a_changed_graph_is_p
     model = _Switchable()
     reference = copy.deepcopy(model)
     optimizer, reference_optimizer = _sgd(model), _sgd(reference)
-    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu")
-    change_at, steps = 20, 20 + 2 * OBSERVE_KEPT_PASSES_EVERY
+    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0, observe_every=EVERY), "cpu")
+    change_at, steps = 20, 20 + 2 * EVERY
     observed, has_extra = [], []
     for step in range(steps):
         if step == change_at:
@@ -62,9 +64,28 @@ def test_kept_plans_run_mostly_unobserved_train_bitwise_and_a_changed_graph_is_p
     for seen in observed:
         runs = 0 if seen else runs + 1
         longest = max(longest, runs)
-    assert longest <= OBSERVE_KEPT_PASSES_EVERY - 1  # never more unobserved passes in a row
+    assert longest <= EVERY - 1  # never more unobserved passes in a row
     # The change shows at the next observed pass; the pass after it runs hooked and is planned from.
     assert not any(has_extra[:change_at])
-    assert all(has_extra[change_at + OBSERVE_KEPT_PASSES_EVERY + 1 :])
+    assert all(has_extra[change_at + EVERY + 1 :])
     for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_observe_every_one_observes_every_pass_and_bad_values_are_refused():
+    model = _Switchable()
+    optimizer = _sgd(model)
+    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0, observe_every=1), "cpu")
+    observed = []
+    for _ in range(12):
+        with session.step(model, optimizer):
+            loss = model(torch.randn(8, 16)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        observed.append(session.stats.observed)
+    session.close()
+    assert all(observed)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="observe_every must be an int >= 1"):
+            OffloadConfig(observe_every=bad)

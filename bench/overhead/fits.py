@@ -37,14 +37,18 @@ CPU = torch.device("cpu")
 StrategyFactory = Callable[[], Any]
 
 
-def accudnn(budget: int | str, min_swap_bytes: int = 0) -> StrategyFactory:
-    """A factory of ``AccUDNNStrategy(budget=..., min_swap_bytes=...)`` (a fresh one per fit).
+def accudnn(budget: int | str, min_swap_bytes: int = 0, observe_every: int | None = None) -> StrategyFactory:
+    """A factory of ``AccUDNNStrategy(budget=..., min_swap_bytes=..., observe_every=...)`` (a fresh
+    one per fit); ``observe_every`` ``None`` is the strategy's default.
 
     Example:
         >>> type(accudnn("8GB")()).__name__
         'AccUDNNStrategy'
+        >>> accudnn("8GB", observe_every=1)().offload_config.observe_every
+        1
     """
-    return lambda: AccUDNNStrategy(budget=budget, min_swap_bytes=min_swap_bytes)
+    options = {} if observe_every is None else {"observe_every": observe_every}
+    return lambda: AccUDNNStrategy(budget=budget, min_swap_bytes=min_swap_bytes, **options)
 
 
 def offload_figures(strategy: Any) -> tuple[Any, Any] | None:
@@ -98,6 +102,7 @@ class StepClock(pl.Callback):
         self.seconds: list[float] = []
         self.swapped_bytes: list[int] = []
         self.profiling_steps = 0
+        self.observed_steps = 0
         self.plans: list[int] = []
         self.started = 0.0
 
@@ -120,6 +125,7 @@ class StepClock(pl.Callback):
             stats, plan = figures
             self.swapped_bytes.append(stats.bytes_swapped_out)
             self.profiling_steps += int(stats.profiling)
+            self.observed_steps += int(stats.observed)
             self.plans.append(id(plan))
 
 
@@ -131,6 +137,7 @@ class FitResult:
     full_collections: int
     swapped_bytes_per_step: int | None = None
     profiling_steps: int = 0
+    observed_steps: int = 0  # whose saves passed the engine's hooks (see OffloadConfig.observe_every)
     replans: int = 0
     plan: dict[str, Any] | None = field(default=None, repr=False)
     error: str | None = None
@@ -213,6 +220,7 @@ def run_fit(
         full_collections=collections.count,
         swapped_bytes_per_step=swapped,
         profiling_steps=clock.profiling_steps,
+        observed_steps=clock.observed_steps,
         replans=sum(1 for a, b in zip(clock.plans, clock.plans[1:], strict=False) if a != b),
         plan=_plan_summary(figures[1]) if figures is not None else None,
         error=error,

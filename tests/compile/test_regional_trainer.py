@@ -81,9 +81,9 @@ def _strategy(kind: str, lag: object):
     budget = tight_budget(net)
     if kind == "ddp":  # one process; DDP's gradient buckets (as large as the parameters) are model state
         buckets = sum(p.numel() * p.element_size() for p in net.parameters())
-        return AccUDNNDDPStrategy(budget=budget + buckets, min_swap_bytes=0), None
+        return AccUDNNDDPStrategy(budget=budget + buckets, min_swap_bytes=0, policy="swap"), None
     gpu = SimulatedGPU(lag=lag, seed=3)
-    return AccUDNNStrategy(budget=budget, min_swap_bytes=0, runtime=gpu), gpu
+    return AccUDNNStrategy(budget=budget, min_swap_bytes=0, policy="swap", runtime=gpu), gpu
 
 
 @pytest.mark.slow

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
 
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+from lightning_accudnn.ops.compiled_blocks import compiled_in_place, wrap_compiled_call
 from lightning_accudnn.planner.plan import min_budget_bytes
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import StepProfile
@@ -127,16 +128,36 @@ class CompileCounts:
     frames: int  # Python frames Dynamo compiled (a recompile, after a guard failed, is one more)
     graphs: int  # FX graphs compiled (a graph break splits a frame into more than one)
     graph_breaks: int
+    recompiles: int = 0  # compiles of a frame compiled before (Dynamo gave a recompile reason)
 
     @classmethod
     def during(cls, run: Callable[[], object]) -> CompileCounts:
         counters.clear()
+        clear_compilation_metrics()
         run()
         return cls(
             frames=counters["frames"]["ok"],
             graphs=counters["stats"]["unique_graphs"],
             graph_breaks=sum(counters["graph_break"].values()),
+            recompiles=sum(metric.recompile_reason is not None for metric in get_compilation_metrics()),
         )
+
+
+def count_compiled_calls(block: nn.Module) -> list[int]:
+    """A one-element counter of the runs of ``block``'s compiled code, observed from outside it
+    (as the engine observes it): a block recomputed in backward runs twice per step."""
+    runs = [0]
+
+    def counted(call: Callable[..., object], *args: object, **kwargs: object) -> object:
+        runs[0] += 1
+        return call(*args, **kwargs)
+
+    if compiled_in_place(block):
+        wrap_compiled_call(block, counted)
+    else:  # a torch.compile(block) wrapper: its forward runs the compiled code
+        forward = block.forward
+        block.forward = lambda *args, **kwargs: counted(forward, *args, **kwargs)
+    return runs
 
 
 def cpp_compiler_missing() -> str | None:
@@ -150,8 +171,9 @@ def cpp_compiler_missing() -> str | None:
     )
 
 
-def backend_param(backend: str) -> object:
-    """``backend`` as a pytest parameter, skipped with the reason when Inductor cannot run here."""
+def backend_param(backend: str, *values: str) -> object:
+    """``backend`` (then ``values``, a test's other parameters) as a pytest parameter, skipped
+    with the reason when Inductor cannot run here."""
     reason = cpp_compiler_missing() if backend == "inductor" else None
     marks = [pytest.mark.skipif(reason is not None, reason=reason or "")]
-    return pytest.param(backend, marks=marks, id=backend)
+    return pytest.param(backend, *values, marks=marks, id="-".join((backend, *values)))

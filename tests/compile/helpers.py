@@ -18,6 +18,7 @@ from lightning_accudnn.ops.compiled_blocks import compiled_in_place, wrap_compil
 from lightning_accudnn.planner.plan import min_budget_bytes
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 WIDTH, INPUTS, CLASSES, BATCH = 32, 16, 4, 64
 BACKENDS = ("aot_eager", "inductor")
@@ -119,6 +120,26 @@ def tight_budget(model: nn.Module) -> int:
     profile = StepProfile(stats.layers, static_bytes=model_state_bytes(model, [optimizer]))
     smallest = min_budget_bytes(profile)
     return smallest + (profile.unconstrained_peak_bytes - smallest) // 4
+
+
+def recompute_budget(model: nn.Module) -> int:
+    """The least budget policy ``"recompute"`` plans ``model`` at (with SGD momentum), from the
+    profile a session made of it: below keeping everything, so a plan under it must recompute."""
+    config = OffloadConfig(budget=10**9, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+    session = OffloadSession(config, "cpu", report=lambda line: None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for batch in batches(2):
+        optimizer.zero_grad()
+        with session.step(model, optimizer):
+            loss = loss_of(model, batch)
+        loss.backward()
+        optimizer.step()
+    session.close()
+    assert session.plan is not None
+    profile = session.plan.profile
+    budget = min_budget_bytes(profile, policy="recompute")
+    assert budget < profile.unconstrained_peak_bytes
+    return budget
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,25 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
+class NormDropoutBlock(nn.Module):
+    """A residual MLP block with BatchNorm (running statistics) and dropout (random numbers)."""
+
+    def __init__(self, width: int = WIDTH) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.norm = nn.BatchNorm1d(2 * width)
+        self.drop = nn.Dropout(0.3)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.drop(F.gelu(self.norm(self.up(x)))))
+
+
 class Net(nn.Module):
-    def __init__(self, blocks: int = 2) -> None:
+    def __init__(self, blocks: int = 2, block: Callable[[], nn.Module] = Block) -> None:
         super().__init__()
         self.stem = nn.Linear(INPUTS, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.blocks = nn.ModuleList(block() for _ in range(blocks))
         self.head = nn.Linear(WIDTH, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,12 @@ policy ``"recompute"`` (keep or recompute) and policy ``"auto"`` over a host lin
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+from torch import nn
 
 from lightning_accudnn.planner.plan import ROUTE_REGIONAL, Plan, min_budget_bytes
 from lightning_accudnn.profile import ROOT_LAYER, LayerChoice, StepProfile
@@ -23,8 +25,10 @@ from lightning_accudnn.testing import SimulatedGPU
 from tests.compile.helpers import (
     BACKENDS,
     FORMS,
+    Block,
     CompileCounts,
     Net,
+    NormDropoutBlock,
     assert_bitwise_equal,
     backend_param,
     batches,
@@ -41,14 +45,16 @@ BLOCKS = tuple(f"blocks.{i}" for i in range(3))
 POLICIES = {"recompute": "recompute", "swap and recompute": "auto"}
 
 
-def three_block_net(backend: str, form: str) -> Net:
+def three_block_net(backend: str, form: str, block: Callable[[], nn.Module] = Block) -> Net:
     torch.manual_seed(0)
-    return compile_blocks(Net(blocks=len(BLOCKS)), backend, form)
+    return compile_blocks(Net(blocks=len(BLOCKS), block=block), backend, form)
 
 
-def planned_profile(backend: str, form: str, config: OffloadConfig, runtime=None) -> StepProfile:
+def planned_profile(
+    backend: str, form: str, config: OffloadConfig, runtime=None, block: Callable[[], nn.Module] = Block
+) -> StepProfile:
     """The profile a session plans from (its segments: the compiled blocks), with room for everything."""
-    session = train(three_block_net(backend, form), config.replace(budget=10**9), 2, runtime).session
+    session = train(three_block_net(backend, form, block), config.replace(budget=10**9), 2, runtime).session
     assert session.plan is not None
     return session.plan.profile
 
@@ -72,6 +78,7 @@ def train(model: Net, config: OffloadConfig, steps: int, runtime=None) -> Traini
         session = OffloadSession(config, "cpu", runtime=runtime, report=lambda line: None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     training = Training(session)
+    torch.manual_seed(2)  # dropout's random numbers, as in plain training
     for batch in batches(steps):
         before = {name: counter[0] for name, counter in counters.items()}
         optimizer.zero_grad()
@@ -173,4 +180,35 @@ def test_swapped_and_recomputed_compiled_blocks_on_a_simulated_gpu(lag, monkeypa
     assert_recomputes_blocks(training, swaps=True)
     assert gpu.violations == [] and gpu.num_ooms == 0
     assert gpu.peak_bytes <= gpu.allocator.capacity_bytes
+    assert counts == CompileCounts(frames=1, graphs=1, graph_breaks=0, recompiles=0), counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("backend", "form"), [backend_param("aot_eager", "block.compile()"), backend_param("inductor", FORMS[1])]
+)
+def test_a_recomputed_compiled_block_replays_dropout_and_updates_batch_norm_once(backend, form):
+    """Recomputing a compiled block with dropout and BatchNorm: the same random numbers in
+    backward (the forward's RNG state is replayed), running statistics updated once per step
+    (scratch copies while it is recomputed), and still compiled once."""
+    torch._dynamo.reset()
+    config = OffloadConfig(budget=10**9, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+    result = {}
+
+    def run() -> None:
+        model = three_block_net(backend, form, NormDropoutBlock)
+        budget = budget_for(planned_profile(backend, form, config, block=NormDropoutBlock), "recompute")
+        result["session"] = (train(model, config.replace(budget=budget), STEPS), model.state_dict())
+        plain = three_block_net(backend, form, NormDropoutBlock)
+        torch.manual_seed(2)
+        result["plain"] = (train_plain(plain, STEPS), plain.state_dict())
+
+    counts = CompileCounts.during(run)
+    (training, state), (expected, plain_state) = result["session"], result["plain"]
+
+    assert_bitwise_equal(expected, training.grads)
+    assert_recomputes_blocks(training, swaps=False)
+    assert state.keys() == plain_state.keys() and any("running_mean" in name for name in state)
+    for name, value in plain_state.items():
+        assert torch.equal(state[name], value), f"{name} differs"
     assert counts == CompileCounts(frames=1, graphs=1, graph_breaks=0, recompiles=0), counts

@@ -62,12 +62,13 @@ def planned_profile(
 @dataclass
 class Training:
     """What :func:`train` saw, per step: gradients, the runs of each block's compiled code, the
-    plan the pass ran under (``None``: the profiling pass)."""
+    plan the pass ran under (``None``: the profiling pass), whether it ran hooked (profiled)."""
 
     session: OffloadSession
     grads: list[list[torch.Tensor]] = field(default_factory=list)
     runs: list[dict[str, int]] = field(default_factory=list)
     plans: list[Plan | None] = field(default_factory=list)
+    hooked: list[bool] = field(default_factory=list)
 
 
 def train(model: Net, config: OffloadConfig, steps: int, runtime=None) -> Training:
@@ -78,9 +79,12 @@ def train(model: Net, config: OffloadConfig, steps: int, runtime=None) -> Traini
         session = OffloadSession(config, "cpu", runtime=runtime, report=lambda line: None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     training = Training(session)
+    attach, attached = session.engine.tracker.attach, []
+    session.engine.tracker.attach = lambda model: (attached.append(model), attach(model))[1]
     torch.manual_seed(2)  # dropout's random numbers, as in plain training
     for batch in batches(steps):
         before = {name: counter[0] for name, counter in counters.items()}
+        hooked_before = len(attached)
         optimizer.zero_grad()
         with session.step(model, optimizer):
             loss = loss_of(model, batch)
@@ -88,6 +92,7 @@ def train(model: Net, config: OffloadConfig, steps: int, runtime=None) -> Traini
         loss.backward()
         assert session.stats is not None
         training.plans.append(None if session.stats.profiling else in_force)
+        training.hooked.append(len(attached) > hooked_before)
         training.grads.append(grads_of(model))
         training.runs.append({name: counter[0] - before[name] for name, counter in counters.items()})
         optimizer.step()
@@ -122,6 +127,8 @@ def assert_recomputes_blocks(training: Training, swaps: bool) -> None:
     for in_force, runs in zip(training.plans[1:], training.runs[1:], strict=True):
         assert in_force is not None and in_force.recomputed == plan.recomputed
         assert runs == {name: 2 if name in plan.recomputed else 1 for name in BLOCKS}, runs
+    # Once the plan is made and its pass recorded, passes replay by ordinal (no module hooks).
+    assert training.hooked[-2:] == [False, False], training.hooked
 
 
 #: Every backend and form with the mixed plan; policy recompute (nothing swapped) once per backend.

@@ -13,10 +13,13 @@ module hook added or removed between passes recompiles the block):
 
 Modules inside a compiled block are never hooked.
 
-Recomputation (the plan's third choice) of a compiled block is not wired here: a compiled
-block recomputes as a whole, by running its call under non-reentrant checkpointing from the
-same boundary (the wrapper's call, or the in-place block's ``_compiled_call_impl``, as
-:func:`wrap_compiled_call` does), never by wrapping a module inside it.
+A compiled block is recomputed (the plan's third choice) as a whole, from the same boundary:
+the wrapper's ``forward`` (which calls the compiled code) or the in-place block's
+``_compiled_call_impl`` runs under non-reentrant checkpointing, so the block's compiled
+forward runs again in backward unchanged (no module inside it is wrapped, nothing traced
+changes, and it is not compiled again). Several observers may wrap one in-place block's call
+(the layer tracker, the recompute probe, the recomputer): :func:`wrap_compiled_call` chains
+them, and each :class:`CallWrapHandle` takes out its own link, in any order.
 """
 
 from __future__ import annotations
@@ -82,45 +85,83 @@ def modules_outside_compiled_code(model: nn.Module) -> Iterator[tuple[str, nn.Mo
         yield name, module, compiled
 
 
+class _WrappedCall:
+    """One link of an in-place compiled block's chain of wrapped calls: calling it runs
+    ``around(inner, *args, **kwargs)``, ``inner`` being the call it wraps (the compiled code,
+    or the next link).
+
+    Example:
+        >>> link = _WrappedCall(lambda call, x: call(x) + 1, lambda x: 2 * x)
+        >>> link(3)
+        7
+    """
+
+    __slots__ = ("around", "inner")
+
+    def __init__(self, around: Callable[..., Any], inner: Callable[..., Any]) -> None:
+        self.around = around
+        self.inner = inner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.around(self.inner, *args, **kwargs)
+
+
 class CallWrapHandle:
-    """Undoes :func:`wrap_compiled_call` (the same ``remove()`` as a hook's handle).
+    """Undoes :func:`wrap_compiled_call` (the same ``remove()`` as a hook's handle): takes its
+    link out of the block's chain wherever it is (links may be removed in any order).
 
     Example:
         >>> block = nn.Linear(2, 2)
         >>> block.compile()
         >>> original = block._compiled_call_impl
-        >>> handle = wrap_compiled_call(block, lambda: None, lambda: None)
-        >>> handle.remove(); block._compiled_call_impl is original
+        >>> inner = wrap_compiled_call(block, lambda call, *args: call(*args))
+        >>> outer = wrap_compiled_call(block, lambda call, *args: call(*args))
+        >>> inner.remove(); block._compiled_call_impl.inner is original
+        True
+        >>> outer.remove(); block._compiled_call_impl is original
         True
     """
 
-    __slots__ = ("module", "original")
+    __slots__ = ("module", "link")
 
-    def __init__(self, module: nn.Module, original: Callable[..., Any]) -> None:
-        self.module = module
-        self.original = original
+    def __init__(self, module: nn.Module, link: _WrappedCall) -> None:
+        self.module: nn.Module | None = module
+        self.link = link
 
     def remove(self) -> None:
-        if self.module is not None:
-            self.module._compiled_call_impl = self.original
-            self.module = None  # type: ignore[assignment]
+        """Take the link out of the chain. Idempotent."""
+        module, link = self.module, self.link
+        if module is None:
+            return
+        self.module = None
+        current = module._compiled_call_impl
+        if current is link:
+            module._compiled_call_impl = link.inner
+            return
+        while isinstance(current, _WrappedCall):
+            if current.inner is link:
+                current.inner = link.inner
+                return
+            current = current.inner
 
 
-def wrap_compiled_call(
-    module: nn.Module, enter: Callable[[], None], leave: Callable[[], None]
-) -> CallWrapHandle:
-    """Call ``enter`` before and ``leave`` after (also on an exception) each call of ``module``,
-    a module compiled in place (``module.compile()``), outside its compiled region."""
+def wrap_compiled_call(module: nn.Module, around: Callable[..., Any]) -> CallWrapHandle:
+    """Run each call of ``module``, a module compiled in place (``module.compile()``), as
+    ``around(call, *args, **kwargs)`` outside its compiled region, ``call`` running the
+    compiled code (through the links added before this one).
+
+    Example:
+        >>> import torch
+        >>> block = nn.Linear(2, 2)
+        >>> block.compile(backend="eager")
+        >>> seen = []
+        >>> handle = wrap_compiled_call(block, lambda call, x: (seen.append(x.shape), call(x))[1])
+        >>> _ = block(torch.ones(1, 2)); handle.remove(); seen
+        [torch.Size([1, 2])]
+    """
     original = module._compiled_call_impl
     if original is None:
         raise ValueError(f"{type(module).__name__} was not compiled in place (module.compile())")
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        enter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            leave()
-
-    module._compiled_call_impl = call
-    return CallWrapHandle(module, original)
+    link = _WrappedCall(around, original)
+    module._compiled_call_impl = link
+    return CallWrapHandle(module, link)

@@ -15,6 +15,7 @@ import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -84,9 +85,7 @@ class LayerTracker:
             excluded = any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
             enter, exit_ = self._make_enter(name, excluded), self._make_exit(name)
             if compiled_in_place(module):  # its own hooks run inside the compiled code: wrap the call
-                self._handles.append(
-                    wrap_compiled_call(module, partial(enter, module, ()), partial(exit_, module, (), None))
-                )
+                self._handles.append(wrap_compiled_call(module, partial(_observed, enter, exit_, module)))
             else:
                 self._handles.append(module.register_forward_pre_hook(enter))
                 self._handles.append(module.register_forward_hook(exit_, always_call=True))
@@ -140,6 +139,22 @@ class LayerTracker:
                     break
 
         return exit_
+
+
+def _observed(
+    enter: Callable[..., None],
+    exit_: Callable[..., None],
+    module: nn.Module,
+    call: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """A compiled block's call between its layer's ``enter`` and ``exit_`` (also on an exception)."""
+    enter(module, ())
+    try:
+        return call(*args, **kwargs)
+    finally:
+        exit_(module, (), None)
 
 
 @dataclass

@@ -7,6 +7,10 @@ backward. :class:`SegmentRecomputer` installs a wrapper of each chosen module's 
 once (no per-step module hooks) and removes it cleanly; :class:`SegmentProbe` measures, in a
 profiling pass, which modules may be recomputed and their inputs' bytes.
 
+A compiled block (regional ``torch.compile``) is a segment as a whole: it is probed and
+recomputed from its eager boundary (see :mod:`.compiled_blocks`), its compiled code run again
+as it is, so recomputing it compiles nothing again; the modules inside it are never segments.
+
 What recomputation keeps exact:
 
 * random numbers: ``preserve_rng_state=True`` replays the forward's RNG state (dropout);
@@ -33,7 +37,12 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import top_saved_tensor_hooks, tracks_running_statistics
-from lightning_accudnn.ops.compiled_blocks import modules_outside_compiled_code
+from lightning_accudnn.ops.compiled_blocks import (
+    CallWrapHandle,
+    compiled_in_place,
+    modules_outside_compiled_code,
+    wrap_compiled_call,
+)
 from lightning_accudnn.profile import SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
@@ -92,6 +101,11 @@ def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None
 class SegmentRecomputer:
     """Wraps the ``forward`` of the named submodules so that they run under checkpointing.
 
+    A block compiled in place (``block.compile()``) runs its ``forward`` inside its compiled
+    code: its compiled call is wrapped instead, from outside (a ``torch.compile(block)``
+    wrapper's ``forward`` is that call already), so the block is recomputed as a whole and
+    compiled once.
+
     The wrappers are installed by :meth:`install` (again only when the model or the names
     change) and do nothing but call the original ``forward`` unless :attr:`enabled` is set
     and gradients are enabled. :meth:`remove` restores every module as it was.
@@ -114,7 +128,8 @@ class SegmentRecomputer:
     def __init__(self) -> None:
         self.enabled = False
         self._model: nn.Module | None = None
-        self._wrapped: dict[str, tuple[nn.Module, object]] = {}  # name -> (module, own forward before)
+        # name -> (module, its own forward before, or the handle of its wrapped compiled call)
+        self._wrapped: dict[str, tuple[nn.Module, object]] = {}
 
     @property
     def installed(self) -> tuple[str, ...]:
@@ -129,6 +144,9 @@ class SegmentRecomputer:
         self._model = model
         for name in wanted:
             module = model.get_submodule(name)
+            if compiled_in_place(module):
+                self._wrapped[name] = (module, wrap_compiled_call(module, partial(_run, self, module)))
+                continue
             previous = vars(module).get("forward", _NOTHING)
             module.forward = partial(_run, self, module, module.forward)
             self._wrapped[name] = (module, previous)
@@ -136,7 +154,9 @@ class SegmentRecomputer:
     def remove(self) -> None:
         """Restore every wrapped module's ``forward``. Idempotent."""
         for module, previous in self._wrapped.values():
-            if previous is _NOTHING:
+            if isinstance(previous, CallWrapHandle):
+                previous.remove()
+            elif previous is _NOTHING:
                 vars(module).pop("forward", None)
             else:
                 vars(module)["forward"] = previous
@@ -176,8 +196,10 @@ class SegmentProbe:
     """Which submodules one forward pass could recompute, and their inputs' bytes.
 
     :meth:`attach` it inside the saved-tensor hooks of the pass (the engine's): a module is
-    a segment when it has submodules, is called once, runs under those hooks (not inside
-    someone else's checkpointing) and has no submodule that does not. Its ``input_bytes``
+    a segment when it has submodules or is a compiled block, is called once, runs under those
+    hooks (not inside someone else's checkpointing) and has no submodule that does not. A
+    compiled block is observed at its eager boundary (an in-place compiled block through its
+    wrapped call: a hook on it would be traced into its graph). Its ``input_bytes``
     are the distinct storages of its tensor arguments, its ``output_bytes`` those of its
     tensor outputs (top level, or in a tuple or list) that are not inputs.
 
@@ -203,7 +225,7 @@ class SegmentProbe:
     )
 
     def __init__(self) -> None:
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | CallWrapHandle] = []
         self._reference: object = None
         self._calls: dict[str, int] = {}
         self._input_bytes: dict[str, int] = {}
@@ -219,10 +241,14 @@ class SegmentProbe:
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
         self._inputs, self._output_bytes = {}, {}
         for name, module, compiled in modules_outside_compiled_code(model):
-            if not name or compiled:  # a compiled block is not recomputed (yet): not a segment
+            if not name:
                 continue
-            if any(True for _ in module.children()):
+            if compiled or any(True for _ in module.children()):
                 self._parents.add(name)
+            if compiled_in_place(module):
+                self._handles.append(wrap_compiled_call(module, partial(self._observe, name, module)))
+                continue
+            if name in self._parents:
                 self._handles.append(module.register_forward_hook(partial(self._exit, name)))
             self._handles.append(
                 module.register_forward_pre_hook(partial(self._enter, name), with_kwargs=True)
@@ -232,6 +258,15 @@ class SegmentProbe:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def _observe(
+        self, name: str, module: nn.Module, call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """An in-place compiled block's call, between what its pre-hook and hook would see."""
+        self._enter(name, module, args, kwargs)
+        output = call(*args, **kwargs)
+        self._exit(name, module, args, output)
+        return output
 
     def _enter(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._calls[name] = self._calls.get(name, 0) + 1

@@ -11,12 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
 
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+from lightning_accudnn.ops.compiled_blocks import compiled_in_place, wrap_compiled_call
 from lightning_accudnn.planner.plan import min_budget_bytes
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 WIDTH, INPUTS, CLASSES, BATCH = 32, 16, 4, 64
 BACKENDS = ("aot_eager", "inductor")
@@ -36,11 +38,25 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
+class NormDropoutBlock(nn.Module):
+    """A residual MLP block with BatchNorm (running statistics) and dropout (random numbers)."""
+
+    def __init__(self, width: int = WIDTH) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.norm = nn.BatchNorm1d(2 * width)
+        self.drop = nn.Dropout(0.3)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.drop(F.gelu(self.norm(self.up(x)))))
+
+
 class Net(nn.Module):
-    def __init__(self, blocks: int = 2) -> None:
+    def __init__(self, blocks: int = 2, block: Callable[[], nn.Module] = Block) -> None:
         super().__init__()
         self.stem = nn.Linear(INPUTS, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.blocks = nn.ModuleList(block() for _ in range(blocks))
         self.head = nn.Linear(WIDTH, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,6 +136,26 @@ def tight_budget(model: nn.Module) -> int:
     return smallest + (profile.unconstrained_peak_bytes - smallest) // 4
 
 
+def recompute_budget(model: nn.Module) -> int:
+    """The least budget policy ``"recompute"`` plans ``model`` at (with SGD momentum), from the
+    profile a session made of it: below keeping everything, so a plan under it must recompute."""
+    config = OffloadConfig(budget=10**9, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+    session = OffloadSession(config, "cpu", report=lambda line: None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for batch in batches(2):
+        optimizer.zero_grad()
+        with session.step(model, optimizer):
+            loss = loss_of(model, batch)
+        loss.backward()
+        optimizer.step()
+    session.close()
+    assert session.plan is not None
+    profile = session.plan.profile
+    budget = min_budget_bytes(profile, policy="recompute")
+    assert budget < profile.unconstrained_peak_bytes
+    return budget
+
+
 @dataclass(frozen=True)
 class CompileCounts:
     """What Dynamo compiled while a block of code ran."""
@@ -127,16 +163,36 @@ class CompileCounts:
     frames: int  # Python frames Dynamo compiled (a recompile, after a guard failed, is one more)
     graphs: int  # FX graphs compiled (a graph break splits a frame into more than one)
     graph_breaks: int
+    recompiles: int = 0  # compiles of a frame compiled before (Dynamo gave a recompile reason)
 
     @classmethod
     def during(cls, run: Callable[[], object]) -> CompileCounts:
         counters.clear()
+        clear_compilation_metrics()
         run()
         return cls(
             frames=counters["frames"]["ok"],
             graphs=counters["stats"]["unique_graphs"],
             graph_breaks=sum(counters["graph_break"].values()),
+            recompiles=sum(metric.recompile_reason is not None for metric in get_compilation_metrics()),
         )
+
+
+def count_compiled_calls(block: nn.Module) -> list[int]:
+    """A one-element counter of the runs of ``block``'s compiled code, observed from outside it
+    (as the engine observes it): a block recomputed in backward runs twice per step."""
+    runs = [0]
+
+    def counted(call: Callable[..., object], *args: object, **kwargs: object) -> object:
+        runs[0] += 1
+        return call(*args, **kwargs)
+
+    if compiled_in_place(block):
+        wrap_compiled_call(block, counted)
+    else:  # a torch.compile(block) wrapper: its forward runs the compiled code
+        forward = block.forward
+        block.forward = lambda *args, **kwargs: counted(forward, *args, **kwargs)
+    return runs
 
 
 def cpp_compiler_missing() -> str | None:
@@ -150,8 +206,9 @@ def cpp_compiler_missing() -> str | None:
     )
 
 
-def backend_param(backend: str) -> object:
-    """``backend`` as a pytest parameter, skipped with the reason when Inductor cannot run here."""
+def backend_param(backend: str, *values: str) -> object:
+    """``backend`` (then ``values``, a test's other parameters) as a pytest parameter, skipped
+    with the reason when Inductor cannot run here."""
     reason = cpp_compiler_missing() if backend == "inductor" else None
     marks = [pytest.mark.skipif(reason is not None, reason=reason or "")]
-    return pytest.param(backend, marks=marks, id=backend)
+    return pytest.param(backend, *values, marks=marks, id="-".join((backend, *values)))

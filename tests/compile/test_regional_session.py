@@ -27,7 +27,10 @@ STEPS = 4  # a profiling pass, the refining pass, then passes replayed by ordina
 
 
 def train_in_session(model, budget: int, steps: int = STEPS):
-    session = OffloadSession(OffloadConfig(budget=budget, min_swap_bytes=0), "cpu", report=lambda line: None)
+    # Policy swap: the compiled blocks are recompute candidates too, and auto's choice between
+    # swapping and recomputing them follows measured timings (test_regional_recompute.py forces it).
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
+    session = OffloadSession(config, "cpu", report=lambda line: None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     grads, swapped = [], []
     for batch in batches(steps):

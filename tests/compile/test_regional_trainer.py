@@ -1,5 +1,6 @@
 """Regional compilation under both Lightning strategies: the same weights as plain Lightning,
-bit for bit, with swapping in the plan; on a simulated GPU at two lags with no ordering
+bit for bit, with swapping in the plan, or with compiled blocks recomputed (policy
+``"recompute"`` at its least budget); on a simulated GPU at two lags with no ordering
 violation; each block compiled once over the whole fit."""
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_accudnn import AccUDNNDDPStrategy, AccUDNNStrategy
 from lightning_accudnn.testing import SimulatedGPU
-from tests.compile.helpers import CompileCounts, batches, compiled_net, loss_of, tight_budget
+from tests.compile.helpers import (
+    CompileCounts,
+    batches,
+    compiled_net,
+    count_compiled_calls,
+    loss_of,
+    recompute_budget,
+    tight_budget,
+)
 from tests.strategy.helpers import trainer_for
 
 STEPS = 4
@@ -76,32 +85,45 @@ def plain_weights():
     return initial, trained
 
 
-def _strategy(kind: str, lag: object):
+def _strategy(kind: str, lag: object, policy: str):
+    """The strategy under test: policy swap at a budget that forces swapping, or policy recompute
+    at the least budget it plans at (a compiled block recomputed)."""
     net = compiled_net("aot_eager", "block.compile()")
-    budget = tight_budget(net)
+    budget = tight_budget(net) if policy == "swap" else recompute_budget(net)
     if kind == "ddp":  # one process; DDP's gradient buckets (as large as the parameters) are model state
         buckets = sum(p.numel() * p.element_size() for p in net.parameters())
-        return AccUDNNDDPStrategy(budget=budget + buckets, min_swap_bytes=0), None
+        return AccUDNNDDPStrategy(budget=budget + buckets, min_swap_bytes=0, policy=policy), None
     gpu = SimulatedGPU(lag=lag, seed=3)
-    return AccUDNNStrategy(budget=budget, min_swap_bytes=0, runtime=gpu), gpu
+    return AccUDNNStrategy(budget=budget, min_swap_bytes=0, policy=policy, runtime=gpu), gpu
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["swap", "recompute"])
 @pytest.mark.parametrize(
     ("kind", "lag"), [("single", 0), ("single", None), ("ddp", "cpu")], ids=["lag 0", "unbounded lag", "ddp"]
 )
-def test_a_regionally_compiled_model_fits_like_plain_lightning(plain_weights, kind, lag):
+def test_a_regionally_compiled_model_fits_like_plain_lightning(plain_weights, kind, lag, policy):
     initial, trained = plain_weights
     expected = trained[kind]
-    strategy, gpu = _strategy(kind, lag)
+    strategy, gpu = _strategy(kind, lag, policy)
     module = CompiledClassifier()
     module.load_state_dict(initial)
+    blocks = ("net.blocks.0", "net.blocks.1")
+    runs = {name: count_compiled_calls(module.get_submodule(name)) for name in blocks}
     counts = CompileCounts.during(lambda: trainer_for(strategy, max_steps=STEPS).fit(module, _loader()))
 
     if gpu is not None:
         assert gpu.violations == []
-    assert strategy.plan is not None and strategy.plan.swapped_layers, "the budget should force swapping"
-    assert {"net.blocks.0", "net.blocks.1"} <= {layer.name for layer in strategy.plan.profile.layers}
-    assert counts.graph_breaks == 0 and counts.frames <= 1, counts  # compiled in the fixture already
+    plan = strategy.plan
+    assert plan is not None and set(blocks) <= {layer.name for layer in plan.profile.layers}
+    if policy == "swap":
+        assert plan.swapped_layers, "the budget should force swapping"
+        assert all(counter == [STEPS] for counter in runs.values()), runs
+    else:  # every pass but the profiling one recomputes: a recomputed block's code runs again in backward
+        assert plan.recomputed and set(plan.recomputed) <= set(blocks), plan.recomputed
+        assert not plan.swapped_layers
+        for name, counter in runs.items():
+            assert counter == [2 * STEPS - 1 if name in plan.recomputed else STEPS], runs
+    assert counts.graph_breaks == 0 and counts.recompiles == 0 and counts.frames <= 1, counts
     for name, value in expected.items():
         assert torch.equal(value, module.state_dict()[name]), f"{name} differs"

@@ -192,11 +192,13 @@ class PlanPartitioner(CustomPartitionerFn):
 
 
 def _saved_bytes(forward: fx.GraphModule, num_fwd_outputs: int) -> dict[str, int]:
-    """Bytes of the forward graph's saved outputs per layer (its graph inputs left out)."""
+    """Bytes of the forward graph's saved outputs per layer (its graph inputs left out), the
+    layers in the order the forward graph first computes them (the planner's layer order)."""
     output = forward.graph.find_nodes(op="output")[0]
+    saved_nodes = {node for node in output.args[0][num_fwd_outputs:] if isinstance(node, fx.Node)}
     saved: dict[str, int] = {}
-    for node in output.args[0][num_fwd_outputs:]:
-        if isinstance(node, fx.Node) and node.op != "placeholder":
+    for node in forward.graph.nodes:
+        if node in saved_nodes and node.op != "placeholder":
             layer = layer_of(node)
             saved[layer] = saved.get(layer, 0) + _tensor_bytes(node)
     return saved

@@ -1,0 +1,103 @@
+"""The experimental whole-model route: a model compiled whole, planned inside its compiled graph.
+
+With ``OffloadConfig(whole_model_compile="experimental")`` a model compiled whole
+(``torch.compile(model)``, ``model.compile()``, ``LightningModule.compile()``) is not refused:
+
+1. Its first pass (the trial) runs it compiled again, with a partitioner that tags nothing and
+   records the bytes the forward graph saves per layer (the compile caches are bypassed, so
+   the partitioner always runs).
+2. At the end of that forward the session plans from them, with the same planner, budget and
+   reserve as every route; a budget too small is refused there, before backward and before
+   any optimizer step.
+3. The following passes run the model compiled with the plan's backend: its partitioner tags
+   the forward nodes of each swapped layer for PyTorch's activation-offloading pass. A changed
+   plan compiles again; a plan seen before reuses its compiled graph (Dynamo keeps one per
+   backend object) or Inductor's caches (keyed by a hash of the plan).
+
+The model is compiled with ``config.whole_model_backend`` forced for its forward
+(``torch.compiler.set_stance("default", force_backend=...)``): the backend and options it
+was compiled with are not used inside the session's passes (``fullgraph`` and ``dynamic``
+are). The engine's saved-tensor hooks do not run on this route, so no per-pass figures
+(``OffloadStats``) are measured, and the plan made from the first pass serves every later
+batch shape.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+
+from lightning_accudnn.compile import Partition, PlanBackend, PlanPartitioner, plan_choices, profile_of
+from lightning_accudnn.planner.plan import Plan
+from lightning_accudnn.profile import StepProfile
+
+__all__ = ["WholeModelRoute"]
+
+
+class WholeModelRoute:
+    """How one model compiled whole is compiled in the session's passes: trial, then planned.
+
+    Example:
+        >>> from torch import nn
+        >>> from lightning_accudnn.planner.plan import plan_swaps
+        >>> model = torch.compile(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4)))
+        >>> route = WholeModelRoute("aot_eager", accelerator=False)
+        >>> with route.compiled():  # the trial
+        ...     loss = model(torch.randn(32, 64)).sum()
+        >>> profile = route.trial_profile(static_bytes=0, min_swap_bytes=0)
+        >>> plan = plan_swaps(profile, budget_bytes=profile.saved_bytes // 2)
+        >>> route.apply(plan)
+        >>> with route.compiled():  # compiled again, with the plan
+        ...     loss = model(torch.randn(32, 64)).sum()
+        >>> sorted(route.partitions()[0].offloaded) == sorted(plan.swapped_layers)
+        True
+    """
+
+    def __init__(self, compiler: str, *, accelerator: bool) -> None:
+        self.compiler = compiler
+        self.accelerator = accelerator
+        self.trial = PlanBackend(PlanPartitioner({}), compiler, accelerator=accelerator, cached=False)
+        self.backend = self.trial
+        self._backends: dict[str, PlanBackend] = {}  # one per plan (its partitioner's uuid)
+
+    @property
+    def planned(self) -> bool:
+        """Whether a plan was applied (the passes no longer run the trial)."""
+        return self.backend is not self.trial
+
+    def compiled(self) -> AbstractContextManager[None]:
+        """Inside, the model compiles (or finds compiled) with the current plan's backend.
+
+        Entered at once: make it where the forward starts.
+        """
+        return torch.compiler.set_stance("default", force_backend=self.backend)
+
+    def partitions(self) -> list[Partition]:
+        """What the current backend's partitioner did, one entry per graph it compiled (none
+        when the plan's graphs came from a cache)."""
+        return self.backend.partitioner.partitions
+
+    def trial_profile(self, static_bytes: int, min_swap_bytes: int) -> StepProfile:
+        """The trial's saved bytes per layer (over every graph it compiled), as a profile."""
+        graphs = self.trial.partitioner.partitions
+        if not graphs:
+            raise RuntimeError(
+                "whole_model_compile='experimental': the first pass compiled no training graph of the "
+                "model (nothing ran compiled, or without gradients), so there is nothing to plan from. "
+                "Call the compiled model inside the session's step with gradients enabled."
+            )
+        saved: dict[str, int] = {}
+        for graph in graphs:
+            for layer, nbytes in graph.saved_bytes.items():
+                saved[layer] = saved.get(layer, 0) + nbytes
+        return profile_of(Partition(saved_bytes=saved), static_bytes, min_swap_bytes)
+
+    def apply(self, plan: Plan) -> None:
+        """The following passes compile with ``plan`` (again only when it differs from those seen)."""
+        partitioner = PlanPartitioner(plan_choices(plan))
+        backend = self._backends.get(partitioner.uuid())
+        if backend is None:
+            backend = PlanBackend(partitioner, self.compiler, accelerator=self.accelerator)
+            self._backends[partitioner.uuid()] = backend
+        self.backend = backend

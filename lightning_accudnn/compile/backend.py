@@ -33,8 +33,9 @@ __all__ = ["COMPILERS", "PlanBackend", "check_torch_version"]
 COMPILERS = ("inductor", "aot_eager")
 
 
-def check_torch_version(version: str = torch.__version__) -> None:
-    """Raise ``RuntimeError`` unless PyTorch ``version`` is one the whole-model route was tested with.
+def check_torch_version(version: str | None = None) -> None:
+    """Raise ``RuntimeError`` unless PyTorch ``version`` (default: the one running) is one the
+    whole-model route was tested with.
 
     Example:
         >>> check_torch_version("2.14.1+cu130")
@@ -45,6 +46,7 @@ def check_torch_version(version: str = torch.__version__) -> None:
 PyTorch's experimental activation-offloading pass and Inductor's custom_partitioner_fn), this is PyTorch \
 2.13.0: install a tested version, or compile the model's blocks one by one (regional compilation, supported)
     """
+    version = torch.__version__ if version is None else version
     if version.split("+")[0] not in TESTED_TORCH_VERSIONS:
         raise RuntimeError(
             f"whole_model_compile='experimental' was tested with PyTorch {', '.join(TESTED_TORCH_VERSIONS)} "

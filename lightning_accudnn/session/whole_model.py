@@ -24,13 +24,19 @@ batch shape.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from lightning_accudnn.compile import Partition, PlanBackend, PlanPartitioner, plan_choices, profile_of
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.session._torch_internals import (
+    is_recompile_limit_error,
+    recompile_limit,
+    recompile_limit_raises,
+)
 
 __all__ = ["WholeModelRoute"]
 
@@ -66,12 +72,27 @@ class WholeModelRoute:
         """Whether a plan was applied (the passes no longer run the trial)."""
         return self.backend is not self.trial
 
-    def compiled(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def compiled(self) -> Iterator[None]:
         """Inside, the model compiles (or finds compiled) with the current plan's backend.
 
-        Entered at once: make it where the forward starts.
+        Dynamo keeps every graph compiled for a frame (one per plan's backend, in every session
+        of the process) up to its recompile limit; past it, the forward raises here rather
+        than run uncompiled, without the plan.
         """
-        return torch.compiler.set_stance("default", force_backend=self.backend)
+        with torch.compiler.set_stance("default", force_backend=self.backend), recompile_limit_raises():
+            try:
+                yield
+            except Exception as error:
+                if not is_recompile_limit_error(error):
+                    raise
+                raise RuntimeError(
+                    "whole_model_compile='experimental': Dynamo reached its recompile limit "
+                    f"(torch._dynamo.config.recompile_limit, {recompile_limit()}) for the "
+                    "model's forward. The route compiles it once for its trial and once per plan, in every "
+                    "session of this process, and Dynamo keeps each graph: call torch.compiler.reset() "
+                    "before a new session trains the model, or raise the limit."
+                ) from error
 
     def partitions(self) -> list[Partition]:
         """What the current backend's partitioner did, one entry per graph it compiled (none

@@ -53,9 +53,9 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
         if self.offload_config.whole_model_compile is not None:
             raise ValueError(
                 "whole_model_compile='experimental' is served by AccUDNNStrategy and OffloadSession (one "
-                "device) only, not under DDP (DDP splits a compiled model's graph at its gradient buckets, and "
-                "the ranks do not agree on this route's plans yet): compile the model's blocks one by one "
-                "(regional compilation) to train it compiled under AccUDNNDDPStrategy"
+                "device) only, not under DDP (DDP splits a compiled model's graph at its gradient buckets, "
+                "and the ranks do not agree on this route's plans yet): compile the model's blocks one by "
+                "one (regional compilation) to train it compiled under AccUDNNDDPStrategy"
             )
         self.offload_runtime = runtime
 

@@ -47,16 +47,19 @@ class WholeModelRoute:
     Example:
         >>> from torch import nn
         >>> from lightning_accudnn.planner.plan import plan_swaps
-        >>> model = torch.compile(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4)))
+        >>> blocks = [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)]
+        >>> model = torch.compile(nn.Sequential(*blocks))
         >>> route = WholeModelRoute("aot_eager", accelerator=False)
         >>> with route.compiled():  # the trial
         ...     loss = model(torch.randn(32, 64)).sum()
         >>> profile = route.trial_profile(static_bytes=0, min_swap_bytes=0)
-        >>> plan = plan_swaps(profile, budget_bytes=profile.saved_bytes // 2)
+        >>> [layer.name for layer in profile.layers]
+        ['0.1', '1.1', '2.1', '(root)']
+        >>> plan = plan_swaps(profile, budget_bytes=profile.unconstrained_peak_bytes - 1)
         >>> route.apply(plan)
         >>> with route.compiled():  # compiled again, with the plan
         ...     loss = model(torch.randn(32, 64)).sum()
-        >>> sorted(route.partitions()[0].offloaded) == sorted(plan.swapped_layers)
+        >>> sorted(route.partitions()[0].offloaded) == sorted(plan.swapped_layers) == ['0.1', '1.1', '2.1']
         True
     """
 

@@ -40,7 +40,8 @@ class OffloadConfig:
     * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
       or ``"experimental"``: such a model is planned inside its compiled graph (see
       :mod:`lightning_accudnn.session.whole_model`; PyTorch 2.14.1 only, swap or keep per
-      layer, ``keep_on_device`` not applied there).
+      layer; ``keep_on_device`` then names modules of the compiled graph, checked after its
+      first forward).
     * ``whole_model_backend``: what that route compiles the model with, ``"inductor"``
       (``torch.compile``'s default) or ``"aot_eager"``; the backend and options the model
       was compiled with are not used on that route.
@@ -162,11 +163,6 @@ measures bytes, not the times recomputation is weighed by): use policy 'swap' or
         raise ValueError(
             "whole_model_compile='experimental' plans keep or swap per layer (its trial partition measures "
             "bytes, not the times recomputation is weighed by): use policy 'swap' or 'auto', not 'recompute'"
-        )
-    if config.keep_on_device:
-        raise ValueError(
-            "keep_on_device is not applied on the whole-model route (whole_model_compile='experimental'); "
-            "leave it empty there, or compile the model's blocks one by one (regional compilation)"
         )
 
 

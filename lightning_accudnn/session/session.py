@@ -349,7 +349,7 @@ class OffloadSession:
             raise CompiledModelError(refusal_message(form))
         if form is None:
             refuse_whole_model_compile(model, self.config.keep_on_device)
-            check_keep_on_device(self.config.keep_on_device, model)
+            check_keep_on_device(self.config.keep_on_device, model)  # on the route: once its graph is seen
             self._routes[id(model)] = route_of(model)
         else:
             backend = self.config.whole_model_backend
@@ -557,7 +557,9 @@ class OffloadSession:
         (a budget too small is refused here, before backward), and compile with the plan next."""
         key = PassKey(model=id(block.model), batch=(), position=0)  # one plan for every batch shape
         static_bytes = self._model_state_bytes(block, refresh=True)
-        profile = whole_model.trial_profile(static_bytes, self.config.min_swap_bytes)
+        profile = whole_model.trial_profile(
+            static_bytes, self.config.min_swap_bytes, self.config.keep_on_device
+        )
         self.plan = self._make_plan(profile, key)
         whole_model.apply(self.plan)
 

@@ -24,21 +24,24 @@ batch shape.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import fnmatch
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
 from lightning_accudnn.compile import Partition, PlanBackend, PlanPartitioner, plan_choices, profile_of
 from lightning_accudnn.planner.plan import Plan
-from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.profile import ROOT_LAYER, StepProfile
 from lightning_accudnn.session._torch_internals import (
     is_recompile_limit_error,
     recompile_limit,
     recompile_limit_raises,
 )
+from lightning_accudnn.session.patterns import UnmatchedPatternError
 
-__all__ = ["WholeModelRoute"]
+__all__ = ["WholeModelRoute", "kept_layers"]
 
 
 class WholeModelRoute:
@@ -102,8 +105,11 @@ class WholeModelRoute:
         when the plan's graphs came from a cache)."""
         return self.backend.partitioner.partitions
 
-    def trial_profile(self, static_bytes: int, min_swap_bytes: int) -> StepProfile:
-        """The trial's saved bytes per layer (over every graph it compiled), as a profile."""
+    def trial_profile(
+        self, static_bytes: int, min_swap_bytes: int, keep_on_device: Sequence[str] = ()
+    ) -> StepProfile:
+        """The trial's saved bytes per layer (over every graph it compiled), as a profile; the
+        layers ``keep_on_device`` names (a layer or a module it is in) are not swappable."""
         graphs = self.trial.partitioner.partitions
         if not graphs:
             raise RuntimeError(
@@ -115,7 +121,12 @@ class WholeModelRoute:
         for graph in graphs:
             for layer, nbytes in graph.saved_bytes.items():
                 saved[layer] = saved.get(layer, 0) + nbytes
-        return profile_of(Partition(saved_bytes=saved), static_bytes, min_swap_bytes)
+        profile = profile_of(Partition(saved_bytes=saved), static_bytes, min_swap_bytes)
+        kept = kept_layers(keep_on_device, [layer.name for layer in profile.layers])
+        layers = tuple(
+            replace(layer, swappable_bytes=0) if layer.name in kept else layer for layer in profile.layers
+        )
+        return replace(profile, layers=layers)
 
     def apply(self, plan: Plan) -> None:
         """The following passes compile with ``plan`` (again only when it differs from those seen)."""
@@ -125,3 +136,37 @@ class WholeModelRoute:
             backend = PlanBackend(partitioner, self.compiler, accelerator=self.accelerator)
             self._backends[partitioner.uuid()] = backend
         self.backend = backend
+
+
+def kept_layers(patterns: Sequence[str], layers: Sequence[str]) -> set[str]:
+    """The ``layers`` that ``patterns`` (``fnmatch``) name, by their own module name or one they
+    are in; a pattern that names none raises :class:`UnmatchedPatternError`.
+
+    Example:
+        >>> sorted(kept_layers(["blocks.1"], ["stem", "blocks.0.up", "blocks.1.up", "blocks.1", "(root)"]))
+        ['blocks.1', 'blocks.1.up']
+        >>> kept_layers(["block.1"], ["blocks.1.up"])
+        Traceback (most recent call last):
+        ...
+        lightning_accudnn.session.patterns.UnmatchedPatternError: keep_on_device pattern 'block.1' names no \
+module the compiled graph saves activations for (those modules and the modules they are in: 'blocks', \
+'blocks.1', 'blocks.1.up')
+    """
+    modules = {
+        name: {".".join(name.split(".")[:end]) for end in range(1, name.count(".") + 2)}
+        for name in layers
+        if name != ROOT_LAYER
+    }
+    kept: set[str] = set()
+    for pattern in patterns:
+        named = {
+            layer for layer, owners in modules.items() if any(fnmatch.fnmatchcase(o, pattern) for o in owners)
+        }
+        if not named:
+            known = sorted(set().union(*modules.values()))
+            raise UnmatchedPatternError(
+                f"keep_on_device pattern {pattern!r} names no module the compiled graph saves activations "
+                f"for (those modules and the modules they are in: {', '.join(repr(name) for name in known)})"
+            )
+        kept |= named
+    return kept

@@ -18,6 +18,7 @@ from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerChoice
 from lightning_accudnn.session import OffloadConfig, OffloadSession
+from lightning_accudnn.session.patterns import UnmatchedPatternError
 from lightning_accudnn.session.whole_model import WholeModelRoute
 from tests.compile.helpers import (
     CompileCounts,
@@ -141,6 +142,26 @@ def test_a_budget_too_small_is_refused_after_the_first_forward_before_any_weight
     assert session.plan is not None and session.plan.predicted_peak_bytes <= smallest
 
 
+def test_keep_on_device_names_modules_of_the_compiled_graph():
+    budget = _trial_profile().unconstrained_peak_bytes - 1  # something must swap
+    model = _net()
+    called = _compiled(model, "model.compile()")
+    config = OffloadConfig(budget=budget, keep_on_device=["blocks.0"], **ROUTE)
+    session = OffloadSession(config, "cpu", report=lambda line: None)
+    _train(session, model, called)
+    swapped = session.plan.swapped_layers
+    assert swapped and not any(layer.startswith("blocks.0") for layer in swapped), swapped
+    (partition,) = session.whole_model_route(called).partitions()
+    assert set(partition.offloaded) == set(swapped)
+    # A pattern naming no module of the graph is refused after the first forward, before backward.
+    model.zero_grad(set_to_none=True)
+    config = OffloadConfig(budget=budget, keep_on_device=["block.0"], **ROUTE)
+    session = OffloadSession(config, "cpu", report=lambda line: None)
+    with pytest.raises(UnmatchedPatternError, match="'block.0' names no module"), session.step(called):
+        loss_of(called, batches(1)[0])
+    assert all(p.grad is None for p in model.parameters())
+
+
 def _runtime_copies(model: torch.nn.Module, route: WholeModelRoute) -> int:
     """How many host copies (``prims.device_put``, the CPU form of the offload pass) one
     already-compiled training step runs."""
@@ -223,9 +244,8 @@ def test_inductors_caches_are_keyed_by_the_plan(compiler, tight_budget, eager_gr
         ({"whole_model_compile": "on"}, ValueError, "must be None or 'experimental'"),
         ({"whole_model_backend": "cudagraphs"}, ValueError, "one of inductor, aot_eager"),
         ({"policy": "recompute"}, ValueError, "use policy 'swap' or 'auto'"),
-        ({"keep_on_device": ["head"]}, ValueError, "keep_on_device is not applied"),
     ],
-    ids=["value", "backend", "policy", "keep_on_device"],
+    ids=["value", "backend", "policy"],
 )
 def test_what_the_route_cannot_serve_is_refused_when_the_config_is_made(options, error, match):
     with pytest.raises(error, match=match):

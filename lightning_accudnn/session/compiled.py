@@ -94,7 +94,8 @@ def compiled_blocks(model: nn.Module) -> tuple[str, ...]:
 
 
 def route_of(model: nn.Module) -> str:
-    """How the plan applies to ``model`` (a model compiled whole is refused before this is asked).
+    """How the plan applies to ``model`` (never asked of a model compiled whole: refused, or on
+    the experimental route, :data:`~lightning_accudnn.planner.plan.ROUTE_WHOLE_MODEL`).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())

@@ -132,6 +132,9 @@ class OffloadSession:
     first backward, before any optimizer step, naming the smallest budget that works: never
     below the profiling pass's own peak (it runs first in every run and never recomputes), so
     under policy ``"auto"`` or ``"recompute"`` a budget only recomputation would fit is refused.
+    A model compiled whole is refused unless ``config.whole_model_compile`` puts it on the
+    experimental route of :mod:`~lightning_accudnn.session.whole_model` (planned inside its
+    compiled graph at the end of its first forward).
 
     A plain loop (the step closes itself when backward ends)::
 

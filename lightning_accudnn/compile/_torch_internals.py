@@ -10,7 +10,13 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["caches_bypassed", "compile_with_aot_eager", "compile_with_inductor", "functorch_options"]
+__all__ = [
+    "caches_bypassed",
+    "compile_with_aot_eager",
+    "compile_with_inductor",
+    "functorch_options",
+    "offload_copy_name",
+]
 
 
 def compile_with_inductor(gm: fx.GraphModule, example_inputs: Any, partitioner: Any) -> Callable[..., Any]:
@@ -50,3 +56,11 @@ def caches_bypassed() -> Iterator[None]:
     (``torch.compiler.config.force_disable_caches``, a public flag set through its config module)."""
     with torch.compiler.config.patch(force_disable_caches=True):  # type: ignore[attr-defined]
         yield
+
+
+def offload_copy_name(activation: str) -> str:
+    """The name PyTorch's offload pass gives the host copy of the forward node ``activation``
+    (``activation_offloading.CPU_OFFLOAD_PREFIX``), which the forward graph saves instead."""
+    from torch._functorch._activation_offloading.activation_offloading import CPU_OFFLOAD_PREFIX
+
+    return f"{CPU_OFFLOAD_PREFIX}{activation}"

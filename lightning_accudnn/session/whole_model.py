@@ -3,9 +3,10 @@
 With ``OffloadConfig(whole_model_compile="experimental")`` a model compiled whole
 (``torch.compile(model)``, ``model.compile()``, ``LightningModule.compile()``) is not refused:
 
-1. Its first pass (the trial) runs it compiled again, with a partitioner that tags nothing and
-   records the bytes the forward graph saves per layer (the compile caches are bypassed, so
-   the partitioner always runs).
+1. Its first pass (the trial) runs it compiled again, with every activation PyTorch's offload
+   pass can move offloaded (the safest mode, as the eager route's profiling pass), and records
+   per layer the bytes the forward graph saves and those the pass took (the compile caches are
+   bypassed, so the partitioner always runs).
 2. At the end of that forward the session plans from them, with the same planner, budget and
    reserve as every route; a budget too small is refused there, before backward and before
    any optimizer step.
@@ -31,7 +32,14 @@ from dataclasses import replace
 
 import torch
 
-from lightning_accudnn.compile import Partition, PlanBackend, PlanPartitioner, plan_choices, profile_of
+from lightning_accudnn.compile import (
+    TRIAL_PLAN,
+    Partition,
+    PlanBackend,
+    PlanPartitioner,
+    plan_choices,
+    profile_of,
+)
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import ROOT_LAYER, StepProfile
 from lightning_accudnn.session._torch_internals import (
@@ -69,7 +77,7 @@ class WholeModelRoute:
     def __init__(self, compiler: str, *, accelerator: bool) -> None:
         self.compiler = compiler
         self.accelerator = accelerator
-        self.trial = PlanBackend(PlanPartitioner({}), compiler, accelerator=accelerator, cached=False)
+        self.trial = PlanBackend(PlanPartitioner(TRIAL_PLAN), compiler, accelerator=accelerator, cached=False)
         self.backend = self.trial
         self._backends: dict[str, PlanBackend] = {}  # one per plan (its partitioner's uuid)
 
@@ -108,8 +116,9 @@ class WholeModelRoute:
     def trial_profile(
         self, static_bytes: int, min_swap_bytes: int, keep_on_device: Sequence[str] = ()
     ) -> StepProfile:
-        """The trial's saved bytes per layer (over every graph it compiled), as a profile; the
-        layers ``keep_on_device`` names (a layer or a module it is in) are not swappable."""
+        """The trial's saved bytes per layer (over every graph it compiled), as a profile: a
+        layer can swap what the offload pass took from it, unless ``keep_on_device`` names it
+        (or a module it is in)."""
         graphs = self.trial.partitioner.partitions
         if not graphs:
             raise RuntimeError(
@@ -117,11 +126,13 @@ class WholeModelRoute:
                 "model (nothing ran compiled, or without gradients), so there is nothing to plan from. "
                 "Call the compiled model inside the session's step with gradients enabled."
             )
-        saved: dict[str, int] = {}
+        merged = Partition()
         for graph in graphs:
             for layer, nbytes in graph.saved_bytes.items():
-                saved[layer] = saved.get(layer, 0) + nbytes
-        profile = profile_of(Partition(saved_bytes=saved), static_bytes, min_swap_bytes)
+                merged.saved_bytes[layer] = merged.saved_bytes.get(layer, 0) + nbytes
+            for layer, nbytes in graph.offloaded_bytes.items():
+                merged.offloaded_bytes[layer] = merged.offloaded_bytes.get(layer, 0) + nbytes
+        profile = profile_of(merged, static_bytes, min_swap_bytes)
         kept = kept_layers(keep_on_device, [layer.name for layer in profile.layers])
         layers = tuple(
             replace(layer, swappable_bytes=0) if layer.name in kept else layer for layer in profile.layers

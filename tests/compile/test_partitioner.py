@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_accudnn.compile import PlanBackend, PlanPartitioner, plan_choices, profile_of
+from lightning_accudnn.compile import TRIAL_PLAN, PlanBackend, PlanPartitioner, plan_choices, profile_of
 from lightning_accudnn.planner.plan import plan_swaps
 from lightning_accudnn.profile import LayerChoice
 from tests.compile.helpers import Net, batches, loss_of
@@ -55,11 +55,18 @@ def test_the_trial_partition_plans_with_the_projects_planner():
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Net()
-    trial = PlanPartitioner({})
-    _grads(model, _compile(model, trial))
-    profile = profile_of(trial.partitions[0], static_bytes=10_000)
-    assert {"blocks.0.up", "blocks.1.up"} <= {layer.name for layer in profile.layers}
-    budget = profile.static_bytes + profile.saved_bytes // 2
+    expected = _grads(model)
+    trial = PlanPartitioner(TRIAL_PLAN)
+    actual = _grads(model, _compile(model, trial))
+    assert all(torch.equal(a, b) for a, b in zip(expected, actual, strict=True))
+    (partition,) = trial.partitions
+    # Every activation the offload pass can move was offloaded, and counted in its own layer.
+    assert partition.offloaded_bytes["blocks.0.up"] == partition.saved_bytes["blocks.0.up"] > 0
+    profile = profile_of(partition, static_bytes=10_000)
+    swappable = {layer.name: layer.swappable_bytes for layer in profile.layers}
+    assert swappable["blocks.0.up"] > 0 and swappable["blocks.0.norm"] == 0  # its saved statistics stay
+    smallest = plan_swaps(profile, profile.unconstrained_peak_bytes).min_budget_bytes
+    budget = smallest + (profile.unconstrained_peak_bytes - smallest) // 4
     choices = plan_choices(plan_swaps(profile, budget))
     assert set(choices) == {layer.name for layer in profile.layers}
     assert SWAP in choices.values() and KEEP in choices.values()

@@ -16,7 +16,7 @@ from lightning_accudnn.compile import plan_choices
 from lightning_accudnn.planner import BudgetTooSmallError
 from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
-from lightning_accudnn.profile import LayerChoice
+from lightning_accudnn.profile import ROOT_LAYER, LayerChoice
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.session.patterns import UnmatchedPatternError
 from lightning_accudnn.session.whole_model import WholeModelRoute
@@ -112,7 +112,9 @@ def test_the_session_tags_the_plans_choices_and_trains_with_eager_gradients(form
     route = session.whole_model_route(called)
     assert route is not None and route.planned
     (trial,) = route.trial.partitioner.partitions
-    assert trial.offloaded == trial.recomputed == {}  # the trial measures, tags nothing
+    # The trial offloaded every activation it could (the safest mode), and recorded them per layer.
+    assert set(trial.offloaded) == {ROOT_LAYER} and not trial.recomputed
+    assert swapped <= set(trial.saved_offloaded), (swapped, trial.saved_offloaded)
     (partition,) = route.partitions()  # one graph, compiled once for the plan over all steps
     assert set(partition.offloaded) == swapped and partition.recomputed == {}
     # PyTorch's offload pass took saved activations of swapped layers, and of those only.
@@ -274,6 +276,6 @@ def test_past_dynamos_recompile_limit_the_route_raises_rather_than_run_without_i
         with route.compiled():
             loss_of(called, batches(1)[0])  # the trial: the frame's one graph
         profile = route.trial_profile(static_bytes=0, min_swap_bytes=0)
-        route.apply(plan_swaps(profile, profile.saved_bytes // 2))
+        route.apply(plan_swaps(profile, profile.unconstrained_peak_bytes - 1))
         with pytest.raises(RuntimeError, match="reached its recompile limit"), route.compiled():
             loss_of(called, batches(1)[0])

@@ -164,6 +164,14 @@ def test_keep_on_device_names_modules_of_the_compiled_graph():
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_a_first_pass_that_compiled_no_training_graph_is_refused_saying_why():
+    called = _compiled(_net(), "torch.compile(model)")
+    session = OffloadSession(OffloadConfig(budget=10**9, **ROUTE), "cpu", report=lambda line: None)
+    refused = pytest.raises(RuntimeError, match="compiled no training graph")
+    with refused, session.step(called), torch.no_grad():
+        called(batches(1)[0][0])
+
+
 def _runtime_copies(model: torch.nn.Module, route: WholeModelRoute) -> int:
     """How many host copies (``prims.device_put``, the CPU form of the offload pass) one
     already-compiled training step runs."""

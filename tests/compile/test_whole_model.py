@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 from torch.profiler import ProfilerActivity, profile
 
-from lightning_accudnn.compile import plan_choices
+from lightning_accudnn.compile import TRIAL_PLAN, PlanBackend, PlanPartitioner, plan_choices
 from lightning_accudnn.planner import BudgetTooSmallError
 from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
@@ -170,6 +170,26 @@ def test_a_first_pass_that_compiled_no_training_graph_is_refused_saying_why():
     refused = pytest.raises(RuntimeError, match="compiled no training graph")
     with refused, session.step(called), torch.no_grad():
         called(batches(1)[0][0])
+
+
+class _ConfigSeen(PlanPartitioner):
+    """Records the compile settings in force when it partitions."""
+
+    def __call__(self, gm, joint_inputs, **kwargs):
+        self.caches_off = torch.compiler.config.force_disable_caches
+        self.offloading = torch._functorch.config.enable_activation_offloading
+        return super().__call__(gm, joint_inputs, **kwargs)
+
+
+@pytest.mark.parametrize(("cached", "plan"), [(False, TRIAL_PLAN), (True, {})], ids=["trial", "keep"])
+def test_a_plan_backend_partitions_with_the_offload_pass_on_when_it_swaps_and_the_trial_bypasses_caches(
+    cached, plan
+):
+    partitioner = _ConfigSeen(plan)
+    backend = PlanBackend(partitioner, "aot_eager", cached=cached)
+    loss_of(torch.compile(_net(), backend=backend), batches(1)[0]).backward()
+    assert (partitioner.caches_off, partitioner.offloading) == (not cached, bool(plan))
+    assert not torch.compiler.config.force_disable_caches  # set only while compiling
 
 
 def _runtime_copies(model: torch.nn.Module, route: WholeModelRoute) -> int:

@@ -65,8 +65,8 @@ PARTITIONER_VERSION = "accudnn-partitioner-1"
 #: The PyTorch versions this route was tested with.
 TESTED_TORCH_VERSIONS = ("2.14.1",)
 
-#: The trial's plan: every forward node (each belongs to the root or to a layer it names not)
-#: tagged for offloading.
+#: The trial's plan: every forward node tagged for offloading (a node in no layer a plan names
+#: belongs to the root).
 TRIAL_PLAN: dict[str, LayerChoice] = {ROOT_LAYER: LayerChoice.SWAP}
 
 _DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")

@@ -37,6 +37,7 @@ from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
 from lightning_accudnn.planner.trace import DTYPES, trace_step
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.session.compiled import route_of, whole_model_form
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
@@ -276,9 +277,15 @@ def plan_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     started = time.perf_counter()
+    built: list[nn.Module] = []  # the model traced: its route is read from it
+
+    def build() -> nn.Module:
+        built.append(model.build())
+        return built[-1]
+
     try:
         trace = trace_step(
-            model.build,
+            build,
             (args.batch_size, *shape),
             tracker=LayerTracker(),
             input_dtype=INPUT_DTYPES[args.input_dtype],
@@ -290,6 +297,15 @@ def plan_command(args: argparse.Namespace) -> int:
             f"cannot trace {args.model} on a batch of {batch_shape}: {type(error).__name__}: {error}"
         )
     trace_seconds = time.perf_counter() - started
+    form = whole_model_form(built[-1])
+    if form is not None:
+        return _fail(
+            f"{args.model} is compiled whole ({form}): traced here it is one layer, so no per-layer plan "
+            "can be made from it. Plan the model uncompiled (a factory without torch.compile or "
+            "model.compile()), or compile its blocks one by one (route: regional compile). In training, "
+            "whole_model_compile='experimental' (PyTorch 2.14.1) plans a model compiled whole itself, from "
+            "the bytes its compiled graph saves per layer in its first step."
+        )
     profile = trace.to_profile(gpu, optimizer=args.optimizer, min_swap_bytes=args.min_swap_bytes)
     baseline = unconstrained_seconds(profile)
     header = {
@@ -314,6 +330,7 @@ def plan_command(args: argparse.Namespace) -> int:
     }
     try:
         plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve, policy=args.policy)
+        plan = dataclasses.replace(plan, route=route_of(built[-1]))
     except BudgetTooSmallError as error:
         need = error.min_budget_bytes
         if args.json:

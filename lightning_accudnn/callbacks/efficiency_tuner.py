@@ -223,6 +223,13 @@ class EfficiencyTuner(Callback):
                 f"{type(trainer.strategy).__name__}: use strategy=AccUDNNStrategy(budget=...) or "
                 '"accudnn_ddp" (or plain "ddp"), or remove the tuner.'
             )
+        if view.on_whole_model_route:
+            raise MisconfigurationException(
+                "EfficiencyTuner does not tune on the experimental whole-model route, and the strategy "
+                "has whole_model_compile='experimental' set: that route plans from the first batch only and "
+                "measures no step figures. Remove the tuner, or drop the option (compile the model's blocks "
+                "one by one, regional compilation, to train it compiled)."
+            )
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

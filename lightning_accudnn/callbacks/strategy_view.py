@@ -39,6 +39,12 @@ class StrategyView:
         """True for a strategy with a memory budget and a swap planner."""
 
     @property
+    def on_whole_model_route(self) -> bool:
+        """True when the strategy's config switches the experimental whole-model route on."""
+        config = getattr(self.strategy, "offload_config", None)
+        return isinstance(config, OffloadConfig) and config.whole_model_compile is not None
+
+    @property
     def session(self) -> OffloadSession | None:
         """The strategy's offload session (``None`` before setup and for other strategies)."""
         session = getattr(self.strategy, "offload", None) if self.is_offloading else None

@@ -13,8 +13,10 @@ back, when ``torch._functorch.config.enable_activation_offloading`` is on: see
 and :data:`PARTITIONER_VERSION`, so a changed plan recompiles and an unchanged one is served
 from Inductor's and AOTAutograd's caches.
 
-The trial partition: a partitioner with an empty plan tags nothing and records, per layer,
-the bytes the forward graph saves (:attr:`Partition.saved_bytes`); :func:`profile_of` turns
+The trial partition: a partitioner with :data:`TRIAL_PLAN` tags every forward node for
+offloading (the safest mode, as the eager route's profiling pass swaps everything it can) and
+records, per layer, the bytes the forward graph saves (:attr:`Partition.saved_bytes`) and
+those the offload pass took (:attr:`Partition.offloaded_bytes`); :func:`profile_of` turns
 that into a :class:`~lightning_accudnn.profile.StepProfile` for the planner, and
 :func:`plan_choices` turns the planner's plan into the ``layer -> LayerChoice`` mapping
 this partitioner takes.
@@ -40,12 +42,14 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch.utils.checkpoint import CheckpointPolicy
 
+from lightning_accudnn.compile._torch_internals import offload_copy_name
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import ROOT_LAYER, LayerChoice, LayerProfile, StepProfile
 
 __all__ = [
     "PARTITIONER_VERSION",
     "TESTED_TORCH_VERSIONS",
+    "TRIAL_PLAN",
     "Partition",
     "PlanPartitioner",
     "layer_of",
@@ -60,6 +64,10 @@ PARTITIONER_VERSION = "accudnn-partitioner-1"
 
 #: The PyTorch versions this route was tested with.
 TESTED_TORCH_VERSIONS = ("2.14.1",)
+
+#: The trial's plan: every forward node tagged for offloading (a node in no layer a plan names
+#: belongs to the root).
+TRIAL_PLAN: dict[str, LayerChoice] = {ROOT_LAYER: LayerChoice.SWAP}
 
 _DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
 
@@ -116,10 +124,12 @@ class Partition:
     """What one call of :class:`PlanPartitioner` did to one graph.
 
     ``offloaded`` and ``recomputed`` name the joint-graph nodes tagged, per layer;
-    ``saved_bytes`` are the bytes the forward graph saves for backward per layer, as the
-    partitioner left them (graph inputs, i.e. parameters and the batch, not counted);
-    ``saved_offloaded`` names, per layer, the saved nodes PyTorch's offload pass accepted
-    (it refuses views and non-contiguous tensors; empty when the pass is off).
+    ``saved_bytes`` are the bytes of the activations the forward graph saves for backward per
+    layer, as the partitioner left them (graph inputs, i.e. parameters and the batch, not
+    counted; an offloaded activation counted once, in its own layer); ``saved_offloaded``
+    names, per layer, the saved nodes PyTorch's offload pass accepted, and
+    ``offloaded_bytes`` counts their bytes (it refuses views and non-contiguous tensors;
+    both empty when the pass is off).
 
     Example:
         >>> Partition().saved_bytes
@@ -130,15 +140,16 @@ class Partition:
     recomputed: dict[str, list[str]] = field(default_factory=dict)
     saved_bytes: dict[str, int] = field(default_factory=dict)
     saved_offloaded: dict[str, list[str]] = field(default_factory=dict)
+    offloaded_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class PlanPartitioner(CustomPartitionerFn):
     """Inductor's ``custom_partitioner_fn`` that applies ``plan`` (layer -> keep/swap/recompute).
 
     Layer names are qualified module names (``"blocks.0"``); a node belongs to the innermost
-    of its modules the plan names. An empty plan tags nothing (the trial partition). Each
-    call is recorded in :attr:`partitions`. Use it with Inductor's options and the offload
-    flags of :func:`offloading_options`::
+    of its modules the plan names (the root for a node in none); an empty plan tags nothing,
+    :data:`TRIAL_PLAN` tags every node. Each call is recorded in :attr:`partitions`. Use it
+    with Inductor's options and the offload flags of :func:`offloading_options`::
 
         partitioner = PlanPartitioner({"blocks.0": LayerChoice.SWAP, "blocks.1": LayerChoice.RECOMPUTE})
         compiled = torch.compile(model, options={"custom_partitioner_fn": partitioner})
@@ -168,10 +179,14 @@ class PlanPartitioner(CustomPartitionerFn):
         partition = Partition()
         self._tag(gm, partition)
         forward, backward = min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
-        partition.saved_bytes = _saved_bytes(forward, kwargs["num_fwd_outputs"])
-        for node in forward.graph.nodes:
+        for node in _saved_activations(forward, kwargs["num_fwd_outputs"]):
+            layer = layer_of(node)
+            partition.saved_bytes[layer] = partition.saved_bytes.get(layer, 0) + _tensor_bytes(node)
             if node.meta.get("saved_for_offloading"):
-                partition.saved_offloaded.setdefault(layer_of(node), []).append(node.name)
+                partition.saved_offloaded.setdefault(layer, []).append(node.name)
+                partition.offloaded_bytes[layer] = partition.offloaded_bytes.get(layer, 0) + _tensor_bytes(
+                    node
+                )
         self.partitions.append(partition)
         return forward, backward
 
@@ -191,15 +206,19 @@ class PlanPartitioner(CustomPartitionerFn):
                 partition.recomputed.setdefault(layer, []).append(node.name)
 
 
-def _saved_bytes(forward: fx.GraphModule, num_fwd_outputs: int) -> dict[str, int]:
-    """Bytes of the forward graph's saved outputs per layer (its graph inputs left out)."""
+def _saved_activations(forward: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    """The activations the forward graph saves for backward, in the order it computes them
+    (the planner's layer order), its graph inputs left out. A saved output the offload pass
+    made (its host copy, named after the activation it copies) stands for that activation."""
     output = forward.graph.find_nodes(op="output")[0]
-    saved: dict[str, int] = {}
+    saved: set[fx.Node] = set()
     for node in output.args[0][num_fwd_outputs:]:
-        if isinstance(node, fx.Node) and node.op != "placeholder":
-            layer = layer_of(node)
-            saved[layer] = saved.get(layer, 0) + _tensor_bytes(node)
-    return saved
+        if isinstance(node, fx.Node):
+            copied = [
+                source for source in node.all_input_nodes if node.name == offload_copy_name(source.name)
+            ]
+            saved.add(copied[0] if copied else node)
+    return [node for node in forward.graph.nodes if node in saved and node.op != "placeholder"]
 
 
 def offloading_options(*, accelerator: bool) -> dict[str, bool]:
@@ -218,16 +237,23 @@ def offloading_options(*, accelerator: bool) -> dict[str, bool]:
 
 def profile_of(partition: Partition, static_bytes: int, min_swap_bytes: int = 0) -> StepProfile:
     """The trial partition's saved bytes as a profile the planner takes (no times: the planner
-    then minimises memory moved; bandwidths unknown).
+    then minimises memory moved; bandwidths unknown). A layer's swappable bytes are those the
+    offload pass took from it in the trial; none when they are fewer than ``min_swap_bytes``.
 
     Example:
-        >>> partition = Partition(saved_bytes={"a": 4096, "b": 100})
+        >>> partition = Partition(saved_bytes={"a": 4096, "b": 100, "c": 800},
+        ...                       offloaded_bytes={"a": 3072, "b": 100})
         >>> profile = profile_of(partition, static_bytes=0, min_swap_bytes=1024)
         >>> [(layer.name, layer.swappable_bytes) for layer in profile.layers]
-        [('a', 4096), ('b', 0)]
+        [('a', 3072), ('b', 0), ('c', 0)]
     """
+    offloaded = partition.offloaded_bytes
     layers = tuple(
-        LayerProfile(name, saved_bytes=nbytes, swappable_bytes=nbytes if nbytes >= min_swap_bytes else 0)
+        LayerProfile(
+            name,
+            saved_bytes=nbytes,
+            swappable_bytes=offloaded.get(name, 0) if offloaded.get(name, 0) >= min_swap_bytes else 0,
+        )
         for name, nbytes in partition.saved_bytes.items()
     )
     return StepProfile(layers=layers, static_bytes=static_bytes)

@@ -6,8 +6,10 @@ block is one layer of the plan (everything it saves is attributed to it, see
 :mod:`lightning_accudnn.ops.compiled_blocks`), and it is compiled once, since the engine
 never hooks a module inside it. A model compiled whole (``torch.compile(model)``,
 ``model.compile()``, ``LightningModule.compile()``) attributes every saved tensor to one
-module, so no per-layer plan can apply: it is refused before training, with one message
-that shows the regional form.
+module, so no per-layer plan can apply from outside: it is refused before training, with one
+message that shows the regional form and names the experimental option that plans it inside its
+compiled graph instead (``whole_model_compile="experimental"``, see
+:mod:`lightning_accudnn.session.whole_model`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ REGIONAL_FORM = (
     "or  model.layers[i] = torch.compile(model.layers[i]),\n"
     "and do not call torch.compile(model), model.compile() or LightningModule.compile(): "
     "each compiled block is then one layer of the plan (kept, swapped or recomputed as a whole)."
+)
+
+#: The experimental alternative, named in every refusal.
+WHOLE_MODEL_OPTION = (
+    "Or, experimentally (tested with PyTorch 2.14.1 only), have the plan applied inside the compiled graph: "
+    "whole_model_compile='experimental' (an OffloadConfig field and a strategy keyword)."
 )
 
 
@@ -86,7 +94,8 @@ def compiled_blocks(model: nn.Module) -> tuple[str, ...]:
 
 
 def route_of(model: nn.Module) -> str:
-    """How the plan applies to ``model`` (a model compiled whole is refused before this is asked).
+    """How the plan applies to ``model`` (never asked of a model compiled whole: refused, or on
+    the experimental route, :data:`~lightning_accudnn.planner.plan.ROUTE_WHOLE_MODEL`).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
@@ -104,11 +113,14 @@ def refusal_message(form: str) -> str:
 
     Example:
         >>> print(refusal_message("torch.compile(model)").splitlines()[0][:70])
-        lightning-accudnn cannot plan a model compiled whole: found torch.comp
+        lightning-accudnn refuses a model compiled whole by default: found tor
     """
     return (
-        f"lightning-accudnn cannot plan a model compiled whole: found {form}. Inside one compiled graph "
-        "every saved activation belongs to one module, so no per-layer plan can apply. " + REGIONAL_FORM
+        f"lightning-accudnn refuses a model compiled whole by default: found {form}. Inside one compiled "
+        "graph every saved activation belongs to one module, so no per-layer plan can apply from outside it. "
+        + REGIONAL_FORM
+        + " "
+        + WHOLE_MODEL_OPTION
     )
 
 

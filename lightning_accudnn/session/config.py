@@ -45,6 +45,14 @@ class OffloadConfig:
       tensor, but for one pass of its kind in this many: a changed graph shows there, and the
       next pass profiles it. ``1`` observes every pass. On CUDA the allocator's peak is
       checked against the budget every pass either way.
+    * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
+      or ``"experimental"``: such a model is planned inside its compiled graph (see
+      :mod:`lightning_accudnn.session.whole_model`; PyTorch 2.14.1 only, swap or keep per
+      layer; ``keep_on_device`` then names modules of the compiled graph, checked after its
+      first forward).
+    * ``whole_model_backend``: what that route compiles the model with, ``"inductor"``
+      (``torch.compile``'s default) or ``"aot_eager"``; the backend and options the model
+      was compiled with are not used on that route.
 
     Example:
         >>> config = OffloadConfig(budget="12GB", keep_on_device="head")
@@ -65,6 +73,8 @@ class OffloadConfig:
     reserve_bytes: int | None = None
     policy: str = "auto"
     observe_every: int = DEFAULT_OBSERVE_EVERY
+    whole_model_compile: str | None = None
+    whole_model_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -93,6 +103,7 @@ class OffloadConfig:
         if not all(isinstance(pattern, str) and pattern for pattern in patterns):
             raise ValueError(f"keep_on_device must hold non-empty module-name patterns, got {patterns!r}")
         set_field(self, "keep_on_device", patterns)
+        check_whole_model_compile(self)
 
     @property
     def parsed_budget(self) -> Budget:
@@ -120,7 +131,8 @@ class OffloadConfig:
             Traceback (most recent call last):
             ...
             TypeError: unknown offload option 'budgett'; the options are budget, min_swap_bytes, \
-keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every
+keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every, whole_model_compile, \
+whole_model_backend
         """
         names = option_names()
         for name in options:
@@ -128,6 +140,46 @@ keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every
                 raise TypeError(f"unknown offload option {name!r}; the options are {', '.join(names)}")
         base = config if config is not None else cls()
         return base.replace(**options) if options else base
+
+
+def check_whole_model_compile(config: OffloadConfig) -> None:
+    """Refuse a ``whole_model_compile`` setting the route cannot serve, when the config is made.
+
+    Example:
+        >>> OffloadConfig(whole_model_compile="yes")
+        Traceback (most recent call last):
+        ...
+        ValueError: whole_model_compile must be None or 'experimental', got 'yes'
+        >>> OffloadConfig(whole_model_compile="experimental", policy="recompute")
+        Traceback (most recent call last):
+        ...
+        ValueError: whole_model_compile='experimental' plans keep or swap per layer (its trial partition \
+measures bytes, not the times recomputation is weighed by): use policy 'swap' or 'auto', not 'recompute'
+    """
+    if config.whole_model_compile is None:
+        if config.whole_model_backend != "inductor":
+            raise ValueError(
+                f"whole_model_backend={config.whole_model_backend!r} is used only with "
+                "whole_model_compile='experimental'; set both, or neither"
+            )
+        return
+    if config.whole_model_compile != "experimental":
+        raise ValueError(
+            f"whole_model_compile must be None or 'experimental', got {config.whole_model_compile!r}"
+        )
+    from lightning_accudnn.compile import COMPILERS, check_torch_version  # imports Dynamo: only when asked
+
+    check_torch_version()
+    if config.whole_model_backend not in COMPILERS:
+        raise ValueError(
+            f"whole_model_backend must be one of {', '.join(COMPILERS)} (what the whole-model route compiles "
+            f"the model with), got {config.whole_model_backend!r}"
+        )
+    if config.policy == "recompute":
+        raise ValueError(
+            "whole_model_compile='experimental' plans keep or swap per layer (its trial partition measures "
+            "bytes, not the times recomputation is weighed by): use policy 'swap' or 'auto', not 'recompute'"
+        )
 
 
 def option_names() -> tuple[str, ...]:

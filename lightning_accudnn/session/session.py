@@ -26,12 +26,18 @@ from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
 from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
 from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
-from lightning_accudnn.planner.plan import ROUTE_EAGER, HostLimitTooSmallError, plan_swaps
+from lightning_accudnn.planner.plan import ROUTE_EAGER, ROUTE_WHOLE_MODEL, HostLimitTooSmallError, plan_swaps
 from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
-from lightning_accudnn.session.compiled import refuse_whole_model_compile, route_of
+from lightning_accudnn.session.compiled import (
+    CompiledModelError,
+    refusal_message,
+    refuse_whole_model_compile,
+    route_of,
+    whole_model_form,
+)
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
 from lightning_accudnn.session.device import device_memory, require_available
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
@@ -43,6 +49,7 @@ from lightning_accudnn.session.shapes import ShapePlanner, same_pass_other_shape
 from lightning_accudnn.session.stats import OffloadStats
 from lightning_accudnn.session.steady_memo import SteadyMemo
 from lightning_accudnn.session.transfers import layer_host_bytes, swapped_buffer_sizes, transfer_sizes
+from lightning_accudnn.session.whole_model import WholeModelRoute
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
@@ -122,6 +129,9 @@ class OffloadSession:
     first backward, before any optimizer step, naming the smallest budget that works: never
     below the profiling pass's own peak (it runs first in every run and never recomputes), so
     under policy ``"auto"`` or ``"recompute"`` a budget only recomputation would fit is refused.
+    A model compiled whole is refused unless ``config.whole_model_compile`` puts it on the
+    experimental route of :mod:`~lightning_accudnn.session.whole_model` (planned inside its
+    compiled graph at the end of its first forward).
 
     A plain loop (the step closes itself when backward ends)::
 
@@ -188,6 +198,7 @@ class OffloadSession:
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
         self._checked_models: set[int] = set()
         self._routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
+        self._whole_models: dict[int, WholeModelRoute] = {}  # models compiled whole, on that route
         # Steady state (the hot path): each pass kind's save sequence, replayed by ordinal with
         # no module hooks, and the model-state bytes, recomputed only when they may change.
         self._sequences: dict[PassKey, SaveSequence] = {}
@@ -327,15 +338,35 @@ class OffloadSession:
         self.recomputer.remove()  # the next pass installs its plan's segments again
         self._pass = None
 
-    def check_model(self, model: nn.Module) -> None:
+    def check_model(self, model: nn.Module, compiled_form: str | None = None) -> None:
         """Refuse what cannot train under the session, before training: ``keep_on_device``
-        patterns matching no module, and a model compiled whole (regional compilation is fine)."""
+        patterns matching no module, and a model compiled whole (regional compilation is fine)
+        unless ``config.whole_model_compile`` puts it on the experimental route
+        (:mod:`~lightning_accudnn.session.whole_model`). ``compiled_form`` says how ``model``
+        was compiled whole when the model itself does not show it (Lightning compiled it)."""
         if id(model) in self._checked_models:
             return
-        refuse_whole_model_compile(model, self.config.keep_on_device)
-        check_keep_on_device(self.config.keep_on_device, model)
-        self._routes[id(model)] = route_of(model)
+        form = compiled_form if compiled_form is not None else whole_model_form(model)
+        if form is not None and self.config.whole_model_compile is None:
+            raise CompiledModelError(refusal_message(form))
+        if form is None:
+            refuse_whole_model_compile(model, self.config.keep_on_device)
+            check_keep_on_device(self.config.keep_on_device, model)  # on the route: once its graph is seen
+            self._routes[id(model)] = route_of(model)
+        else:
+            backend = self.config.whole_model_backend
+            self._whole_models[id(model)] = WholeModelRoute(backend, accelerator=self.device.type != "cpu")
+            self._routes[id(model)] = ROUTE_WHOLE_MODEL
+            self.report(
+                f"accudnn: {form}: planned inside its compiled graph (whole_model_compile='experimental'); "
+                f"training passes compile it with {backend} and the plan's partitioner, not with the backend "
+                "and options it was compiled with; the first pass measures what the graph saves"
+            )
         self._checked_models.add(id(model))
+
+    def whole_model_route(self, model: nn.Module) -> WholeModelRoute | None:
+        """How ``model``, compiled whole, is compiled in training passes; ``None`` on other routes."""
+        return self._whole_models.get(id(model))
 
     @contextmanager
     def planning_alone(self) -> Iterator[None]:
@@ -388,12 +419,13 @@ class OffloadSession:
             thread=threading.get_ident(),
         )
         self._block = block
+        whole_model = id(model) in self._whole_models  # no hooks on it: they would run in compiled code
         try:
-            if batch is None:
+            if batch is None and not whole_model:
                 block.hooks.append(model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
             else:
                 self._enter_pass()
-            if close_on_backward:
+            if close_on_backward and not whole_model:
                 block.hooks.append(model.register_forward_hook(self._on_model_output))
             yield
         except BaseException as error:
@@ -450,6 +482,14 @@ class OffloadSession:
     def _enter_pass(self) -> None:
         block = self._block
         assert block is not None
+        whole_model = self._whole_models.get(id(block.model))
+        if whole_model is not None:
+            # Nothing for the engine to do: the compiled graph moves its activations itself.
+            context = whole_model.compiled()
+            context.__enter__()
+            block.engine_context = context
+            block.pass_closed = False
+            return
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
         plan = self._book.plan(key)
         hooked = (
@@ -523,6 +563,20 @@ class OffloadSession:
             context.__exit__(None, None, None)
         else:
             context.__exit__(type(error), error, error.__traceback__)  # aborts the engine's step
+        whole_model = self._whole_models.get(id(block.model))
+        if whole_model is not None and error is None and not whole_model.planned:
+            self._plan_whole_model(block, whole_model)
+
+    def _plan_whole_model(self, block: _Block, whole_model: WholeModelRoute) -> None:
+        """After the trial forward of a model compiled whole: plan from what its graph saves
+        (a budget too small is refused here, before backward), and compile with the plan next."""
+        key = PassKey(model=id(block.model), batch=(), position=0)  # one plan for every batch shape
+        static_bytes = self._model_state_bytes(block, refresh=True)
+        profile = whole_model.trial_profile(
+            static_bytes, self.config.min_swap_bytes, self.config.keep_on_device
+        )
+        self.plan = self._make_plan(profile, key)
+        whole_model.apply(self.plan)
 
     def _close_pass_from_backward(self) -> None:
         self._backward_end.remove()

@@ -27,6 +27,7 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
     Lightning's ``DDPStrategy`` (``find_unused_parameters``, ``static_graph``,
     ``gradient_as_bucket_view``, ``start_method``, ...). Multi-node runs work as Lightning's
     DDP does. ``runtime`` is as for :class:`~lightning_accudnn.AccUDNNStrategy` (one per rank).
+    The experimental whole-model compile route (``whole_model_compile``) is refused here.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -49,6 +50,13 @@ class AccUDNNDDPStrategy(OffloadHooks, DDPStrategy):
         offload_options = {name: options.pop(name) for name in option_names() if name in options}
         super().__init__(**options)
         self.offload_config = offload_config(config, budget, offload_options)
+        if self.offload_config.whole_model_compile is not None:
+            raise ValueError(
+                "whole_model_compile='experimental' is served by AccUDNNStrategy and OffloadSession (one "
+                "device) only, not under DDP (DDP splits a compiled model's graph at its gradient buckets, "
+                "and the ranks do not agree on this route's plans yet): compile the model's blocks one by "
+                "one (regional compilation) to train it compiled under AccUDNNDDPStrategy"
+            )
         self.offload_runtime = runtime
 
     def setup(self, trainer: pl.Trainer) -> None:

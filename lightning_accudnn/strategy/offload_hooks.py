@@ -73,8 +73,9 @@ class OffloadHooks:
 
     def setup(self, trainer: pl.Trainer) -> None:
         module = trainer.lightning_module
-        if compiled_by_lightning(module):
-            raise CompiledModelError(refusal_message("torch.compile(model) of the LightningModule"))
+        form = "torch.compile(model) of the LightningModule" if compiled_by_lightning(module) else None
+        if form is not None and self.offload_config.whole_model_compile is None:
+            raise CompiledModelError(refusal_message(form))
         if trainer.state.fn != TrainerFn.FITTING:  # evaluation runs without hooks: keep the last figures
             super().setup(trainer)  # type: ignore[misc]
             return
@@ -89,7 +90,7 @@ class OffloadHooks:
             report=rank_zero_info,
             on_stats=self._log_stats,
         )
-        self.offload.check_model(module)
+        self.offload.check_model(module, compiled_form=form)
         super().setup(trainer)  # type: ignore[misc]
         # Taken before each step, put back before a retry (buffers on their device by now).
         self._buffers = BufferSnapshot(module) if self.retries_out_of_memory else None

@@ -29,8 +29,11 @@ class AccUDNNStrategy(OffloadHooks, SingleDeviceStrategy):
 
     Offload options come as one :class:`~lightning_accudnn.OffloadConfig` (``config=``), as
     keywords naming its fields (``budget``, ``min_swap_bytes``, ``keep_on_device``,
-    ``host_memory_limit``, ``reserve_bytes``, ``policy``), or both (the keywords win). ``device`` is by
-    default the one the Trainer's ``accelerator``/``devices`` name; the session
+    ``host_memory_limit``, ``reserve_bytes``, ``policy``, ``whole_model_compile``,
+    ``whole_model_backend``), or both (the keywords win). A model compiled whole
+    (``LightningModule.compile()``, ``torch.compile(model)``) is refused before training unless
+    ``whole_model_compile="experimental"`` plans it inside its compiled graph (PyTorch 2.14.1).
+    ``device`` is by default the one the Trainer's ``accelerator``/``devices`` name; the session
     (``strategy.offload``: budget, reserve, plan, stats) is made when the Trainer sets up.
     ``runtime`` is the device runtime the engine runs on (default: CUDA streams on a GPU, host
     copies on CPU; ``lightning_accudnn.testing.SimulatedGPU`` plays a GPU on CPU).

@@ -234,6 +234,14 @@ def test_bad_input_gets_an_error_naming_the_fix():
         EfficiencyTuner(lr_scaling="quadratic")
 
 
+def test_the_experimental_whole_model_route_is_refused_before_any_trial():
+    strategy = AccUDNNStrategy(budget="1GB", whole_model_compile="experimental")
+    with pytest.raises(
+        MisconfigurationException, match="does not tune on the experimental whole-model route"
+    ):
+        tuner_trainer(EfficiencyTuner(), strategy=strategy).fit(CurveModel())
+
+
 def test_plot_needs_matplotlib_and_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install matplotlib"):

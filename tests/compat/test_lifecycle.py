@@ -171,4 +171,5 @@ def test_every_whole_model_compile_is_refused_before_training_with_one_message(m
         trainer_for(_strategy()).fit(given, loader("cnn"))
     assert f"found {form}" in str(raised.value)
     assert "block.compile()" in str(raised.value)  # the message shows the regional form
+    assert "whole_model_compile='experimental'" in str(raised.value)  # and names the experimental option
     assert all(torch.equal(value, dict(model.named_parameters())[name]) for name, value in before.items())

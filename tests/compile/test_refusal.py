@@ -36,6 +36,7 @@ def test_a_model_compiled_whole_is_refused_by_the_session_before_anything_runs(m
     message = str(raised.value)
     assert f"found {form}" in message
     assert "block.compile()" in message and "torch.compile(model.layers[i])" in message  # the rewrite
+    assert "whole_model_compile='experimental'" in message  # and the experimental option
     assert not session.engine.step_open
     session.close()
 

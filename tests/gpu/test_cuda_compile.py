@@ -1,5 +1,6 @@
 """On a CUDA GPU: regional compilation under the strategy (Inductor's kernels, real memory),
-and the experimental partitioner route with PyTorch's asynchronous offload stream."""
+and the experimental partitioner route with PyTorch's asynchronous offload stream, alone and
+switched on by ``whole_model_compile="experimental"``."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from lightning.pytorch import LightningModule
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.compile import PlanPartitioner, offloading_options
 from lightning_accudnn.profile import LayerChoice
+from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.compile.helpers import Net, compile_blocks, loss_of
 from tests.strategy.helpers import trainer_for
 
@@ -70,5 +72,45 @@ def test_the_partitioner_route_offloads_on_the_separate_stream_and_saves_device_
     swapped_peak, swapped = peak_and_grads(swapped_partitioner)
     assert swapped_partitioner.partitions[0].saved_offloaded, "the offload pass took nothing"
     assert swapped_peak < kept_peak, (swapped_peak, kept_peak)
+    for want, got in zip(kept, swapped, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_whole_model_option_offloads_on_cuda_within_the_budget_and_matches_plain_gradients():
+    """``whole_model_compile="experimental"`` with Inductor on CUDA: the planned passes run
+    PyTorch's offload pass on its separate stream, peak below the keep-everything plan's and
+    within the budget, with the gradients of the model compiled without the session."""
+    inputs, targets = (t.cuda() for t in _batches()[0])
+
+    def train(budget):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = Net(blocks=4).cuda()
+        model.compile()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        config = OffloadConfig(
+            budget=budget, reserve_bytes=256 * 2**20, min_swap_bytes=0, whole_model_compile="experimental"
+        )
+        session = OffloadSession(config, "cuda")
+        for _ in range(2):  # the trial, then the plan
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            with session.step(model, optimizer):
+                loss = loss_of(model, (inputs, targets))
+            loss.backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        route = session.whole_model_route(model)
+        session.close()
+        return session.plan, route, peak, [p.grad.clone() for p in model.parameters()]
+
+    kept_plan, _, kept_peak, kept = train("90%")
+    assert not kept_plan.swapped_layers
+    smallest = kept_plan.min_budget_bytes
+    budget = smallest + (kept_plan.profile.unconstrained_peak_bytes + kept_plan.reserve_bytes - smallest) // 4
+    plan, route, peak, swapped = train(budget)
+    assert plan.swapped_layers and route.partitions()[0].saved_offloaded, plan
+    assert peak < kept_peak and peak <= budget, (peak, kept_peak, budget)
     for want, got in zip(kept, swapped, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -1,108 +1,17 @@
-"""``accudnn plan``: the resnet152 run the README promises, JSON contract, errors and plots."""
+"""``accudnn plan``: JSON contract, errors and plots (ResNet-152 at batch 64: test_cli_resnet152.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
-from lightning_accudnn.cli import build_parser, main, resolve_model
-from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.cli import main
 from lightning_accudnn.planner.gpus import get_gpu
-from lightning_accudnn.planner.plan import plan_swaps
-from lightning_accudnn.planner.trace import trace_step
+from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, run_cli
 
-REPO = Path(__file__).resolve().parents[2]
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 SMALL = ["tests.models:SmallResNet", "--input-shape", "3,32,32", "--batch-size", "8", "--gpu", "l4"]
-
-
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lightning_accudnn", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def conv_and_bn_output_bytes(name: str, batch: int) -> int:
-    """Independent estimate of ResNet's saved activations: every conv and BN output, once.
-
-    BN saves its input (the conv output) and the in-place ReLU after it saves BN's output;
-    everything else (the image, pooling indices, statistics) is small next to these.
-    """
-    import torchvision
-
-    model = torchvision.models.get_model(name).to("meta")
-    total = 0
-
-    def hook(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
-        nonlocal total
-        total += output.numel() * output.element_size()
-
-    for module in model.modules():
-        if isinstance(module, (nn.Conv2d, nn.BatchNorm2d)):
-            module.register_forward_hook(hook)
-    model(torch.zeros(batch, 3, 224, 224, device="meta"))
-    return total
-
-
-def check_plan_json(report: dict, budget: int) -> None:
-    assert report["feasible"] is True
-    assert report["budget_bytes"] == budget
-    assert report["predicted_peak_bytes"] <= budget
-    assert report["min_budget_bytes"] <= budget
-    assert report["lower_bound_seconds"] > 0
-    assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] * (1 - 1e-9)
-    assert report["predicted_step_seconds"] >= report["unconstrained_step_seconds"] * (1 - 1e-9)
-    assert report["layers"]
-
-
-def test_resnet152_batch64_on_h100_at_8gb() -> None:
-    """The command from the README, traced and planned (how long it takes is for benchmarks)."""
-    args = [
-        "plan",
-        "torchvision:resnet152",
-        "--batch-size",
-        "64",
-        "--budget",
-        "8GB",
-        "--gpu",
-        "h100",
-        "--json",
-    ]
-    result = run_cli(*args)
-    report = json.loads(result.stdout)
-    assert (report["model"], report["gpu"], report["batch_size"]) == (
-        "torchvision:resnet152",
-        "H100 SXM 80GB",
-        64,
-    )
-    assert report["budget_bytes"] == 8 * 10**9
-
-    # Saved activations: within 5% of an independent count (conv and BN outputs), ~11.5 GB.
-    estimate = conv_and_bn_output_bytes("resnet152", 64)
-    assert 10e9 < estimate < 13e9
-    assert abs(report["saved_bytes"] - estimate) / estimate < 0.05
-    assert report["saved_bytes"] == sum(layer["saved_bytes"] for layer in report["layers"])
-    names = [layer["name"] for layer in report["layers"]]
-    assert names[0] == "conv1" and "layer4.2.relu#3" in names
-    # Adam: weights, gradients and two moments of 60.2M fp32 parameters, plus BN buffers.
-    assert 4 * 60.1e6 * 4 < report["static_bytes"] < 4 * 60.3e6 * 4 + 2e6
-
-    # The forward waits for the host link past the copy-out limit, so 8GB fits, at a cost.
-    assert result.returncode == 0, result.stderr
-    check_plan_json(report, 8 * 10**9)
-    assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] > 0
 
 
 @pytest.mark.parametrize(
@@ -242,18 +151,6 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys) -> Non
     assert not (tmp_path / "m.png").exists()
 
 
-@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib (the 'plot' extra)")
-def test_readme_plot_example_on_resnet152(tmp_path) -> None:
-    """The README's command, verbatim but for the file: swapped layers used in place in
-    backward have no copy in, and the plot must still be drawn (it crashed on them)."""
-    path = tmp_path / "x.png"
-    args = ["plan", "torchvision:resnet152", "--batch-size", "64", "--budget", "8GB", "--gpu", "h100"]
-    result = run_cli(*args, "--plot", str(path))
-    assert result.returncode == 0, result.stderr
-    assert path.read_bytes()[:4] == b"\x89PNG"
-    assert "predicted peak" in result.stdout
-
-
 def test_smallest_budget_is_one_number_whatever_the_budget_asked(capsys) -> None:
     """One smallest budget per model and batch: asked budgets that fit and one that does not
     name the same figure, and that figure plans."""
@@ -303,19 +200,3 @@ def test_help_lists_the_options(capsys) -> None:
         "80%",
     ):
         assert option in out
-
-
-def test_resnet152_at_a_third_of_its_need_auto_plans_a_faster_step_than_swap() -> None:
-    """Issue 16's case, as `accudnn plan torchvision:resnet152 --batch-size 64 --gpu h100
-    --json` plans it (traced once here, planned under both policies): at a third of the
-    unconstrained need the link cannot hide the swaps, and recomputing some blocks is faster."""
-    command = ["plan", "torchvision:resnet152", "--batch-size", "64", "--gpu", "h100", "--budget", "1GB"]
-    args = build_parser().parse_args(command)  # the command's defaults (optimizer, min_swap_bytes)
-    gpu = get_gpu(args.gpu)
-    trace = trace_step(resolve_model(args.model).build, (64, 3, 224, 224), tracker=LayerTracker())
-    profile = trace.to_profile(gpu, optimizer=args.optimizer, min_swap_bytes=args.min_swap_bytes)
-    budget = profile.unconstrained_peak_bytes // 3
-    auto, swap = (plan_swaps(profile, budget, policy=policy).to_dict() for policy in ("auto", "swap"))
-    assert auto["recomputed_segments"] and not swap["recomputed_segments"]
-    assert auto["predicted_step_seconds"] < swap["predicted_step_seconds"]
-    assert max(auto["predicted_peak_bytes"], swap["predicted_peak_bytes"]) <= budget

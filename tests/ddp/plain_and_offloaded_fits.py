@@ -1,4 +1,4 @@
-"""Run by tests/ddp/test_ddp.py as a script: every DDP configuration trained twice in the same
+"""Run by tests/ddp/test_ddp_bitwise.py as a script: every DDP configuration trained twice in the same
 two ranks, once with Lightning's DDPStrategy and once with AccUDNNDDPStrategy (swapping forced),
 and rank 0 prints whether the weights are bitwise equal.
 

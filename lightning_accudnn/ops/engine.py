@@ -311,7 +311,8 @@ class OffloadEngine:
         if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
             self._route = ReplayRoute(sequence, schedule)
         self._restart_ordinals()
-        unobserved = not observe and self._route is not None and self._observed_peak(self._route) is not None
+        # Only a replayed pass may skip the hooks (a hooked pass records; the route is this one's).
+        unobserved = not observe and sequence is not None and self._observed_peak(self._route) is not None
         if unobserved:
             assert self._route is not None
             self._calls = len(self._route)  # as if every save was seen: the step reports them all
@@ -1064,11 +1065,10 @@ class OffloadEngine:
 
     def _observed_peak(self, route: ReplayRoute | None) -> int | None:
         """The activation peak of the last observed pass replayed on ``route``, if it kept
-        everything (a pass that may run unobserved); ``None`` otherwise."""
+        everything (a pass that may run unobserved; :meth:`end_step` remembers no other);
+        ``None`` otherwise."""
         last = self._last_observed
-        if last is None or route is None or last[0] is not route or not route.keeps_all:
-            return None
-        return last[1]
+        return last[1] if last is not None and last[0] is route else None
 
     def _restart_ordinals(self) -> None:
         """The next save is the first of a pass: ordinal 0, on the sequence replayed (if any)."""

@@ -112,3 +112,18 @@ def test_a_new_schedule_or_a_changed_graph_is_observed_again_before_running_unob
     assert _pass(engine, model, x, other, sequence, observe=False)[0].observed
     assert not _pass(engine, model, x, other, sequence, observe=False)[0].observed
     engine.close()
+
+
+def test_a_hooked_pass_asked_to_skip_the_hooks_still_records():
+    """observe=False without a sequence (a profiling pass) is observed: there is nothing to replay."""
+    torch.manual_seed(0)
+    model = _deep()
+    x = torch.randn(4, 32)
+    keep = SwapSchedule.keep_everything()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    sequence = _pass(engine, model, x, keep)[0].sequence
+    _pass(engine, model, x, keep, sequence)  # an observed replay: the route may now skip the hooks
+    assert not _pass(engine, model, x, keep, sequence, observe=False)[0].observed
+    stats, seen_by_outer = _pass(engine, model, x, keep, observe=False)
+    assert stats.observed and stats.timed and stats.sequence is not None and seen_by_outer == 0
+    engine.close()

@@ -101,13 +101,43 @@ def grads_of(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of every training loop here."""
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
 def train_plain(model: nn.Module, steps: int) -> list[list[torch.Tensor]]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = sgd(model)
     grads = []
     for batch in batches(steps):
         optimizer.zero_grad()
         loss_of(model, batch).backward()
         grads.append(grads_of(model))
+        optimizer.step()
+    return grads
+
+
+def train_in(
+    session: OffloadSession,
+    model: nn.Module,
+    steps: int,
+    called: nn.Module | None = None,
+    after_backward: Callable[[], None] | None = None,
+) -> list[list[torch.Tensor]]:
+    """``steps`` steps of ``model`` inside ``session``, called through ``called`` (its
+    ``torch.compile`` wrapper; default the model itself), ``after_backward`` run after each
+    backward: the gradients of every step."""
+    called = model if called is None else called
+    optimizer = sgd(model)
+    grads = []
+    for batch in batches(steps):
+        optimizer.zero_grad()
+        with session.step(called, optimizer):
+            loss = loss_of(called, batch)
+        loss.backward()
+        grads.append(grads_of(model))
+        if after_backward is not None:
+            after_backward()
         optimizer.step()
     return grads
 

@@ -15,11 +15,9 @@ from tests.compile.helpers import (
     CompileCounts,
     assert_bitwise_equal,
     backend_param,
-    batches,
     compiled_net,
-    grads_of,
-    loss_of,
     tight_budget,
+    train_in,
     train_plain,
 )
 
@@ -31,16 +29,12 @@ def train_in_session(model, budget: int, steps: int = STEPS):
     # swapping and recomputing them follows measured timings (test_regional_recompute.py forces it).
     config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
     session = OffloadSession(config, "cpu", report=lambda line: None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    grads, swapped = [], []
-    for batch in batches(steps):
-        optimizer.zero_grad()
-        with session.step(model, optimizer):
-            loss = loss_of(model, batch)
-        loss.backward()
-        grads.append(grads_of(model))
+    swapped: list[int] = []
+
+    def note_swapped() -> None:
         swapped.append(session.stats.bytes_swapped_out)
-        optimizer.step()
+
+    grads = train_in(session, model, steps, after_backward=note_swapped)
     session.close()
     return session, grads, swapped
 

@@ -28,6 +28,8 @@ from tests.compile.helpers import (
     batches,
     grads_of,
     loss_of,
+    sgd,
+    train_in,
     train_plain,
 )
 
@@ -55,10 +57,6 @@ def _compiled(model: Net, form: str) -> torch.nn.Module:
     return model
 
 
-def _optimizer(model: Net) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
 def _trial_profile(blocks: int = 2):
     """The profile a session plans ``Net(blocks)`` from (its trial partition, its model state)."""
     model = _net(blocks)
@@ -66,7 +64,7 @@ def _trial_profile(blocks: int = 2):
     with route.compiled():
         loss = loss_of(torch.compile(model, backend="eager"), batches(1)[0])
     loss.backward()
-    return route.trial_profile(model_state_bytes(model, [_optimizer(model)]), min_swap_bytes=0)
+    return route.trial_profile(model_state_bytes(model, [sgd(model)]), min_swap_bytes=0)
 
 
 @pytest.fixture(scope="module")
@@ -83,25 +81,12 @@ def eager_grads() -> list[list[torch.Tensor]]:
     return train_plain(_net(), STEPS)
 
 
-def _train(session: OffloadSession, model: Net, called: torch.nn.Module) -> list[list[torch.Tensor]]:
-    optimizer = _optimizer(model)
-    grads = []
-    for batch in batches(STEPS):
-        optimizer.zero_grad()
-        with session.step(called, optimizer):
-            loss = loss_of(called, batch)
-        loss.backward()
-        grads.append(grads_of(model))
-        optimizer.step()
-    return grads
-
-
 @pytest.mark.parametrize("form", FORMS)
 def test_the_session_tags_the_plans_choices_and_trains_with_eager_gradients(form, tight_budget, eager_grads):
     model = _net()
     called = _compiled(model, form)
     session = OffloadSession(OffloadConfig(budget=tight_budget, **ROUTE), "cpu", report=lambda line: None)
-    grads = _train(session, model, called)
+    grads = train_in(session, model, STEPS, called)
 
     plan = session.plan
     assert plan is not None and plan.route == ROUTE_WHOLE_MODEL
@@ -130,7 +115,7 @@ def test_a_budget_too_small_is_refused_after_the_first_forward_before_any_weight
     profile = _trial_profile()
     smallest = plan_swaps(profile, profile.unconstrained_peak_bytes).min_budget_bytes
     session = OffloadSession(OffloadConfig(budget=smallest - 1, **ROUTE), "cpu", report=lambda line: None)
-    optimizer = _optimizer(model)
+    optimizer = sgd(model)
     with pytest.raises(BudgetTooSmallError) as raised, session.step(called, optimizer):
         loss_of(called, batches(1)[0])
     assert raised.value.min_budget_bytes == smallest
@@ -150,7 +135,7 @@ def test_keep_on_device_names_modules_of_the_compiled_graph():
     called = _compiled(model, "model.compile()")
     config = OffloadConfig(budget=budget, keep_on_device=["blocks.0"], **ROUTE)
     session = OffloadSession(config, "cpu", report=lambda line: None)
-    _train(session, model, called)
+    train_in(session, model, STEPS, called)
     swapped = session.plan.swapped_layers
     assert swapped and not any(layer.startswith("blocks.0") for layer in swapped), swapped
     (partition,) = session.whole_model_route(called).partitions()

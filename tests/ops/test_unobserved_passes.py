@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+from lightning_accudnn.ops.layers import SaveSequence
 
 
 def _deep(width: int = 32, depth: int = 5) -> nn.Sequential:
@@ -47,6 +48,17 @@ def _pass(engine, model, x, schedule, sequence=None, observe=True):
     return stats, outer.packed
 
 
+def _profiled() -> tuple[OffloadEngine, nn.Module, torch.Tensor, SaveSequence]:
+    """An engine, the model and batch it profiled keeping everything, and the recorded sequence."""
+    torch.manual_seed(0)
+    model = _deep()
+    x = torch.randn(4, 32)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    sequence = _pass(engine, model, x, SwapSchedule.keep_everything())[0].sequence
+    assert sequence is not None
+    return engine, model, x, sequence
+
+
 def test_a_kept_sequence_runs_unobserved_once_observed_and_reports_the_observed_figures():
     torch.manual_seed(0)
     model = _deep()
@@ -81,25 +93,17 @@ def test_a_kept_sequence_runs_unobserved_once_observed_and_reports_the_observed_
 
 
 def test_a_schedule_that_swaps_is_observed_whatever_was_asked():
-    torch.manual_seed(0)
-    model = _deep()
-    x = torch.randn(4, 32)
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    profiled, _ = _pass(engine, model, x, SwapSchedule.keep_everything())
+    engine, model, x, sequence = _profiled()
     swap = SwapSchedule.swap_everything(max_copying_out_bytes=0)
     for _ in range(3):
-        stats, seen_by_outer = _pass(engine, model, x, swap, profiled.sequence, observe=False)
+        stats, seen_by_outer = _pass(engine, model, x, swap, sequence, observe=False)
         assert stats.observed and seen_by_outer == 0 and stats.bytes_swapped_out > 0
     engine.close()
 
 
 def test_a_new_schedule_or_a_changed_graph_is_observed_again_before_running_unobserved():
-    torch.manual_seed(0)
-    model = _deep()
-    x = torch.randn(4, 32)
+    engine, model, x, sequence = _profiled()
     keep = SwapSchedule.keep_everything()
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    sequence = _pass(engine, model, x, keep)[0].sequence
     assert _pass(engine, model, x, keep, sequence, observe=False)[0].observed
     assert not _pass(engine, model, x, keep, sequence, observe=False)[0].observed
     # A pass observed with another batch size departs from the sequence: the next may not skip.
@@ -116,12 +120,8 @@ def test_a_new_schedule_or_a_changed_graph_is_observed_again_before_running_unob
 
 def test_a_hooked_pass_asked_to_skip_the_hooks_still_records():
     """observe=False without a sequence (a profiling pass) is observed: there is nothing to replay."""
-    torch.manual_seed(0)
-    model = _deep()
-    x = torch.randn(4, 32)
+    engine, model, x, sequence = _profiled()
     keep = SwapSchedule.keep_everything()
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    sequence = _pass(engine, model, x, keep)[0].sequence
     _pass(engine, model, x, keep, sequence)  # an observed replay: the route may now skip the hooks
     assert not _pass(engine, model, x, keep, sequence, observe=False)[0].observed
     stats, seen_by_outer = _pass(engine, model, x, keep, observe=False)

@@ -17,3 +17,8 @@ def memory_need(
     stats = measured_pass(model, lambda module: loss_of(module, make_batch(kind, batch_size)))
     model.zero_grad(set_to_none=True)
     return model_state_bytes(model, [optimizer]), sum(layer.saved_bytes for layer in stats.layers)
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of the session tests' training loops."""
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -9,19 +9,15 @@ import torch
 
 from lightning_accudnn import OffloadConfig, OffloadSession
 from tests.models import SmallResNet, loss_of, make_batch
-from tests.session.helpers import memory_need
-
-
-def _sgd(model):
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+from tests.session.helpers import memory_need, sgd
 
 
 def test_plain_loop_profiles_plans_scales_a_new_batch_shape_and_matches_plain_training_bitwise():
     torch.manual_seed(0)
     model = SmallResNet()
     reference = copy.deepcopy(model)
-    optimizer, reference_optimizer = _sgd(model), _sgd(reference)
-    static, saved = memory_need(copy.deepcopy(model), _sgd(copy.deepcopy(model)), "cnn")
+    optimizer, reference_optimizer = sgd(model), sgd(reference)
+    static, saved = memory_need(copy.deepcopy(model), sgd(copy.deepcopy(model)), "cnn")
     budget = static + int(0.3 * saved)  # the batch of 3 (under half of 8) must swap too
     assert static + saved > budget  # without swapping the step would not fit
 
@@ -58,7 +54,7 @@ def test_plain_loop_profiles_plans_scales_a_new_batch_shape_and_matches_plain_tr
 
 def test_explicit_batch_and_explicit_close_and_a_model_not_called_is_an_error():
     model = SmallResNet()
-    optimizer = _sgd(model)
+    optimizer = sgd(model)
     with OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu") as session:
         batch = make_batch("cnn", 4)
         with session.step(model, optimizer, batch=batch, close_on_backward=False):

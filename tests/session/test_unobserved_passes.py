@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
+from tests.session.helpers import sgd
 
 EVERY = 8
 
@@ -27,15 +28,11 @@ class _Switchable(nn.Module):
         return self.extra_layer(y) if self.extra else y
 
 
-def _sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
 def test_kept_plans_run_mostly_unobserved_train_bitwise_and_a_changed_graph_is_planned_from():
     torch.manual_seed(0)
     model = _Switchable()
     reference = copy.deepcopy(model)
-    optimizer, reference_optimizer = _sgd(model), _sgd(reference)
+    optimizer, reference_optimizer = sgd(model), sgd(reference)
     session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0, observe_every=EVERY), "cpu")
     change_at, steps = 20, 20 + 2 * EVERY
     observed, has_extra = [], []
@@ -74,7 +71,7 @@ def test_kept_plans_run_mostly_unobserved_train_bitwise_and_a_changed_graph_is_p
 
 def test_observe_every_one_observes_every_pass_and_bad_values_are_refused():
     model = _Switchable()
-    optimizer = _sgd(model)
+    optimizer = sgd(model)
     session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0, observe_every=1), "cpu")
     observed = []
     for _ in range(12):

@@ -17,6 +17,7 @@ from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.session.plan_book import PlanSource
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import SmallResNet, TinyGPT, TransformerBlock
+from tests.session.helpers import sgd
 from tests.session_training import measured_pass
 
 VOCAB = 50
@@ -53,22 +54,18 @@ def _cnn_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
     return F.cross_entropy(model(images), labels)
 
 
-def _sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
 def _memory_need(model: nn.Module, loss_of, batch) -> tuple[int, int]:
     """(model state with SGD-momentum state, saved activations) of one step of ``batch``."""
     model = copy.deepcopy(model)
     stats = measured_pass(model, lambda module: loss_of(module, batch))
-    return model_state_bytes(model, [_sgd(model)]), sum(layer.saved_bytes for layer in stats.layers)
+    return model_state_bytes(model, [sgd(model)]), sum(layer.saved_bytes for layer in stats.layers)
 
 
 def _train(session, model, loss_of, batches, gpu=None):
     """Train ``model`` under ``session`` and a copy without it on ``batches``; gradients must be
     bitwise equal at every step. Returns each step's stats and the simulated GPU's held peak."""
     reference = copy.deepcopy(model)
-    optimizer, reference_optimizer = _sgd(model), _sgd(reference)
+    optimizer, reference_optimizer = sgd(model), sgd(reference)
     steps = []
     for index, batch in enumerate(batches):
         with session.step(model, optimizer):

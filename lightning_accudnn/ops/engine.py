@@ -676,7 +676,7 @@ class OffloadEngine:
         step.held_records += 1
         step.records.append(record)
         if record.swap:
-            self._start_copy_out(step, record, storage)
+            self._start_copy_out(step, record, storage, tensor)
         else:
             self._hold_found(record.source_block)
         return self._handle(step, record, tensor), record, True
@@ -782,8 +782,12 @@ class OffloadEngine:
             assert fetched is not None and block is not None
             self.runtime.use_on_compute(fetched, record.fetched_ready)
             record.fetched_ready = None
-            start = 0 if block is record.source_block else record.start
-            tensor = saved_view(fetched, start, dtype, shape, stride, offset)  # type: ignore[arg-type]
+            if block is record.source_block:  # read where it was saved
+                tensor = saved_view(fetched, 0, dtype, shape, stride, offset)  # type: ignore[arg-type]
+            elif record.dense is not None and record.dense == packed[5:]:
+                tensor = fetched  # the tensor saved, brought back whole
+            else:
+                tensor = saved_view(fetched, record.start, dtype, shape, stride, offset)  # type: ignore[arg-type]
         if not step.handle_unpacked[index]:
             step.handle_unpacked[index] = 1
             record.pending_unpacks -= 1
@@ -955,19 +959,31 @@ class OffloadEngine:
 
     # -- copies ---------------------------------------------------------------------------
 
-    def _start_copy_out(self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage) -> None:
+    def _start_copy_out(
+        self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage, tensor: torch.Tensor
+    ) -> None:
+        """Copy the record's bytes out: from ``tensor`` itself, typed, when it is the record
+        whole (:attr:`.StorageRecord.dense`), else from a byte view of ``storage``."""
         nbytes = record.nbytes
         buffer = record.host_buffer = self.pool.acquire(nbytes)
-        host = record.host_view = self.pool.first_bytes(buffer, nbytes)
+        source: torch.Tensor
+        whole = record.start == 0 and nbytes == tensor.nbytes and not tensor.storage_offset()
+        if whole and tensor.is_contiguous():
+            dtype, shape = tensor.dtype, tensor.shape
+            record.dense = (dtype, shape, tensor.stride(), 0)
+            host = record.host_view = self.pool.typed_view(buffer, dtype, shape)
+            source = tensor
+        else:
+            host = record.host_view = self.pool.typed_view(buffer, torch.uint8, (nbytes,))
+            source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(
+                storage, record.start, (nbytes,), (1,)
+            )
         if not step.watched:
             self._watch(step)
-        source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(
-            storage, record.start, (nbytes,), (1,)
-        )
         self._hold_found(record.source_block)
         written = self.runtime.record_compute()
         record.copy_out = self.runtime.copy_out(written, source, host)
-        record.copy_out_source = source
+        record.source_storage = storage
         step.swapped.append(record)
         step.next_prefetch = len(step.swapped) - 1
         step.bytes_out += record.nbytes
@@ -999,9 +1015,9 @@ class OffloadEngine:
             self.runtime.wait(record.copy_out)
 
     def _drop_source(self, record: StorageRecord) -> None:
-        if record.copy_out_source is not None:
+        if record.source_storage is not None:
             self._wait_copy_out(record)
-            record.copy_out_source = None
+            record.source_storage = None
             record.source_block.unhold()
 
     def _drop_fetched(self, record: StorageRecord) -> None:
@@ -1019,15 +1035,22 @@ class OffloadEngine:
     def _fetch(self, record: StorageRecord) -> None:
         """Make the record's bytes available on the device (use them in place if still there)."""
         step = self._step
-        if record.copy_out_source is not None:
+        storage = record.source_storage
+        if storage is not None:
             # Still in the FIFO: read it where it is. Compute waits on the copy out so that
             # the block may be freed in compute order whenever its last view dies.
             self._leave_fifo(step, record)
             self._wait_copy_out(record)
-            record.fetched, record.fetched_ready = record.copy_out_source, None
+            whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+            record.fetched, record.fetched_ready = whole, None
             block = record.source_block
         else:
-            destination = self.runtime.allocate(record.nbytes)
+            dense = record.dense
+            destination = (
+                self.runtime.allocate((record.nbytes,), torch.uint8)
+                if dense is None
+                else self.runtime.allocate(dense[1], dense[0])
+            )
             block = DeviceBlock(
                 destination.data_ptr(),
                 record.nbytes,

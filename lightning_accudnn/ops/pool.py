@@ -8,6 +8,7 @@ pinned pool asks for (and counts) the rounded size: the cap bounds the bytes rea
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
@@ -46,9 +47,11 @@ class HostBufferPool:
         >>> pool.release(buffer)
         >>> pool.acquire(1000) is buffer
         True
-        >>> view = pool.first_bytes(buffer, 1000)
-        >>> view.numel(), pool.first_bytes(buffer, 1000) is view
-        (1000, True)
+        >>> view = pool.typed_view(buffer, torch.float32, (25, 10))
+        >>> view.shape, view.data_ptr() == buffer.data_ptr()
+        (torch.Size([25, 10]), True)
+        >>> pool.typed_view(buffer, torch.float32, (25, 10)) is view
+        True
         >>> pool.can_hold(2**20)
         False
         >>> HostBufferPool(pin_memory=False, capacity_bytes=2**20, pinned_rounding=True).host_bytes(600_000)
@@ -62,8 +65,8 @@ class HostBufferPool:
         self.pinned_rounding = pin_memory if pinned_rounding is None else pinned_rounding
         self.capacity_bytes = capacity_bytes
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
-        # (buffer address, length) -> the buffer's first bytes: a step asks for the same ones again
-        self._views: dict[tuple[int, int], torch.Tensor] = {}
+        # (buffer address, dtype, shape) -> the buffer's first bytes so typed (:meth:`typed_view`)
+        self._views: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
         self.allocated_bytes = 0
         self.in_use_bytes = 0
         self.allocations = 0
@@ -106,14 +109,16 @@ class HostBufferPool:
         self.allocations += 1
         return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
 
-    def first_bytes(self, buffer: torch.Tensor, nbytes: int) -> torch.Tensor:
-        """``buffer[:nbytes]`` for a buffer of this pool, made once and handed out again."""
-        key = (buffer.data_ptr(), nbytes)
+    def typed_view(self, buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """The first bytes of a buffer of this pool as a contiguous tensor of ``dtype`` and
+        ``shape``, made once and handed out again (a step asks for the same ones each time)."""
+        key = (buffer.data_ptr(), dtype, shape)
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= _MAX_VIEWS:  # shapes that change every step: start over
                 self._views.clear()
-            view = self._views[key] = buffer[:nbytes]
+            nbytes = math.prod(shape) * dtype.itemsize
+            view = self._views[key] = buffer[:nbytes].view(dtype).view(shape)
         return view
 
     def release(self, buffer: torch.Tensor) -> None:

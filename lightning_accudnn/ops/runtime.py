@@ -6,7 +6,7 @@ Two streams: *compute* (where the model runs and where the CPU's work lands) and
 - records an event on compute (:meth:`Runtime.record_compute`),
 - copies out or in on the copy stream after such an event (:meth:`~Runtime.copy_out`,
   :meth:`~Runtime.copy_in`), each returning the copy's event,
-- allocates on the compute stream (:meth:`~Runtime.allocate`),
+- allocates on the compute stream (:meth:`~Runtime.allocate`, typed like the copy it receives),
 - makes compute wait on an event (:meth:`~Runtime.wait`, :meth:`~Runtime.use_on_compute`),
 - tells the runtime which device blocks it holds and when it drops them
   (:meth:`~Runtime.hold`, :meth:`~Runtime.release`; on CUDA dropping the reference *is*
@@ -50,8 +50,9 @@ class Runtime(Protocol):
         """Copy device bytes ``source`` into ``host`` on the copy stream, ordered after ``after``."""
         ...
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        """A flat ``uint8`` device tensor allocated on the compute stream (contents undefined)."""
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous device tensor of ``shape`` and ``dtype`` allocated on the compute stream
+        (contents undefined)."""
         ...
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
@@ -95,7 +96,7 @@ class HostCopyRuntime:
         >>> source = torch.arange(8, dtype=torch.uint8)
         >>> host = torch.empty(8, dtype=torch.uint8)
         >>> _ = runtime.copy_out(runtime.record_compute(), source, host)
-        >>> back = runtime.allocate(8)
+        >>> back = runtime.allocate((8,), torch.uint8)
         >>> _ = runtime.copy_in(runtime.record_compute(), host, back)
         >>> bool(torch.equal(back, source))
         True
@@ -118,8 +119,8 @@ class HostCopyRuntime:
         self._waited += time.perf_counter() - start
         return None
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype)
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
         start = time.perf_counter()
@@ -192,8 +193,8 @@ class CudaRuntime:
             done.record(self.copy_stream)
         return done
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self.device)
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
         self._after(after)

@@ -129,7 +129,8 @@ class StorageRecord:
         "version",
         "source_block",
         "host_buffer",
-        "copy_out_source",
+        "source_storage",
+        "dense",
         "copy_out",
         "copy_out_waited",
         "in_fifo",
@@ -165,14 +166,19 @@ class StorageRecord:
         self.version = root._version
         self.source_block = source_block
         self.host_buffer: torch.Tensor | None = None
-        self.copy_out_source: torch.Tensor | None = None
+        # The saved storage, held until the copy out is over (compute waited on its event)
+        self.source_storage: torch.UntypedStorage | None = None
+        # ``(dtype, shape, stride, 0)`` when the record holds one contiguous tensor whole (its
+        # storage from byte 0 to its end): its copies are typed like it, and a save of exactly
+        # that tensor unpacks to the copy brought back itself (no view to make); else ``None``
+        self.dense: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None = None
         self.copy_out: StreamEvent = None  # the copy out's event on the copy stream
         self.copy_out_waited = False  # compute has waited on it: the source may be dropped
         self.in_fifo = False  # counted in the engine's copy-out FIFO
         self.fetched: torch.Tensor | None = None  # the bytes on the device in backward
         self.fetched_block: DeviceBlock | None = None
         self.fetched_ready: StreamEvent | None = None  # copy-in event compute has not waited on yet
-        self.host_view: torch.Tensor | None = None  # ``host_buffer``'s first ``nbytes``: the copy
+        self.host_view: torch.Tensor | None = None  # ``host_buffer``'s first ``nbytes``, typed: the copy
         self.pending_unpacks = 0  # saves through it not unpacked yet
         self.released = False  # its device bytes are no longer the engine's: no later save reuses it
         self.ordinal = -1  # of the save that opened it in its step

@@ -11,6 +11,7 @@ the other stream it must follow.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -209,7 +210,8 @@ class SimulatedGPU:
         host_key = host.data_ptr()
 
         def run() -> None:
-            host.copy_(source)
+            with torch.no_grad():  # a copy on a stream, whatever grad mode the CPU is in when it lands
+                host.copy_(source)
             self._poisoned_hosts.discard(host_key)
 
         position = self._enqueue(run)
@@ -217,10 +219,11 @@ class SimulatedGPU:
             block.last_copy_access = position
         return _Event(self._clocks[_COPY])
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         position = self._compute_op()
+        nbytes = math.prod(shape) * dtype.itemsize
         size = self.allocator.malloc("compute", nbytes)
-        tensor = torch.full((nbytes,), _POISON, dtype=torch.uint8)
+        tensor = torch.full((nbytes,), _POISON, dtype=torch.uint8).view(dtype).view(shape)
         self._add_block(_Block(tensor.untyped_storage().data_ptr(), nbytes, size, position))
         return tensor
 
@@ -239,7 +242,8 @@ class SimulatedGPU:
                 self.violations.append(
                     f"copy in read host buffer {host_key:#x} after the engine had released it"
                 )
-            dest.copy_(host)
+            with torch.no_grad():
+                dest.copy_(host)
 
         position = self._enqueue(run)
         if block is not None:

@@ -34,9 +34,9 @@ class FaultyDevice(HostCopyRuntime):
         self._maybe_fail("hold")
         super().hold(key, nbytes)
 
-    def allocate(self, nbytes):
+    def allocate(self, shape, dtype):
         self._maybe_fail("allocate")
-        return super().allocate(nbytes)
+        return super().allocate(shape, dtype)
 
 
 class ArmAt(Callback):

@@ -963,18 +963,19 @@ class OffloadEngine:
         self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage, tensor: torch.Tensor
     ) -> None:
         """Copy the record's bytes out: from ``tensor`` itself, typed, when it is the record
-        whole (:attr:`.StorageRecord.dense`), else from a byte view of ``storage``."""
+        whole, contiguous or channels-last (:attr:`.StorageRecord.dense`), else from a byte view
+        of ``storage``."""
         nbytes = record.nbytes
         buffer = record.host_buffer = self.pool.acquire(nbytes)
         source: torch.Tensor
         whole = record.start == 0 and nbytes == tensor.nbytes and not tensor.storage_offset()
-        if whole and tensor.is_contiguous():
-            dtype, shape = tensor.dtype, tensor.shape
-            record.dense = (dtype, shape, tensor.stride(), 0)
-            host = record.host_view = self.pool.typed_view(buffer, dtype, shape)
+        if whole and (tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)):
+            dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
+            record.dense = (dtype, shape, stride, 0)
+            host = record.host_view = self.pool.typed_view(buffer, dtype, shape, stride)
             source = tensor
         else:
-            host = record.host_view = self.pool.typed_view(buffer, torch.uint8, (nbytes,))
+            host = record.host_view = self.pool.typed_view(buffer, torch.uint8, (nbytes,), (1,))
             source = torch.empty(0, dtype=torch.uint8, device=self.device).set_(
                 storage, record.start, (nbytes,), (1,)
             )
@@ -1047,9 +1048,9 @@ class OffloadEngine:
         else:
             dense = record.dense
             destination = (
-                self.runtime.allocate((record.nbytes,), torch.uint8)
+                self.runtime.allocate((record.nbytes,), (1,), torch.uint8)
                 if dense is None
-                else self.runtime.allocate(dense[1], dense[0])
+                else self.runtime.allocate(dense[1], dense[2], dense[0])
             )
             block = DeviceBlock(
                 destination.data_ptr(),

@@ -47,10 +47,10 @@ class HostBufferPool:
         >>> pool.release(buffer)
         >>> pool.acquire(1000) is buffer
         True
-        >>> view = pool.typed_view(buffer, torch.float32, (25, 10))
+        >>> view = pool.typed_view(buffer, torch.float32, (25, 10), (10, 1))
         >>> view.shape, view.data_ptr() == buffer.data_ptr()
         (torch.Size([25, 10]), True)
-        >>> pool.typed_view(buffer, torch.float32, (25, 10)) is view
+        >>> pool.typed_view(buffer, torch.float32, (25, 10), (10, 1)) is view
         True
         >>> pool.can_hold(2**20)
         False
@@ -65,8 +65,8 @@ class HostBufferPool:
         self.pinned_rounding = pin_memory if pinned_rounding is None else pinned_rounding
         self.capacity_bytes = capacity_bytes
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
-        # (buffer address, dtype, shape) -> the buffer's first bytes so typed (:meth:`typed_view`)
-        self._views: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+        # (buffer address, dtype, shape, stride) -> the buffer's first bytes so typed (:meth:`typed_view`)
+        self._views: dict[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
         self.allocated_bytes = 0
         self.in_use_bytes = 0
         self.allocations = 0
@@ -109,16 +109,19 @@ class HostBufferPool:
         self.allocations += 1
         return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
 
-    def typed_view(self, buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """The first bytes of a buffer of this pool as a contiguous tensor of ``dtype`` and
-        ``shape``, made once and handed out again (a step asks for the same ones each time)."""
-        key = (buffer.data_ptr(), dtype, shape)
+    def typed_view(
+        self, buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]
+    ) -> torch.Tensor:
+        """The first bytes of a buffer of this pool as a tensor of ``dtype``, ``shape`` and
+        ``stride`` (dense: no gaps, no overlap), made once and handed out again (a step asks
+        for the same ones each time)."""
+        key = (buffer.data_ptr(), dtype, shape, stride)
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= _MAX_VIEWS:  # shapes that change every step: start over
                 self._views.clear()
             nbytes = math.prod(shape) * dtype.itemsize
-            view = self._views[key] = buffer[:nbytes].view(dtype).view(shape)
+            view = self._views[key] = buffer[:nbytes].view(dtype).as_strided(shape, stride)
         return view
 
     def release(self, buffer: torch.Tensor) -> None:

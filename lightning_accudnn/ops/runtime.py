@@ -50,9 +50,9 @@ class Runtime(Protocol):
         """Copy device bytes ``source`` into ``host`` on the copy stream, ordered after ``after``."""
         ...
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A contiguous device tensor of ``shape`` and ``dtype`` allocated on the compute stream
-        (contents undefined)."""
+    def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A device tensor of ``shape``, ``stride`` (dense: no gaps, no overlap) and ``dtype``,
+        allocated on the compute stream (contents undefined)."""
         ...
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
@@ -96,7 +96,7 @@ class HostCopyRuntime:
         >>> source = torch.arange(8, dtype=torch.uint8)
         >>> host = torch.empty(8, dtype=torch.uint8)
         >>> _ = runtime.copy_out(runtime.record_compute(), source, host)
-        >>> back = runtime.allocate((8,), torch.uint8)
+        >>> back = runtime.allocate((8,), (1,), torch.uint8)
         >>> _ = runtime.copy_in(runtime.record_compute(), host, back)
         >>> bool(torch.equal(back, source))
         True
@@ -119,8 +119,8 @@ class HostCopyRuntime:
         self._waited += time.perf_counter() - start
         return None
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype)
+    def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty_strided(shape, stride, dtype=dtype)
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
         start = time.perf_counter()
@@ -193,8 +193,8 @@ class CudaRuntime:
             done.record(self.copy_stream)
         return done
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device=self.device)
+    def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
 
     def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
         self._after(after)

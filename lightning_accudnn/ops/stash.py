@@ -168,9 +168,10 @@ class StorageRecord:
         self.host_buffer: torch.Tensor | None = None
         # The saved storage, held until the copy out is over (compute waited on its event)
         self.source_storage: torch.UntypedStorage | None = None
-        # ``(dtype, shape, stride, 0)`` when the record holds one contiguous tensor whole (its
-        # storage from byte 0 to its end): its copies are typed like it, and a save of exactly
-        # that tensor unpacks to the copy brought back itself (no view to make); else ``None``
+        # ``(dtype, shape, stride, 0)`` when the record holds one dense tensor whole (contiguous
+        # or channels-last, its storage from byte 0 to its end): its copies are laid out like
+        # it, and a save of exactly that tensor unpacks to the copy brought back itself (no
+        # view to make); else ``None``
         self.dense: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None = None
         self.copy_out: StreamEvent = None  # the copy out's event on the copy stream
         self.copy_out_waited = False  # compute has waited on it: the source may be dropped

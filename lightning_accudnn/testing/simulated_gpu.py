@@ -219,11 +219,11 @@ class SimulatedGPU:
             block.last_copy_access = position
         return _Event(self._clocks[_COPY])
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         position = self._compute_op()
         nbytes = math.prod(shape) * dtype.itemsize
         size = self.allocator.malloc("compute", nbytes)
-        tensor = torch.full((nbytes,), _POISON, dtype=torch.uint8).view(dtype).view(shape)
+        tensor = torch.full((nbytes,), _POISON, dtype=torch.uint8).view(dtype).as_strided(shape, stride)
         self._add_block(_Block(tensor.untyped_storage().data_ptr(), nbytes, size, position))
         return tensor
 

@@ -80,9 +80,9 @@ def test_retain_graph_backward_twice_gives_equal_gradients():
 
 
 class _MixedSaves(torch.nn.Module):
-    """Saves of every geometry the engine copies: whole contiguous tensors (copied typed and
-    brought back as the copy itself), a transposed view, a slice at an offset and a
-    channels-last tensor (copied as bytes), in fp32, bf16 and int64 (embedding indices)."""
+    """Saves of every geometry the engine copies: whole contiguous and channels-last tensors
+    (copied as laid out and brought back as the copy itself), a transposed view and a slice
+    at an offset (copied as bytes), in fp32, bf16 and int64 (embedding indices)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -34,9 +34,9 @@ class FaultyDevice(HostCopyRuntime):
         self._maybe_fail("hold")
         super().hold(key, nbytes)
 
-    def allocate(self, shape, dtype):
+    def allocate(self, shape, stride, dtype):
         self._maybe_fail("allocate")
-        return super().allocate(shape, dtype)
+        return super().allocate(shape, stride, dtype)
 
 
 class ArmAt(Callback):

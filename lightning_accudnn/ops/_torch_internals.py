@@ -5,7 +5,38 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["tracks_running_statistics", "top_saved_tensor_hooks"]
+__all__ = ["StorageWeakReference", "tracks_running_statistics", "top_saved_tensor_hooks"]
+
+
+class StorageWeakReference:
+    """A weak reference to a storage: whether it has died, without keeping it alive.
+
+    What ``torch.multiprocessing.reductions.StorageWeakRef`` does, as one object: that class
+    keeps a bound method in each instance, a second object for the garbage collector to track;
+    the engine makes one of these per saved storage and per copy brought back, every step.
+
+    Example:
+        >>> tensor = torch.zeros(4)
+        >>> reference = StorageWeakReference(tensor.untyped_storage())
+        >>> reference.expired()
+        False
+        >>> del tensor
+        >>> reference.expired()
+        True
+    """
+
+    __slots__ = ("cdata",)
+    _expired = torch.UntypedStorage._expired  # class attributes: still there at shutdown
+    _free_weak_ref = torch.UntypedStorage._free_weak_ref
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.cdata = int(storage._weak_ref())  # type: ignore[call-overload]
+
+    def expired(self) -> bool:
+        return bool(self._expired(self.cdata))
+
+    def __del__(self) -> None:
+        self._free_weak_ref(self.cdata)  # type: ignore[no-untyped-call]
 
 
 def top_saved_tensor_hooks() -> object:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
+from lightning_accudnn.ops._torch_internals import StorageWeakReference
 from lightning_accudnn.ops.errors import StaleSavedTensorError
 from lightning_accudnn.ops.layers import (
     FILTERED,
@@ -130,7 +130,7 @@ class _StorageEntry:
 
     __slots__ = ("storage", "block", "records", "first_save")
 
-    def __init__(self, storage: StorageWeakRef, block: DeviceBlock, first_save: int) -> None:
+    def __init__(self, storage: StorageWeakReference, block: DeviceBlock, first_save: int) -> None:
         self.storage = storage
         self.block = block
         self.records: list[StorageRecord] = []
@@ -658,9 +658,9 @@ class OffloadEngine:
         ``None`` for a kept one; ``index`` numbers the step's saves through the records
         (:attr:`_StepState.handle_unpacked`)."""
         entry = step.by_storage.get(key)
-        if entry is None or entry.storage.expired():  # type: ignore[no-untyped-call]
+        if entry is None or entry.storage.expired():
             block = DeviceBlock(key, storage_nbytes, self._counted_callback, self._found_released_callback)
-            entry = _StorageEntry(StorageWeakRef(storage), block, ordinal)  # type: ignore[no-untyped-call]
+            entry = _StorageEntry(StorageWeakReference(storage), block, ordinal)
             step.by_storage[key] = entry
         root = lineage_root(tensor)
         extent = start, end = byte_extent(tensor)
@@ -679,25 +679,24 @@ class OffloadEngine:
             self._start_copy_out(step, record, storage, tensor)
         else:
             self._hold_found(record.source_block)
-        return self._handle(step, record, tensor), record, True
+        return self._handle(step, record, tensor, record.dense), record, True
 
     @staticmethod
-    def _handle(step: _StepState, record: StorageRecord, tensor: torch.Tensor) -> tuple[object, ...]:
+    def _handle(
+        step: _StepState,
+        record: StorageRecord,
+        tensor: torch.Tensor,
+        geometry: tuple[object, ...] | None = None,
+    ) -> tuple[object, ...]:
+        """The handle of a save; ``geometry`` is the tensor's ``(dtype, shape, stride, offset)``
+        when the caller has it (a dense record's first save: the same objects, none new)."""
         index = len(step.handle_unpacked)
         step.handle_unpacked.append(0)
         record.pending_unpacks += 1
         if record.swap:
-            return (
-                record,
-                None,
-                tensor._version,
-                index,
-                step,
-                tensor.dtype,
-                tensor.shape,
-                tensor.stride(),
-                tensor.storage_offset(),
-            )
+            if geometry is None:
+                geometry = (tensor.dtype, tensor.shape, tensor.stride(), tensor.storage_offset())
+            return (record, None, tensor._version, index, step, *geometry)
         return (record, tensor, tensor._version, index, step, None, None, None, None)
 
     @staticmethod
@@ -881,7 +880,7 @@ class OffloadEngine:
 
     def _on_allocated_block_released(self, block: DeviceBlock) -> None:
         """A copy brought back lingers until its storage dies (after the backward op that read it)."""
-        if block.storage is not None and not block.storage.expired():  # type: ignore[no-untyped-call]
+        if block.storage is not None and not block.storage.expired():
             self._lingering.append(block)
         else:
             self._free_block(block)
@@ -895,7 +894,7 @@ class OffloadEngine:
             if block.holders > 0 or not block.counted:
                 continue
             storage = block.storage
-            if storage is None or storage.expired():  # type: ignore[no-untyped-call]
+            if storage is None or storage.expired():
                 self._free_block(block)
             else:
                 alive.append(block)
@@ -1057,7 +1056,7 @@ class OffloadEngine:
                 record.nbytes,
                 self._counted_callback,
                 self._allocated_released_callback,
-                StorageWeakRef(destination.untyped_storage()),  # type: ignore[no-untyped-call]
+                StorageWeakReference(destination.untyped_storage()),
             )
             allocated = self.runtime.record_compute()
             record.fetched = destination

@@ -18,8 +18,8 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
+from lightning_accudnn.ops._torch_internals import StorageWeakReference
 from lightning_accudnn.ops.runtime import StreamEvent
 
 _ALIGN = 16  # bytes: extents start here so that every element type stays aligned
@@ -58,7 +58,7 @@ class DeviceBlock:
         nbytes: int,
         on_counted: Callable[[int], None],
         on_release: Callable[[DeviceBlock], None],
-        storage: StorageWeakRef | None = None,
+        storage: StorageWeakReference | None = None,
     ) -> None:
         self.key = key
         self.nbytes = nbytes

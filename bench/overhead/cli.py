@@ -270,6 +270,15 @@ def _measure(
     floor = measure_floor(
         workloads["tanhs"], settings.floor_repeats, settings.warmup, settings.floor_steps, device
     )
+    print("bench.overhead: the copying floor (a pair copying each saved tensor out and back) ...", flush=True)
+    copy_floor = measure_floor(
+        workloads["tanhs"],
+        settings.floor_repeats,
+        settings.warmup,
+        settings.floor_steps,
+        device,
+        copying=True,
+    )
     print("bench.overhead: calibration fits (budgets from the planner) ...", flush=True)
     budgets = _calibrate(workloads, device)
     variants = _variants(workloads, budgets)
@@ -293,7 +302,8 @@ def _measure(
         },
         "budgets": budgets,
         "floor": figures.floor_dict(floor),
-        **figures.derive(fits, counts, floor, projections, OffloadConfig().observe_every),
+        "copy_floor": figures.floor_dict(copy_floor, copying=True),
+        **figures.derive(fits, counts, floor, copy_floor, projections, OffloadConfig().observe_every),
         "fits": {name: [figures.fit_dict(fit) for fit in runs] for name, runs in fits.items()},
         "load_average": {"before": load_before, "after": _load_average()},
         "wall_seconds": time.time() - started,

@@ -34,10 +34,16 @@ def fit_dict(fit: FitResult) -> dict[str, Any]:
     return {"median_seconds": fit.median_seconds, **asdict(fit)}
 
 
-def floor_dict(floor: Floor) -> dict[str, Any]:
+def floor_dict(floor: Floor, copying: bool = False) -> dict[str, Any]:
+    pair = (
+        "a saved_tensors_hooks pair copying each saved tensor into a new host tensor and back into a new "
+        "device tensor"
+        if copying
+        else "a bare saved_tensors_hooks identity pair"
+    )
     return {
-        "what": "a bare saved_tensors_hooks identity pair around forward, plain PyTorch loop, same model "
-        "as 'tanhs': (hooked step - plain step) / saved tensors",
+        "what": f"{pair} around forward, plain PyTorch loop, same model as 'tanhs': (hooked step - plain "
+        "step) / saved tensors",
         "saved_tensors": floor.saved_tensors,
         "us_per_saved_tensor": floor.per_saved_tensor_seconds.scaled(1e6).as_dict(),
         "plain_step_ms": floor.plain_step_seconds.scaled(1e3).as_dict(),
@@ -82,6 +88,7 @@ def derive(
     fits: Fits,
     counts: dict[str, dict[str, int]],
     floor: Floor,
+    copy_floor: Floor,
     projections: dict[str, dict[str, Any]],
     observe_every: int,
 ) -> dict[str, Any]:
@@ -110,6 +117,9 @@ def derive(
         "module_call_us": _spread_dict(per_call, 1e6),
         "kept_saved_tensor_us_above_floor": _spread_dict(_minus(per_kept, floor_seconds), 1e6),
         "swapped_saved_tensor_us_above_floor": _spread_dict(_minus(per_swapped, floor_seconds), 1e6),
+        "swapped_saved_tensor_us_above_copy_floor": _spread_dict(
+            _minus(per_swapped, copy_floor.per_saved_tensor_seconds.median), 1e6
+        ),
         "parameter_us": _spread_dict(per_parameter, 1e6),
         "kept_saved_tensor_us_total": _spread_dict(per_kept, 1e6),
         "swapped_saved_tensor_us_total": _spread_dict(per_swapped, 1e6),
@@ -272,6 +282,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{_text(unit['kept_saved_tensor_us_above_floor'])} |",
         "| µs per swapped saved tensor above the floor | "
         f"{_text(unit['swapped_saved_tensor_us_above_floor'])} |",
+        "| copying floor: a hook pair copying each saved tensor to a new host tensor and back (four tensor "
+        "operations, no bookkeeping), µs per saved tensor | "
+        f"{_text(result['copy_floor']['us_per_saved_tensor'])} |",
+        "| µs per swapped saved tensor above the copying floor (the engine's own cost of a swap) | "
+        f"{_text(unit['swapped_saved_tensor_us_above_copy_floor'])} |",
         f"| µs per parameter per step (every pass observed) | {_text(unit['parameter_us'])} |",
         f"| deep narrow ({result['workloads']['deep_narrow']['params']['layers']} x Linear/LayerNorm/ReLU, "
         f"batch 4): step vs default strategy, nothing swapped, typical (unobserved) step | "
@@ -301,13 +316,15 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "Full (generation 2) garbage collections per 100 measured steps:",
         "",
-        "| workload | default strategy | AccUDNN |",
-        "| --- | --- | --- |",
+        "| workload | default strategy | AccUDNN | AccUDNN, swapping |",
+        "| --- | --- | --- | --- |",
     ]
+    swapping = {"tanhs": "tanhs/accudnn-swapped", "deep_narrow": "deep_narrow/accudnn-half"}
     for name in ("tanhs", "deep_narrow", "resnet152", "gpt2_medium"):
+        swapped = _number(collections.get(swapping[name])) if name in swapping else "-"
         lines.append(
             f"| {name} | {_number(collections.get(f'{name}/default'))} | "
-            f"{_number(collections.get(f'{name}/accudnn'))} |"
+            f"{_number(collections.get(f'{name}/accudnn'))} | {swapped} |"
         )
     lines += [
         "",

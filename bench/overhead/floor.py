@@ -1,15 +1,22 @@
-"""The floor: what a bare ``torch.autograd.graph.saved_tensors_hooks`` pair costs per saved tensor.
+"""The floors: what a bare ``torch.autograd.graph.saved_tensors_hooks`` pair costs per saved
+tensor, and what one that copies every saved tensor out and back costs.
 
-A plain PyTorch loop (no Lightning, no strategy) trains the same model with and without an
-identity pack/unpack pair around forward; the difference of the two step times, over the
-tensors autograd saved, is the least any saved-tensor hook can cost. Runs alternate and
-each repeat pairs one run of each, so a slow moment of a shared machine hits both.
+A plain PyTorch loop (no Lightning, no strategy) trains the same model with and without a
+pack/unpack pair around forward; the difference of the two step times, over the tensors
+autograd saved, is the cost of the pair per saved tensor. The *bare* pair hands each tensor
+back as it is: the least any saved-tensor hook can cost. The *copying* pair copies each
+tensor into a new host tensor in pack and into a new device tensor in unpack (four tensor
+operations, no bookkeeping): the least any swap done in Python hooks can cost. Runs
+alternate and each repeat pairs one run of each, so a slow moment of a shared machine hits
+both.
 
 Example:
     >>> from bench.overhead.models import tanhs
     >>> floor = measure_floor(tanhs(units=50), repeats=2, warmup=1, steps=3)
     >>> floor.saved_tensors, floor.per_saved_tensor_seconds.n
     (53, 2)
+    >>> measure_floor(tanhs(units=50), repeats=2, warmup=1, steps=3, copying=True).saved_tensors
+    53
 """
 
 from __future__ import annotations
@@ -31,12 +38,27 @@ def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _copy_out(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    host = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda)
+    host.copy_(tensor, non_blocking=True)  # stream-ordered before the copy back
+    return tensor.device, host
+
+
+def _copy_in(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+    device, host = packed
+    back = torch.empty_like(host, device=device)
+    back.copy_(host, non_blocking=True)
+    return back
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _median_step(workload: Workload, hooked: bool, warmup: int, steps: int, device: torch.device) -> float:
+def _median_step(
+    workload: Workload, hooked: bool, copying: bool, warmup: int, steps: int, device: torch.device
+) -> float:
     torch.manual_seed(0)
     model = workload.build().to(device)
     optimizer = workload.optimizer(model)
@@ -46,7 +68,10 @@ def _median_step(workload: Workload, hooked: bool, warmup: int, steps: int, devi
     for index in range(warmup + steps):
         _synchronize(device)
         started = time.perf_counter()
-        if hooked:
+        if hooked and copying:
+            with torch.autograd.graph.saved_tensors_hooks(_copy_out, _copy_in):
+                loss = workload.loss(model, batch)
+        elif hooked:
             with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
                 loss = workload.loss(model, batch)
         else:
@@ -71,14 +96,21 @@ class Floor:
 
 
 def measure_floor(
-    workload: Workload, repeats: int, warmup: int, steps: int, device: torch.device = CPU
+    workload: Workload,
+    repeats: int,
+    warmup: int,
+    steps: int,
+    device: torch.device = CPU,
+    *,
+    copying: bool = False,
 ) -> Floor:
-    """Median over ``repeats`` paired runs of (hooked - plain) step time per saved tensor."""
+    """Median over ``repeats`` paired runs of (hooked - plain) step time per saved tensor, with
+    the bare pair or, ``copying``, the pair that copies each saved tensor out and back."""
     saved = count_step(workload).saved_tensors
     plain, hooked, per_tensor = [], [], []
     for repeat in range(repeats):
         order = (False, True) if repeat % 2 == 0 else (True, False)
-        times = {flag: _median_step(workload, flag, warmup, steps, device) for flag in order}
+        times = {flag: _median_step(workload, flag, copying, warmup, steps, device) for flag in order}
         plain.append(times[False])
         hooked.append(times[True])
         per_tensor.append((times[True] - times[False]) / saved)

@@ -20,6 +20,7 @@ PER_UNIT = (
     "module_call_us",
     "kept_saved_tensor_us_above_floor",
     "swapped_saved_tensor_us_above_floor",
+    "swapped_saved_tensor_us_above_copy_floor",
     "parameter_us",
     "kept_saved_tensor_us_total",
     "swapped_saved_tensor_us_total",
@@ -44,6 +45,8 @@ def test_every_figure_is_measured(quick: tuple[dict, Path]) -> None:
     for key in PER_UNIT:
         assert _is_spread(data["per_unit"][key], rounds), key
     assert _is_spread(data["floor"]["us_per_saved_tensor"], cli.QUICK.floor_repeats)
+    assert _is_spread(data["copy_floor"]["us_per_saved_tensor"], cli.QUICK.floor_repeats)
+    assert data["copy_floor"]["what"].startswith("a saved_tensors_hooks pair copying")
     deep = data["deep_narrow"]
     for key in (
         "ratio_nothing_swapped",

@@ -769,7 +769,8 @@ class OffloadEngine:
             assert isinstance(tensor, torch.Tensor)
             check_version(tensor, version, tensor.dtype, tensor.shape)
         else:
-            dtype, shape, stride, offset = packed[5:]
+            geometry = packed[5:]
+            dtype, shape, stride, offset = geometry
             assert isinstance(dtype, torch.dtype) and isinstance(shape, torch.Size)
             check_version(record.root(), version, dtype, shape)
         if self._in_forward and not record.read_in_forward:
@@ -783,7 +784,7 @@ class OffloadEngine:
             record.fetched_ready = None
             if block is record.source_block:  # read where it was saved
                 tensor = saved_view(fetched, 0, dtype, shape, stride, offset)  # type: ignore[arg-type]
-            elif record.dense is not None and record.dense == packed[5:]:
+            elif record.dense == geometry:
                 tensor = fetched  # the tensor saved, brought back whole
             else:
                 tensor = saved_view(fetched, record.start, dtype, shape, stride, offset)  # type: ignore[arg-type]

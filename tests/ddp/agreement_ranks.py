@@ -57,6 +57,7 @@ def run(
     overshoot_at: int,
     other_shape_at: int,
 ) -> None:
+    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
     dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = SmallResNet()
@@ -87,4 +88,11 @@ def run(
 
 if __name__ == "__main__":
     directory, budget, steps, every, overshoot_at, other_shape_at = sys.argv[1], *map(int, sys.argv[2:7])
-    mp.spawn(run, args=(2, directory, budget, steps, every, overshoot_at, other_shape_at), nprocs=2)
+    # Forked, not spawned: the ranks inherit this process's imports instead of importing torch and
+    # the project again each (nothing here has started a thread or a process group before).
+    mp.start_processes(
+        run,
+        args=(2, directory, budget, steps, every, overshoot_at, other_shape_at),
+        nprocs=2,
+        start_method="fork",
+    )

@@ -40,20 +40,26 @@ def test_strategy_name_works_in_either_import_order(prelude):
     assert _run(prelude + TRAINER).strip().endswith("ok")
 
 
-def test_the_command_line_and_the_session_do_not_import_lightning():
+@pytest.fixture(scope="module")
+def first_use() -> list[str]:
+    """One fresh interpreter for the two tests below: what the command line and the session load,
+    then the first use of a Lightning name (Lightning not loaded until then, as that line shows)."""
     code = (
         "import sys\n"
         "import lightning_accudnn.cli\n"
         "from lightning_accudnn import OffloadConfig, OffloadSession, Budget\n"
         "loaded = [name for name in sys.modules if name == 'lightning' or name.startswith('lightning.')]\n"
         "print(sorted(loaded))\n"
-    )
-    assert _run(code).strip() == "[]"
-
-
-def test_lightning_names_load_on_first_use():
-    code = (
         "import lightning_accudnn\n"
         "print(lightning_accudnn.EfficiencyTuner.__name__, 'AccUDNNStrategy' in dir(lightning_accudnn))\n"
     )
-    assert _run(code).strip() == "EfficiencyTuner True"
+    return _run(code).strip().splitlines()
+
+
+def test_the_command_line_and_the_session_do_not_import_lightning(first_use):
+    assert first_use[0] == "[]"
+
+
+def test_lightning_names_load_on_first_use(first_use):
+    assert first_use[0] == "[]"  # not loaded before
+    assert first_use[1:] == ["EfficiencyTuner True"]

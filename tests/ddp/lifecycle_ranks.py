@@ -1,8 +1,10 @@
-"""Run by tests/ddp/test_ddp.py as a script: the registered name ``"accudnn_ddp"`` fits (with
-validation and a checkpoint), validates, and a new Trainer resumes from the checkpoint, all in
-the same two gloo ranks. Lightning's default launcher (popen) starts rank 1 as a child running
-this file again; the later calls of both ranks find the process group already there and reuse
-it, so the three Trainer calls cost one launch instead of three spawns.
+"""Fit, validate and resume in two gloo ranks: the registered name ``"accudnn_ddp"`` fits (with
+validation and a checkpoint), validates, and a new Trainer resumes from the checkpoint.
+
+Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py), or alone as a script.
+Lightning's default launcher (popen) starts rank 1 as a child running the script again; the
+later calls of both ranks find the process group already there and reuse it, so the three
+Trainer calls cost one launch instead of three spawns.
 
 Usage: ``python tests/ddp/lifecycle_ranks.py ROOT`` (checkpoints are written under ROOT)."""
 
@@ -37,9 +39,8 @@ def _trainer(strategy, root: Path, max_steps: int):
     )
 
 
-if __name__ == "__main__":
-    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
-    root = Path(sys.argv[1])
+def main(root: Path) -> None:
+    """Fit, validate and resume under ``root``; rank 0 prints the checkpoint it resumed from."""
     model = ValidatedClassifier()
     trainer = _trainer("accudnn_ddp", root, max_steps=3)
     assert isinstance(trainer.strategy, AccUDNNDDPStrategy), type(trainer.strategy)
@@ -52,3 +53,8 @@ if __name__ == "__main__":
     resumed.fit(ValidatedClassifier(), loader("cnn", batches=8), ckpt_path=checkpoint)
     if torch.distributed.get_rank() == 0:
         print(f"resumed from {checkpoint.name}", flush=True)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
+    main(Path(sys.argv[1]))

@@ -1,5 +1,6 @@
-"""Run by tests/ddp/test_rank_failure.py as a script: Lightning's default DDP launcher (popen)
-starts rank 1 as a child running this file again. The budget forces swapping; rank 1 alone has
+"""Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py) last, or alone as a
+script: Lightning's default DDP launcher (popen) starts rank 1 as a child running the script
+again. The budget forces swapping; rank 1 alone has
 a host-memory limit too small to swap anything, so its profiling pass keeps everything and its
 plan, made after the first backward, raises HostMemoryExceeded while rank 0 goes on into the
 next step's collectives."""
@@ -23,7 +24,8 @@ class OneRankShortOfHostMemory(AccUDNNDDPStrategy):
         super().setup(trainer)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Fit until rank 1's error ends both ranks (prints "fit returned" only if it does not)."""
     static, saved = memory_need("cnn")
     trainer = Trainer(
         accelerator="cpu",
@@ -37,3 +39,7 @@ if __name__ == "__main__":
     )
     trainer.fit(Classifier("cnn"), loader("cnn", batches=8))
     print("fit returned", flush=True)
+
+
+if __name__ == "__main__":
+    main()

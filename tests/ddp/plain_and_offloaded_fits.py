@@ -1,6 +1,7 @@
-"""Run by tests/ddp/test_ddp_bitwise.py as a script: every DDP configuration trained twice in the same
-two ranks, once with Lightning's DDPStrategy and once with AccUDNNDDPStrategy (swapping forced),
-and rank 0 prints whether the weights are bitwise equal.
+"""Every DDP configuration trained twice in the same two ranks, once with Lightning's
+DDPStrategy and once with AccUDNNDDPStrategy (swapping forced); rank 0 prints whether the
+weights are bitwise equal. Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py),
+or alone as a script.
 
 Lightning's default launcher (popen) starts rank 1 as a child running this file again; the
 later Trainers of both ranks find the process group already there and reuse it, so the eight
@@ -51,10 +52,15 @@ def differing_weights(model_class, ddp_options, trainer_options, budget):
     return [name for (name, a), b in pairs if not torch.equal(a, b)]
 
 
-if __name__ == "__main__":
-    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
+def main() -> None:
+    """Every configuration; rank 0 prints one verdict line per configuration."""
     static, saved = memory_need("cnn", batch_size=4)
     for name, configuration in CONFIGURATIONS.items():
         differing = differing_weights(*configuration, budget=static + saved // 2)
         if torch.distributed.get_rank() == 0:
             print(f"{name}: {'equal' if not differing else 'differs in ' + ', '.join(differing)}", flush=True)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
+    main()

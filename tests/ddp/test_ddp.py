@@ -1,41 +1,16 @@
-"""AccUDNNDDPStrategy with gloo on 2 CPU processes: the full Lightning lifecycle (one launch of
-tests/ddp/lifecycle_ranks.py), and merged profiles.
+"""Merged profiles of the ranks of AccUDNNDDPStrategy.
 
-Equal weights to plain DDP: test_ddp_bitwise.py; an error on one rank: test_ddp_rank_error.py
-(split apart so that pytest-xdist can run them on different workers)."""
-
-import subprocess
-import sys
-from pathlib import Path
+The full Lightning lifecycle under DDP, equal weights to plain DDP and an error on one rank
+ending both (one launch of two ranks): test_launched.py; an error on one rank under the spawn
+launcher: test_ddp_rank_error.py."""
 
 import pytest
 
 from lightning_accudnn.planner import LayerProfile, StepProfile
 from lightning_accudnn.session import merge_profiles
 
-# Spawned process groups must never hang CI: every test here is bounded.
+# Marked as the other DDP tests (left out by `make test-fast`), though it starts no process.
 pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
-
-
-SCRIPT = Path(__file__).with_name("lifecycle_ranks.py")
-
-
-def test_registered_name_runs_fit_validate_checkpoint_and_restore(tmp_path):
-    """``Trainer(strategy="accudnn_ddp")`` fits with validation and a checkpoint, validates, and a
-    new Trainer resumes from the checkpoint (one launch of two ranks; the spawned registered name
-    ``"accudnn_ddp_spawn"`` fits in test_ddp_rank_error.py)."""
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path)],
-        cwd=SCRIPT.parents[2],
-        capture_output=True,
-        text=True,
-        timeout=220,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    # Both ranks trained; the step count shows in the checkpoints rank 0 wrote.
-    assert "resumed from " in result.stdout and "step=3" in result.stdout, output[-3000:]
-    assert any("step=5" in path.name for path in tmp_path.rglob("*.ckpt"))
 
 
 def test_merged_profile_is_safe_for_every_rank_and_refuses_different_layers():

@@ -1,0 +1,40 @@
+"""Run by tests/ddp/test_launched.py as a script: three DDP scenarios in one launch of two gloo
+ranks, each announced on stdout by rank 0 (``== NAME starts at UNIX_TIME``):
+
+1. ``lifecycle``: tests/ddp/lifecycle_ranks.py (fit, validate, resume from a checkpoint);
+2. ``bitwise``: tests/ddp/plain_and_offloaded_fits.py (plain and AccUDNN DDP, weights compared);
+3. ``failure``: tests/ddp/one_rank_short_of_host_memory.py (rank 1's error ends both ranks), last,
+   since it ends the processes.
+
+Lightning's default launcher (popen) starts rank 1 as a child running this file again; every
+later Trainer of both ranks finds the process group already there and reuses it, so the
+scenarios cost one launch (two interpreters importing torch and Lightning) instead of three.
+
+Usage: ``python tests/ddp/launched_ranks.py ROOT`` (the lifecycle's checkpoints go under ROOT)."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from tests.ddp import lifecycle_ranks, one_rank_short_of_host_memory, plain_and_offloaded_fits  # noqa: E402
+
+
+def announce(name: str) -> None:
+    # Lightning sets LOCAL_RANK for the child it starts; before the first Trainer only rank 0 runs.
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"== {name} starts at {time.time():.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
+    announce("lifecycle")
+    lifecycle_ranks.main(Path(sys.argv[1]))
+    announce("bitwise")
+    plain_and_offloaded_fits.main()
+    announce("failure")
+    one_rank_short_of_host_memory.main()

@@ -1,23 +1,16 @@
 """Fit, validate and resume in two gloo ranks: the registered name ``"accudnn_ddp"`` fits (with
 validation and a checkpoint), validates, and a new Trainer resumes from the checkpoint.
 
-Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py), or alone as a script.
-Lightning's default launcher (popen) starts rank 1 as a child running the script again; the
-later calls of both ranks find the process group already there and reuse it, so the three
-Trainer calls cost one launch instead of three spawns.
+Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py) in its two ranks: the
+calls after the first find the process group already there and reuse it."""
 
-Usage: ``python tests/ddp/lifecycle_ranks.py ROOT`` (checkpoints are written under ROOT)."""
-
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
-from tests.models import Classifier, loader  # noqa: E402
-from tests.strategy.helpers import trainer_for  # noqa: E402
+from lightning_accudnn import AccUDNNDDPStrategy
+from tests.models import Classifier, loader
+from tests.strategy.helpers import trainer_for
 
 
 class ValidatedClassifier(Classifier):
@@ -53,8 +46,3 @@ def main(root: Path) -> None:
     resumed.fit(ValidatedClassifier(), loader("cnn", batches=8), ckpt_path=checkpoint)
     if torch.distributed.get_rank() == 0:
         print(f"resumed from {checkpoint.name}", flush=True)
-
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
-    main(Path(sys.argv[1]))

@@ -1,23 +1,15 @@
 """Every DDP configuration trained twice in the same two ranks, once with Lightning's
 DDPStrategy and once with AccUDNNDDPStrategy (swapping forced); rank 0 prints whether the
-weights are bitwise equal. Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py),
-or alone as a script.
+weights are bitwise equal. Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py)
+in its two ranks: the Trainers after the first find the process group already there and reuse
+it, so the eight fits cost one launch instead of eight."""
 
-Lightning's default launcher (popen) starts rank 1 as a child running this file again; the
-later Trainers of both ranks find the process group already there and reuse it, so the eight
-fits cost one launch instead of eight."""
+import torch
+from lightning.pytorch.strategies import DDPStrategy
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import torch  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
-
-from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
-from tests.models import Classifier, loader  # noqa: E402
-from tests.strategy.helpers import memory_need, trainer_for  # noqa: E402
+from lightning_accudnn import AccUDNNDDPStrategy
+from tests.models import Classifier, loader
+from tests.strategy.helpers import memory_need, trainer_for
 
 
 class PartlyUnused(Classifier):
@@ -59,8 +51,3 @@ def main() -> None:
         differing = differing_weights(*configuration, budget=static + saved // 2)
         if torch.distributed.get_rank() == 0:
             print(f"{name}: {'equal' if not differing else 'differs in ' + ', '.join(differing)}", flush=True)
-
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
-    main()

@@ -7,6 +7,11 @@ ranks, each announced on stdout by rank 0 (``== NAME starts at UNIX_TIME``):
 4. ``failure``: tests/ddp/one_rank_short_of_host_memory.py (rank 1's error ends both ranks), last,
    since it ends the processes.
 
+Only the last scenario may raise in a Trainer, even an error something catches (the
+EfficiencyTuner's out-of-memory trials): the strategy reports it to the process group's store,
+where it stays, and the next Trainer's RankFailureWatch would end its rank at once on it. So the
+EfficiencyTuner's DDP tests keep their own spawned runs (tests/callbacks/test_tuner_ddp.py).
+
 Lightning's default launcher (popen) starts rank 1 as a child running this file again; every
 later Trainer of both ranks finds the process group already there and reuses it, so the
 scenarios cost one launch (two interpreters importing torch and Lightning) instead of four.

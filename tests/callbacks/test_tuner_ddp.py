@@ -92,8 +92,10 @@ class BugOnRankOne(CurveModel):
 
 
 def test_an_error_on_one_rank_during_the_search_is_raised_on_every_rank_without_hanging():
+    """Through the registered name ``"accudnn_ddp_spawn"``: model, tuner and strategy are pickled."""
     model = BugOnRankOne()
-    strategy = AccUDNNDDPStrategy(budget="1GB", min_swap_bytes=0, start_method="spawn")
-    trainer = tuner_trainer(EfficiencyTuner(clock=model.clock), devices=2, strategy=strategy)
+    trainer = tuner_trainer(EfficiencyTuner(clock=model.clock), devices=2, strategy="accudnn_ddp_spawn")
+    assert isinstance(trainer.strategy, AccUDNNDDPStrategy)
+    trainer.strategy.offload_config = trainer.strategy.offload_config.replace(budget="1GB", min_swap_bytes=0)
     with pytest.raises(Exception, match="a bug that only rank 1 hits"):
         trainer.fit(model)

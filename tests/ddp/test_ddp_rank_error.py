@@ -1,4 +1,4 @@
-"""AccUDNNDDPStrategy with gloo on 2 spawned CPU processes: an error on one rank ends the run with it."""
+"""AccUDNNDDPStrategy with gloo on 2 forked CPU processes: an error on one rank ends the run with it."""
 
 import pytest
 
@@ -27,8 +27,10 @@ class FailingOnRankOne(Classifier):
 
 
 def test_one_rank_raising_ends_the_run_with_its_error():
-    """Through the registered name ``"accudnn_ddp_spawn"`` (its other names fit in test_ddp.py)."""
-    trainer = trainer_for("accudnn_ddp_spawn", max_steps=4, devices=2)
+    """Through the registered name ``"accudnn_ddp_fork"``: the forked ranks import nothing again
+    (``"accudnn_ddp"`` fits in test_launched.py, ``"accudnn_ddp_spawn"`` in
+    tests/callbacks/test_tuner_ddp.py)."""
+    trainer = trainer_for("accudnn_ddp_fork", max_steps=4, devices=2)
     assert isinstance(trainer.strategy, AccUDNNDDPStrategy)
     trainer.strategy.offload_config = trainer.strategy.offload_config.replace(
         budget=_budget(), min_swap_bytes=0

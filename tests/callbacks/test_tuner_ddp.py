@@ -62,6 +62,8 @@ def test_ranks_agree_on_batch_size_and_learning_rate_and_an_oom_on_one_rank_does
     trainer = tuner_trainer(
         tuner, callbacks=[RankReport(tmp_path)], devices=2, strategy=strategy, max_steps=3
     )
+    # Forked ranks would inherit a process group left behind by an earlier test in this process.
+    assert not torch.distributed.is_initialized()
     trainer.fit(model)
 
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -1,6 +1,7 @@
 """AccUDNNDDPStrategy with gloo on 2 forked CPU processes: an error on one rank ends the run with it."""
 
 import pytest
+import torch
 
 from lightning_accudnn import AccUDNNDDPStrategy
 from tests.models import Classifier, loader
@@ -35,5 +36,7 @@ def test_one_rank_raising_ends_the_run_with_its_error():
     trainer.strategy.offload_config = trainer.strategy.offload_config.replace(
         budget=_budget(), min_swap_bytes=0
     )
+    # Forked ranks would inherit a process group left behind by an earlier test in this process.
+    assert not torch.distributed.is_initialized()
     with pytest.raises(Exception, match="rank one failed"):
         trainer.fit(FailingOnRankOne(), loader("cnn", batches=8))

@@ -11,12 +11,12 @@ import importlib
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import deepest
+from bench import run as bench_run
 from bench.deepest import search_depth
 from bench.row import ROW_FIELDS
 from bench.workloads import blocks_for_depth, stage_blocks
@@ -44,12 +44,10 @@ MEASURED = ("peak_allocated_bytes", "median_step_seconds", "median_fwd_bwd_secon
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """One CPU run of the whole harness (a subprocess, as a user runs it)."""
+    """One CPU run of the whole harness, through ``bench.run.main`` (the entry point of
+    ``python -m bench.run``) in this process: a fresh interpreter would add seconds of imports."""
     results = tmp_path_factory.mktemp("results")
-    command = [
-        sys.executable,
-        "-m",
-        "bench.run",
+    argv = [
         "--workload",
         "tiny",
         "--device",
@@ -61,8 +59,7 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
         "--results-dir",
         str(results),
     ]
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    bench_run.main(argv)
     written = sorted((results / "cpu").glob("*-tiny.json"))
     assert len(written) == 1, list((results / "cpu").iterdir())
     return json.loads(written[0].read_text()), written[0].parent

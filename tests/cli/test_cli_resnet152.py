@@ -1,5 +1,9 @@
 """``accudnn plan`` on ResNet-152 at batch 64 for an H100, as the README shows it (a trace of
-several seconds each: apart from tests/cli/test_cli.py so that pytest-xdist can spread them)."""
+several seconds each: apart from tests/cli/test_cli.py so that pytest-xdist can spread them).
+
+The commands run in this process through :func:`lightning_accudnn.cli.main`, the entry point of
+``accudnn`` and ``python -m lightning_accudnn`` (a fresh interpreter would add seconds of imports
+to each; test_cli.py's ``python -m`` test runs the command as a subprocess)."""
 
 from __future__ import annotations
 
@@ -7,15 +11,15 @@ import json
 
 import pytest
 
-from lightning_accudnn.cli import build_parser, resolve_model
+from lightning_accudnn.cli import build_parser, main, resolve_model
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.gpus import get_gpu
 from lightning_accudnn.planner.plan import plan_swaps
 from lightning_accudnn.planner.trace import trace_step
-from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, conv_and_bn_output_bytes, run_cli
+from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, conv_and_bn_output_bytes
 
 
-def test_resnet152_batch64_on_h100_at_8gb() -> None:
+def test_resnet152_batch64_on_h100_at_8gb(capsys) -> None:
     """The command from the README, traced and planned (how long it takes is for benchmarks)."""
     args = [
         "plan",
@@ -28,8 +32,9 @@ def test_resnet152_batch64_on_h100_at_8gb() -> None:
         "h100",
         "--json",
     ]
-    result = run_cli(*args)
-    report = json.loads(result.stdout)
+    returncode = main(args)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert (report["model"], report["gpu"], report["batch_size"]) == (
         "torchvision:resnet152",
         "H100 SXM 80GB",
@@ -48,21 +53,22 @@ def test_resnet152_batch64_on_h100_at_8gb() -> None:
     assert 4 * 60.1e6 * 4 < report["static_bytes"] < 4 * 60.3e6 * 4 + 2e6
 
     # The forward waits for the host link past the copy-out limit, so 8GB fits, at a cost.
-    assert result.returncode == 0, result.stderr
+    assert returncode == 0, captured.err
     check_plan_json(report, 8 * 10**9)
     assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] > 0
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib (the 'plot' extra)")
-def test_readme_plot_example_on_resnet152(tmp_path) -> None:
+def test_readme_plot_example_on_resnet152(tmp_path, capsys) -> None:
     """The README's command, verbatim but for the file: swapped layers used in place in
     backward have no copy in, and the plot must still be drawn (it crashed on them)."""
     path = tmp_path / "x.png"
     args = ["plan", "torchvision:resnet152", "--batch-size", "64", "--budget", "8GB", "--gpu", "h100"]
-    result = run_cli(*args, "--plot", str(path))
-    assert result.returncode == 0, result.stderr
+    returncode = main([*args, "--plot", str(path)])
+    captured = capsys.readouterr()
+    assert returncode == 0, captured.err
     assert path.read_bytes()[:4] == b"\x89PNG"
-    assert "predicted peak" in result.stdout
+    assert "predicted peak" in captured.out
 
 
 def test_resnet152_at_a_third_of_its_need_auto_plans_a_faster_step_than_swap() -> None:

@@ -1,21 +1,20 @@
-"""``import lightning_accudnn`` leaves Lightning alone, yet the strategy names work in either order."""
+"""``import lightning_accudnn`` leaves Lightning alone, yet the strategy names work in either order.
 
+Every program below runs in an interpreter of its own in which neither Lightning nor
+lightning_accudnn was imported before: children forked by tests/compat/fresh_imports.py, one
+interpreter for the whole file (it imports torch, torch._dynamo and torchvision once, before
+forking, since every program imports them anyway)."""
+
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-# Each test starts a fresh interpreter (torch and Lightning imported from scratch).
 pytestmark = pytest.mark.slow
 
-
-def _run(code: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
+SCRIPT = Path(__file__).with_name("fresh_imports.py")
 
 TRAINER = (
     "from lightning.pytorch import Trainer\n"
@@ -23,37 +22,62 @@ TRAINER = (
     "assert type(trainer.strategy).__name__ == 'AccUDNNStrategy'\n"
     "print('ok')\n"
 )
-
-
-@pytest.mark.parametrize(
-    "prelude",
-    [
-        "import lightning_accudnn\n",
-        "import lightning.pytorch\nimport lightning_accudnn\n",
-        "import lightning_accudnn\nimport lightning\n",
-        # Lightning first imported by the lazy import of a strategy class (a circular import to avoid).
-        "import lightning_accudnn\nfrom lightning_accudnn import AccUDNNDDPStrategy\n",
-    ],
-    ids=["accudnn-first", "lightning-first", "umbrella-package-after", "lazy-strategy-import-first"],
+PRELUDES = {
+    "accudnn-first": "import lightning_accudnn\n",
+    "lightning-first": "import lightning.pytorch\nimport lightning_accudnn\n",
+    "umbrella-package-after": "import lightning_accudnn\nimport lightning\n",
+    # Lightning first imported by the lazy import of a strategy class (a circular import to avoid).
+    "lazy-strategy-import-first": (
+        "import lightning_accudnn\nfrom lightning_accudnn import AccUDNNDDPStrategy\n"
+    ),
+}
+FIRST_USE = (
+    "import sys\n"
+    "import lightning_accudnn.cli\n"
+    "from lightning_accudnn import OffloadConfig, OffloadSession, Budget\n"
+    "loaded = [name for name in sys.modules if name == 'lightning' or name.startswith('lightning.')]\n"
+    "print(sorted(loaded))\n"
+    "import lightning_accudnn\n"
+    "print(lightning_accudnn.EfficiencyTuner.__name__, 'AccUDNNStrategy' in dir(lightning_accudnn))\n"
 )
-def test_strategy_name_works_in_either_import_order(prelude):
-    assert _run(prelude + TRAINER).strip().endswith("ok")
+PROGRAMS = {**{name: prelude + TRAINER for name, prelude in PRELUDES.items()}, "first-use": FIRST_USE}
 
 
-def test_the_command_line_and_the_session_do_not_import_lightning():
-    code = (
-        "import sys\n"
-        "import lightning_accudnn.cli\n"
-        "from lightning_accudnn import OffloadConfig, OffloadSession, Budget\n"
-        "loaded = [name for name in sys.modules if name == 'lightning' or name.startswith('lightning.')]\n"
-        "print(sorted(loaded))\n"
+@pytest.fixture(scope="module")
+def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every program of this file, each in its own fresh child: name -> status and output."""
+    programs = tmp_path_factory.mktemp("programs") / "programs.json"
+    programs.write_text(json.dumps(PROGRAMS))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(programs)],
+        cwd=SCRIPT.parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    assert _run(code).strip() == "[]"
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_lightning_names_load_on_first_use():
-    code = (
-        "import lightning_accudnn\n"
-        "print(lightning_accudnn.EfficiencyTuner.__name__, 'AccUDNNStrategy' in dir(lightning_accudnn))\n"
-    )
-    assert _run(code).strip() == "EfficiencyTuner True"
+def _output(fresh_runs: dict[str, dict], name: str) -> str:
+    run = fresh_runs[name]
+    assert run["status"] == 0, run["output"][-3000:]
+    return run["output"]
+
+
+@pytest.mark.parametrize("ordering", list(PRELUDES))
+def test_strategy_name_works_in_either_import_order(ordering, fresh_runs):
+    assert _output(fresh_runs, ordering).strip().endswith("ok")
+
+
+def test_the_command_line_and_the_session_do_not_import_lightning(fresh_runs):
+    assert _output(fresh_runs, "first-use").strip().splitlines()[0] == "[]"
+
+
+def test_lightning_names_load_on_first_use(fresh_runs):
+    """The same program as the test above: Lightning is not loaded before the first use (its
+    first line), then the first use of a Lightning name loads it."""
+    lines = _output(fresh_runs, "first-use").strip().splitlines()
+    assert lines[0] == "[]"  # not loaded before
+    assert lines[1:] == ["EfficiencyTuner True"]

@@ -1,20 +1,16 @@
-"""Run by tests/ddp/test_agreement.py as a script: two gloo ranks train a plain loop under
-OffloadSessions with a DistributedCoordinator, rank 1 alone reporting a peak over its budget
-at one pass and, at another, training a batch of another size (a shape rank 0 never sees);
-each rank writes its plans and its number of collectives as JSON."""
+"""Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py) in its two gloo ranks:
+the ranks train a plain loop under OffloadSessions with a DistributedCoordinator, rank 1 alone
+reporting a peak over its budget at one pass and, at another, training a batch of another size
+(a shape rank 0 never sees); each rank writes its plans and its number of collectives as JSON."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from lightning_accudnn.session import DistributedCoordinator, OffloadConfig, OffloadSession  # noqa: E402
-from tests.models import SmallResNet, loss_of, make_batch  # noqa: E402
+from lightning_accudnn.session import DistributedCoordinator, OffloadConfig, OffloadSession
+from tests.models import SmallResNet, loss_of, make_batch
 
 OVERSHOOT_BYTES = 1000
 
@@ -57,7 +53,8 @@ def run(
     overshoot_at: int,
     other_shape_at: int,
 ) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=rank, world_size=world)
+    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
+    assert (dist.get_rank(), dist.get_world_size()) == (rank, world)  # the launch's group (Lightning's)
     torch.manual_seed(0)
     model = SmallResNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -82,9 +79,3 @@ def run(
         collectives.append(coordinator.collectives)
     session.close()
     Path(directory, f"rank{rank}.json").write_text(json.dumps({"plans": plans, "collectives": collectives}))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    directory, budget, steps, every, overshoot_at, other_shape_at = sys.argv[1], *map(int, sys.argv[2:7])
-    mp.spawn(run, args=(2, directory, budget, steps, every, overshoot_at, other_shape_at), nprocs=2)

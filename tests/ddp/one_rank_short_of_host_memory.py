@@ -1,19 +1,14 @@
-"""Run by tests/ddp/test_rank_failure.py as a script: Lightning's default DDP launcher (popen)
-starts rank 1 as a child running this file again. The budget forces swapping; rank 1 alone has
-a host-memory limit too small to swap anything, so its profiling pass keeps everything and its
-plan, made after the first backward, raises HostMemoryExceeded while rank 0 goes on into the
-next step's collectives."""
+"""Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py) last, in its two ranks
+(rank 1 the child that Lightning's default launcher, popen, started). The budget forces
+swapping; rank 1 alone has a host-memory limit too small to swap anything, so its profiling pass
+keeps everything and its plan, made after the first backward, raises HostMemoryExceeded while
+rank 0 goes on into the next step's collectives."""
 
-import sys
-from pathlib import Path
+from lightning.pytorch import Trainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from lightning.pytorch import Trainer  # noqa: E402
-
-from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
-from tests.models import Classifier, loader  # noqa: E402
-from tests.strategy.helpers import memory_need  # noqa: E402
+from lightning_accudnn import AccUDNNDDPStrategy
+from tests.models import Classifier, loader
+from tests.strategy.helpers import memory_need
 
 
 class OneRankShortOfHostMemory(AccUDNNDDPStrategy):
@@ -23,7 +18,8 @@ class OneRankShortOfHostMemory(AccUDNNDDPStrategy):
         super().setup(trainer)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Fit until rank 1's error ends both ranks (prints "fit returned" only if it does not)."""
     static, saved = memory_need("cnn")
     trainer = Trainer(
         accelerator="cpu",

@@ -1,22 +1,15 @@
-"""Run by tests/ddp/test_ddp_bitwise.py as a script: every DDP configuration trained twice in the same
-two ranks, once with Lightning's DDPStrategy and once with AccUDNNDDPStrategy (swapping forced),
-and rank 0 prints whether the weights are bitwise equal.
+"""Every DDP configuration trained twice in the same two ranks, once with Lightning's
+DDPStrategy and once with AccUDNNDDPStrategy (swapping forced); rank 0 prints whether the
+weights are bitwise equal. Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py)
+in its two ranks: the Trainers after the first find the process group already there and reuse
+it, so the eight fits cost one launch instead of eight."""
 
-Lightning's default launcher (popen) starts rank 1 as a child running this file again; the
-later Trainers of both ranks find the process group already there and reuse it, so the eight
-fits cost one launch instead of eight."""
+import torch
+from lightning.pytorch.strategies import DDPStrategy
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import torch  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
-
-from lightning_accudnn import AccUDNNDDPStrategy  # noqa: E402
-from tests.models import Classifier, loader  # noqa: E402
-from tests.strategy.helpers import memory_need, trainer_for  # noqa: E402
+from lightning_accudnn import AccUDNNDDPStrategy
+from tests.models import Classifier, loader
+from tests.strategy.helpers import memory_need, trainer_for
 
 
 class PartlyUnused(Classifier):
@@ -51,8 +44,8 @@ def differing_weights(model_class, ddp_options, trainer_options, budget):
     return [name for (name, a), b in pairs if not torch.equal(a, b)]
 
 
-if __name__ == "__main__":
-    torch.set_num_threads(1)  # two ranks share the cores, as torchrun's OMP_NUM_THREADS=1 has them
+def main() -> None:
+    """Every configuration; rank 0 prints one verdict line per configuration."""
     static, saved = memory_need("cnn", batch_size=4)
     for name, configuration in CONFIGURATIONS.items():
         differing = differing_weights(*configuration, budget=static + saved // 2)

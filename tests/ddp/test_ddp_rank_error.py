@@ -27,6 +27,12 @@ class FailingOnRankOne(Classifier):
 
 
 def test_one_rank_raising_ends_the_run_with_its_error():
-    strategy = AccUDNNDDPStrategy(budget=_budget(), min_swap_bytes=0, start_method="spawn")
+    """Through the registered name ``"accudnn_ddp_spawn"`` (``"accudnn_ddp"`` fits in test_launched.py).
+    Spawned, not forked: a fork of a process that has run autograd cannot run a backward."""
+    trainer = trainer_for("accudnn_ddp_spawn", max_steps=4, devices=2)
+    assert isinstance(trainer.strategy, AccUDNNDDPStrategy)
+    trainer.strategy.offload_config = trainer.strategy.offload_config.replace(
+        budget=_budget(), min_swap_bytes=0
+    )
     with pytest.raises(Exception, match="rank one failed"):
-        trainer_for(strategy, max_steps=4, devices=2).fit(FailingOnRankOne(), loader("cnn", batches=8))
+        trainer.fit(FailingOnRankOne(), loader("cnn", batches=8))

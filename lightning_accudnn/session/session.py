@@ -187,6 +187,9 @@ class OffloadSession:
         self.device = torch.device(device)
         require_available(self.device)
         self.coordinator = coordinator if coordinator is not None else RankCoordinator()
+        self.plans_alone = False
+        """True inside :meth:`planning_alone`: steps run on this rank alone, and what runs them
+        (the batch-size search) settles their errors with the other ranks itself."""
         self.report = report if report is not None else log.info
         self.on_stats = on_stats
         self.plan: Plan | None = None
@@ -373,10 +376,12 @@ class OffloadSession:
         """Within the block this process plans from its own profile, with no collectives
         (the batch-size search runs each rank on its own)."""
         coordinator, self.coordinator = self.coordinator, RankCoordinator()
+        alone, self.plans_alone = self.plans_alone, True
         try:
             yield
         finally:
             self.coordinator = coordinator
+            self.plans_alone = alone
 
     # -- one step ----------------------------------------------------------------------
 

@@ -198,7 +198,9 @@ class OffloadHooks:
             self.offload.pause_training()
 
     def _report_failure(self, error: BaseException) -> None:
-        if self.failure_watch is not None:
+        """Leave ``error`` for the other ranks, which end on it; not while this rank runs steps
+        alone (the tuner's trials: the tuner settles their errors with the other ranks)."""
+        if self.failure_watch is not None and not (self.offload is not None and self.offload.plans_alone):
             self.failure_watch.report(error)
 
     def on_exception(self, exception: BaseException) -> None:

@@ -9,6 +9,7 @@ from lightning.pytorch import Callback
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_accudnn import AccUDNNDDPStrategy, EfficiencyTuner
+from lightning_accudnn.session.rank_failure import FAILURE_KEY
 from tests.callbacks.helpers import CurveModel, VirtualClock, flat, tuner_trainer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
@@ -31,6 +32,12 @@ class OutOfMemoryOnRankOne(CurveModel):
         return super().training_step(batch, batch_idx)
 
 
+def _failure_in_store() -> str:
+    """What the ranks' failure watch finds in the process group's store ("" when nothing)."""
+    store = torch.distributed.distributed_c10d._get_default_store()
+    return store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else ""
+
+
 class RankReport(Callback):
     """Each spawned rank writes what it ended with (the main process does not get callbacks back)."""
 
@@ -46,6 +53,7 @@ class RankReport(Callback):
             "wrapped": {str(size): sorted(flags) for size, flags in pl_module.wrapped.items()},
             "global_step": trainer.global_step,
             "global_batch_size": tuner.decision.global_batch_size,
+            "failure_in_store": _failure_in_store(),
         }
         (self.directory / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
         torch.save(pl_module.state_dict(), self.directory / f"rank{trainer.global_rank}.pt")
@@ -73,6 +81,9 @@ def test_ranks_agree_on_batch_size_and_learning_rate_and_an_oom_on_one_rank_does
     # the trials ran the module unwrapped (no gradient all-reduce); training ran under DDP
     assert report["wrapped"] == {"4": [False], "8": [False], "16": [False, True], "32": [False]}
     assert report["global_step"] == 3
+    # The tuner handled rank 1's out-of-memory trial: it is no rank failure, which would end
+    # rank 0 a few seconds later in a run longer than this one.
+    assert report["failure_in_store"] == ""
     weights = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     for name, value in weights[0].items():
         assert torch.equal(value, weights[1][name]), name  # gradients were synchronised again

@@ -53,6 +53,7 @@ def test_every_figure_is_measured(quick: tuple[dict, Path]) -> None:
         "ratio_nothing_swapped_observed",
         "ratio_nothing_swapped_amortised",
         "ratio_half_swapped",
+        "ratio_half_swapped_mean",
         "measured_swapped_fraction",
     ):
         assert _is_spread(deep[key], rounds), key

@@ -45,6 +45,10 @@ class OffloadConfig:
       tensor, but for one pass of its kind in this many: a changed graph shows there, and the
       next pass profiles it. ``1`` observes every pass. On CUDA the allocator's peak is
       checked against the budget every pass either way.
+    * ``pause_gc``: hold Python's cyclic garbage collector off from a training pass's forward
+      to the end of its backward, so that the objects a swapping pass makes are freed by
+      reference counting instead of promoted into full collections
+      (:mod:`lightning_accudnn.session.collector_pause`); ``False`` leaves it alone.
     * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
       or ``"experimental"``: such a model is planned inside its compiled graph (see
       :mod:`lightning_accudnn.session.whole_model`; PyTorch 2.14.1 only, swap or keep per
@@ -73,6 +77,7 @@ class OffloadConfig:
     reserve_bytes: int | None = None
     policy: str = "auto"
     observe_every: int = DEFAULT_OBSERVE_EVERY
+    pause_gc: bool = True
     whole_model_compile: str | None = None
     whole_model_backend: str = "inductor"
 
@@ -84,6 +89,8 @@ class OffloadConfig:
             or self.observe_every < 1
         ):
             raise ValueError(f"observe_every must be an int >= 1 (1: every pass), got {self.observe_every!r}")
+        if not isinstance(self.pause_gc, bool):
+            raise ValueError(f"pause_gc must be True or False, got {self.pause_gc!r}")
         set_field = object.__setattr__  # frozen: normalise once, here
         set_field(self, "budget", Budget.parse(self.budget))
         if self.host_memory_limit is not None:
@@ -131,8 +138,8 @@ class OffloadConfig:
             Traceback (most recent call last):
             ...
             TypeError: unknown offload option 'budgett'; the options are budget, min_swap_bytes, \
-keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every, whole_model_compile, \
-whole_model_backend
+keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every, pause_gc, \
+whole_model_compile, whole_model_backend
         """
         names = option_names()
         for name in options:

@@ -31,6 +31,7 @@ from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
+from lightning_accudnn.session.collector_pause import CollectorPause
 from lightning_accudnn.session.compiled import (
     CompiledModelError,
     refusal_message,
@@ -199,6 +200,7 @@ class OffloadSession:
         self._pass: _Pass | None = None
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
+        self._collector = CollectorPause(config.pause_gc)  # off from a pass's forward to its end
         self._checked_models: set[int] = set()
         self._routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
         self._whole_models: dict[int, WholeModelRoute] = {}  # models compiled whole, on that route
@@ -273,6 +275,7 @@ class OffloadSession:
         """Abort any open pass, free the host pool, lift the allocator cap. Idempotent."""
         self._backward_end.remove()
         self.engine.close()
+        self._collector.resume()
         self._probe.detach()
         self.recomputer.remove()
         self.allocator.lift()
@@ -286,6 +289,7 @@ class OffloadSession:
         the allocator again.
         """
         self.allocator.lift()
+        self._collector.resume()
 
     def count_gradient_buckets(self, wrapper: nn.Module) -> None:
         """Count ``wrapper``'s gradient buckets (a ``DistributedDataParallel``) as model state.
@@ -336,6 +340,7 @@ class OffloadSession:
         """A pass failed: drop its swapped activations and return their buffers."""
         self._backward_end.remove()
         self.engine.abort_step()
+        self._collector.resume()
         self.engine.weight_copies.take()  # the aborted pass's count
         self._probe.detach()
         self.recomputer.remove()  # the next pass installs its plan's segments again
@@ -487,6 +492,7 @@ class OffloadSession:
     def _enter_pass(self) -> None:
         block = self._block
         assert block is not None
+        self._collector.pause()
         whole_model = self._whole_models.get(id(block.model))
         if whole_model is not None:
             # Nothing for the engine to do: the compiled graph moves its activations itself.
@@ -567,6 +573,7 @@ class OffloadSession:
         if error is None:
             context.__exit__(None, None, None)
         else:
+            self._collector.resume()
             context.__exit__(type(error), error, error.__traceback__)  # aborts the engine's step
         whole_model = self._whole_models.get(id(block.model))
         if whole_model is not None and error is None and not whole_model.planned:
@@ -595,7 +602,10 @@ class OffloadSession:
         (every rank runs it at the same pass) is one. All ranks then plan alike, from merged
         profiles, with no collective on the other passes.
         """
-        step = self.engine.end_step()
+        try:
+            step = self.engine.end_step()
+        finally:
+            self._collector.resume()  # the pass's objects are freed now: nothing to promote
         current, self._pass = self._pass, None
         if step is None or current is None:
             return None

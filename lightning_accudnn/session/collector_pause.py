@@ -8,7 +8,9 @@ collection over every object of the process: a pause of a large part of a step (
 host-overhead benchmark counts them). Paused from the forward to the end of the backward,
 nothing is collected meanwhile, and the pass's objects are freed by reference counting when
 it ends, so none is promoted. Collection resumes as soon as the pass closes or fails; cyclic
-garbage made during the pass is collected then. A collector that was off stays off.
+garbage made during the pass is collected then. A pass whose backward never runs keeps it
+off until the next pass starts, the session aborts or closes, or evaluation starts. A
+collector that was off stays off.
 """
 
 from __future__ import annotations

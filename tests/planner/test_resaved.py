@@ -171,7 +171,9 @@ def _reference_peak_with_resaves(
     """The contract (HELPERS.md) written per storage, independently of the planner: layers' bytes
     split into storages at random (one storage per part with ``whole``), re-saved storages
     brought back in the order of their last save and freed after their first layer's backward,
-    reads in random order, prefetch before each."""
+    reads in random order, prefetch before each. A swapped storage still in the copy-out FIFO
+    when backward starts is used where it is, and enters the prefetch window like one brought
+    back (the engine's ``_fetch`` counts it there until it is freed), without new bytes."""
     index = {layer.name: i for i, layer in enumerate(profile.layers)}
     level = peak = profile.static_bytes
     size: list[int] = []
@@ -202,10 +204,11 @@ def _reference_peak_with_resaves(
                     oldest = fifo.popleft()
                     fifo_bytes -= size[oldest]
                     level -= size[oldest]
-    on_host = {sid for sid in range(len(size)) if swapped[sid] and sid not in fifo}
+    on_device = set(fifo)  # still in the FIFO: read in place, no copy back
+    on_host = {sid for sid in range(len(size)) if swapped[sid] and sid not in on_device}
     order = []
     for position in range(len(profile.layers) - 1, -1, -1):
-        here = [sid for sid in on_host if last[sid] == position]
+        here = [sid for sid in on_host | on_device if last[sid] == position]
         rng.shuffle(here)
         order += here
     fetched: set[int] = set()
@@ -223,8 +226,9 @@ def _reference_peak_with_resaves(
                 return
             fetched.add(sid)
             used += size[sid]
-            level += size[sid]
-            peak = max(peak, level)
+            if sid not in on_device:
+                level += size[sid]
+                peak = max(peak, level)
             cursor += 1
 
     freed: set[int] = set()
@@ -234,11 +238,12 @@ def _reference_peak_with_resaves(
         rng.shuffle(reads)
         for sid, frees in reads:
             prefetch()
-            if sid in on_host and sid not in fetched:
+            if (sid in on_host or sid in on_device) and sid not in fetched:
                 fetched.add(sid)  # read before the prefetch got to it: fetched on demand
                 used += size[sid]
-                level += size[sid]
-                peak = max(peak, level)
+                if sid not in on_device:
+                    level += size[sid]
+                    peak = max(peak, level)
             if frees and sid not in freed:
                 freed.add(sid)
                 level -= size[sid]

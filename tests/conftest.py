@@ -10,6 +10,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests draw the same examples on every run (CI must not go red on a new random draw);
+# HYPOTHESIS_PROFILE=explore draws new ones, to look for counterexamples on purpose.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)

@@ -162,25 +162,23 @@ def _swapped_tensors(fit: FitResult) -> float | None:
     return fit.swapped_bytes_per_step / (fit.plan["saved_bytes"] / layers) if layers else None
 
 
-def _ratio(fits: Fits, variant: str) -> list[float | None]:
-    ratios: list[float | None] = []
-    for default, strategy in _per_round(fits, "deep_narrow/default", f"deep_narrow/{variant}"):
-        if default.median_seconds and strategy.median_seconds is not None:
-            ratios.append(strategy.median_seconds / default.median_seconds)
-        else:
-            ratios.append(None)
-    return ratios
+def _median_step(fit: FitResult) -> float | None:
+    return fit.median_seconds
 
 
-def _mean_ratio(fits: Fits, variant: str) -> list[float | None]:
-    """Per round: the strategy's mean step over the default strategy's, deep narrow model (a step
-    that ran a full garbage collection counts, where the median leaves it out)."""
+def _mean_step(fit: FitResult) -> float | None:
+    """A step that ran a full garbage collection counts here, where the median leaves it out."""
+    return statistics.fmean(fit.step_seconds) if fit.step_seconds else None
+
+
+def _ratio(
+    fits: Fits, variant: str, step: Callable[[FitResult], float | None] = _median_step
+) -> list[float | None]:
+    """Per round: the strategy's ``step`` time over the default strategy's, deep narrow model."""
     ratios: list[float | None] = []
     for default, strategy in _per_round(fits, "deep_narrow/default", f"deep_narrow/{variant}"):
-        if default.step_seconds and strategy.step_seconds:
-            ratios.append(statistics.fmean(strategy.step_seconds) / statistics.fmean(default.step_seconds))
-        else:
-            ratios.append(None)
+        base, value = step(default), step(strategy)
+        ratios.append(value / base if base and value is not None else None)
     return ratios
 
 
@@ -202,7 +200,7 @@ def _deep_narrow(fits: Fits, observe_every: int) -> dict[str, Any]:
         "ratio_nothing_swapped_observed": _spread_dict(observed),
         "ratio_nothing_swapped_amortised": _spread_dict(_amortised(typical, observed, observe_every)),
         "ratio_half_swapped": _spread_dict(_ratio(fits, "accudnn-half")),
-        "ratio_half_swapped_mean": _spread_dict(_mean_ratio(fits, "accudnn-half")),
+        "ratio_half_swapped_mean": _spread_dict(_ratio(fits, "accudnn-half", _mean_step)),
         "measured_swapped_fraction": _spread_dict(list(fractions)),
         "step_ms": {
             variant: _spread_dict([fit.median_seconds for fit in fits[f"deep_narrow/{variant}"]], 1e3)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -56,8 +58,11 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+HookPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
+
+
 def _median_step(
-    workload: Workload, hooked: bool, copying: bool, warmup: int, steps: int, device: torch.device
+    workload: Workload, hooks: HookPair | None, warmup: int, steps: int, device: torch.device
 ) -> float:
     torch.manual_seed(0)
     model = workload.build().to(device)
@@ -68,14 +73,11 @@ def _median_step(
     for index in range(warmup + steps):
         _synchronize(device)
         started = time.perf_counter()
-        if hooked and copying:
-            with torch.autograd.graph.saved_tensors_hooks(_copy_out, _copy_in):
-                loss = workload.loss(model, batch)
-        elif hooked:
-            with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
-                loss = workload.loss(model, batch)
-        else:
+        if hooks is None:
             loss = workload.loss(model, batch)
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
+                loss = workload.loss(model, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -107,10 +109,11 @@ def measure_floor(
     """Median over ``repeats`` paired runs of (hooked - plain) step time per saved tensor, with
     the bare pair or, ``copying``, the pair that copies each saved tensor out and back."""
     saved = count_step(workload).saved_tensors
+    hooks: HookPair = (_copy_out, _copy_in) if copying else (_identity, _identity)
     plain, hooked, per_tensor = [], [], []
     for repeat in range(repeats):
         order = (False, True) if repeat % 2 == 0 else (True, False)
-        times = {flag: _median_step(workload, flag, copying, warmup, steps, device) for flag in order}
+        times = {on: _median_step(workload, hooks if on else None, warmup, steps, device) for on in order}
         plain.append(times[False])
         hooked.append(times[True])
         per_tensor.append((times[True] - times[False]) / saved)

@@ -41,11 +41,6 @@ class CollectorPause:
         self.enabled = enabled
         self._paused = False
 
-    @property
-    def paused(self) -> bool:
-        """True while this object holds the collector off."""
-        return self._paused
-
     def pause(self) -> None:
         if self.enabled and not self._paused and gc.isenabled():
             gc.disable()

@@ -1,5 +1,9 @@
-"""The tests' one reader of private PyTorch attributes: how many module hooks are installed."""
+"""The tests' one reader of private PyTorch attributes: how many module hooks are installed, and
+the default process group's store."""
 
+from typing import Any
+
+import torch
 from torch import nn
 
 
@@ -10,3 +14,8 @@ def module_hook_count(model: nn.Module) -> int:
 
 def forward_pre_hook_count(module: nn.Module) -> int:
     return len(module._forward_pre_hooks)
+
+
+def default_process_group_store() -> Any:
+    """The key-value store the ranks of the default process group rendezvoused through."""
+    return torch.distributed.distributed_c10d._get_default_store()

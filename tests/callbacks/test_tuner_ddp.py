@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning_accudnn import AccUDNNDDPStrategy, EfficiencyTuner
 from lightning_accudnn.session.rank_failure import FAILURE_KEY
+from tests._torch_internals import default_process_group_store
 from tests.callbacks.helpers import CurveModel, VirtualClock, flat, tuner_trainer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
@@ -34,7 +35,7 @@ class OutOfMemoryOnRankOne(CurveModel):
 
 def _failure_in_store() -> str:
     """What the ranks' failure watch finds in the process group's store ("" when nothing)."""
-    store = torch.distributed.distributed_c10d._get_default_store()
+    store = default_process_group_store()
     return store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else ""
 
 

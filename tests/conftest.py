@@ -8,6 +8,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
+import gc  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -35,3 +37,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def deterministic() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def collector_stays_on():
+    """A test that leaves Python's garbage collector off (a training pass never closed) fails,
+    and the next test starts with it on."""
+    yield
+    if not gc.isenabled():
+        gc.enable()
+        pytest.fail("the test left Python's garbage collector off: a session's pass was never closed")

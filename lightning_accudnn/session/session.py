@@ -492,10 +492,10 @@ class OffloadSession:
     def _enter_pass(self) -> None:
         block = self._block
         assert block is not None
-        self._collector.pause()
         whole_model = self._whole_models.get(id(block.model))
         if whole_model is not None:
-            # Nothing for the engine to do: the compiled graph moves its activations itself.
+            # Nothing for the engine to do: the compiled graph moves its activations itself (and
+            # makes no Python objects per activation, so the collector stays on).
             context = whole_model.compiled()
             context.__enter__()
             block.engine_context = context
@@ -535,6 +535,7 @@ class OffloadSession:
             block.model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
         )
         context.__enter__()
+        self._collector.pause()  # once nothing here can fail: a pass that did not start leaves it on
         block.engine_context = context
         block.pass_closed = False
         if plan is None:

@@ -44,7 +44,7 @@ from lightning_accudnn.ops.layers import (
 )
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
-from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, ReplayRoute
+from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
@@ -163,6 +163,7 @@ class _StepState:
         self.unpacked = bytearray(replayed_saves)
         self.handle_unpacked = bytearray()  # per save through the records, in pack order
         self.records: list[StorageRecord] = []  # every record opened in the step
+        self.whole: dict[int, StorageRecord] = {}  # replayed pass: records swapped whole, by opening ordinal
         self.held_records = 0  # records whose device bytes are still the engine's
         self.watched = False  # its swapped records' host buffers go back when it dies
         self.read_in_forward: set[int] = set()  # fast saves unpacked in forward: their ordinals
@@ -566,7 +567,7 @@ class OffloadEngine:
             if action == LEAVE:
                 return tensor
             sequence = route.sequence
-            if action != RECORD:
+            if action < RECORD:  # KEEP_NEW, KEEP_AGAIN
                 try:
                     same = tensor.nbytes == sequence.tensor_bytes[ordinal]
                 except RuntimeError:  # a sparse tensor (no nbytes): not what was profiled
@@ -594,6 +595,14 @@ class OffloadEngine:
                     if pending:
                         step.kept_pending[group] = pending + 1
                         return (tensor, tensor._version, group, ordinal, step)
+            elif action == SWAP_WHOLE:
+                packed = self._pack_whole(tensor, ordinal, sequence.sizes[ordinal], sequence.layers[ordinal])
+                if packed is not None:
+                    return packed
+            elif action == SWAP_AGAIN:
+                packed = self._pack_again(tensor, ordinal, sequence.record_of[ordinal])
+                if packed is not None:
+                    return packed
             else:
                 found = self._activation_storage(tensor)
                 if found is not None and found[2] == sequence.sizes[ordinal]:
@@ -613,6 +622,75 @@ class OffloadEngine:
         return self._pack_record(
             step, ordinal, tensor, storage, key, storage_nbytes, CHANGED_GRAPH_LAYER, False
         )[0]
+
+    def _pack_whole(self, tensor: torch.Tensor, ordinal: int, nbytes: int, layer: str) -> object:
+        """A replayed save that opened the one record of a storage swapped whole
+        (:data:`.SWAP_WHOLE`): checked to be that again (a plain dense tensor over its whole
+        storage of the profiled size, on the device, no parameter, outside
+        :func:`keep_on_device`), it opens that record without the filter, the extent arithmetic
+        and the storage's entry (no other record of the storage can come). ``None`` when the
+        check fails: the graph changed."""
+        if type(tensor) is not torch.Tensor or tensor.layout != torch.strided or tensor.nbytes != nbytes:
+            return None
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if (
+            storage.nbytes() != nbytes
+            or tensor.storage_offset()
+            or not (tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last))
+            or not (
+                tensor.is_cpu
+                if self._device_index < 0
+                else tensor.is_cuda and tensor.get_device() == self._device_index
+            )
+            or key in self._model_storages
+            or _keep_on_device_depth.get()
+        ):
+            return None
+        step = self._step
+        if step is None or not self._in_forward:
+            step = self._open_step()
+        block = DeviceBlock(key, nbytes, self._counted_callback, self._found_released_callback)
+        record = StorageRecord(
+            layer=layer,
+            start=0,
+            end=nbytes,
+            last_save=ordinal + 1,
+            swap=True,
+            root=lineage_root(tensor),
+            source_block=block,
+        )
+        record.ordinal = ordinal
+        record.kind = SWAPPABLE
+        step.whole[ordinal] = record
+        step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
+        step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
+        step.held_records += 1
+        step.records.append(record)
+        self._start_copy_out(step, record, storage, tensor)
+        return self._handle(step, record, tensor, record.dense)
+
+    def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
+        """A replayed save of a storage swapped whole, saved before in this step
+        (:data:`.SWAP_AGAIN`): the record opened at ``opened_at`` serves it when it is the same
+        lineage at the same version over the same storage (the record holds all its bytes).
+        ``None`` when not: the graph changed."""
+        step = self._step
+        record = step.whole.get(opened_at) if step is not None else None
+        if record is None or record.released or type(tensor) is not torch.Tensor:
+            return None
+        root = lineage_root(tensor)
+        if (
+            record.root() is not root
+            or root._version != record.version
+            or tensor.untyped_storage().data_ptr() != record.source_block.key
+        ):
+            return None
+        assert step is not None
+        if not self._in_forward:
+            self._open_step()
+        record.last_save = ordinal + 1
+        return self._handle(step, record, tensor)
 
     def _activation_storage(self, tensor: torch.Tensor) -> tuple[torch.UntypedStorage, int, int] | None:
         """The filter: the storage, its address and size of an activation, ``None`` for the rest."""

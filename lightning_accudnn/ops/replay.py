@@ -4,7 +4,11 @@ In a pass replayed by ordinal the engine needs no record for a saved tensor that
 keeps: autograd holds the tensor, and the engine counts its storage's bytes by address. A
 save may take that path when no save of its storage (its *group*: the saves of the step
 at the same storage address in the profiled pass) opened a record that the schedule swaps;
-the others go through the engine's records as in a profiled pass.
+the others go through the engine's records as in a profiled pass. Among those, a storage
+whose saves all used the one record its first save opened, over the storage's whole bytes,
+swapped by the schedule (one activation saved once or more: the common case) takes a
+shorter path through the records (:data:`SWAP_WHOLE`, :data:`SWAP_AGAIN`): the profiled
+pass already applied the filter and measured its extent.
 
 The layer figures a replayed pass reports come from the same data: the fast saves' records
 are those of the profiled pass (same graph, same saves), added to what the recorded saves
@@ -23,8 +27,12 @@ LEAVE = 0
 KEEP_NEW = 1
 #: keep it, its storage counted already (saved again),
 KEEP_AGAIN = 2
-#: or save it through the engine's records (its storage is swapped, in part or whole).
+#: save it through the engine's records (its storage is swapped, in part or whole),
 RECORD = 3
+#: open the one record of a storage swapped whole (the storage's first save, see below),
+SWAP_WHOLE = 4
+#: or save again a storage swapped whole (a later save of the same bytes, the same lineage).
+SWAP_AGAIN = 5
 
 
 class ReplayRoute:
@@ -39,6 +47,11 @@ class ReplayRoute:
         >>> route = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b"]))
         >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD], route.keeps_all
         (True, False)
+        >>> sequence.append("c", False, 64, tensor_bytes=64, kind=SWAPPABLE, record_bytes=64)
+        >>> sequence.append("d", False, 64, tensor_bytes=64, group=4, kind=REUSED, record_of=4)
+        >>> actions = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b", "c"])).actions
+        >>> actions[2:] == [RECORD, RECORD, SWAP_WHOLE, SWAP_AGAIN]
+        True
         >>> route.layer_bytes(len(route))
         ({'a': 64}, {'a': 64})
     """
@@ -60,8 +73,10 @@ class ReplayRoute:
                 zip(sequence.kinds, self.fast, sequence.groups, strict=True)
             )
         ]
+        for ordinal in _swapped_whole(sequence, swapped_groups, schedule):
+            self.actions[ordinal] = SWAP_WHOLE if sequence.groups[ordinal] == ordinal else SWAP_AGAIN
         #: Whether every save takes the fast kept path or is left alone (nothing is swapped).
-        self.keeps_all = RECORD not in self.actions
+        self.keeps_all = all(self.fast)
         self._totals: tuple[dict[str, int], dict[str, int]] | None = None
         self._order: list[str] | None = None
 
@@ -116,3 +131,23 @@ def _action(ordinal: int, kind: int, fast: bool, group: int) -> int:
     if not fast:
         return RECORD
     return KEEP_NEW if group == ordinal else KEEP_AGAIN
+
+
+def _swapped_whole(sequence: SaveSequence, swapped_groups: set[int], schedule: SwapSchedule) -> list[int]:
+    """The ordinals of the saves of swapped storages that had one record, opened by their first
+    save over the storage's whole bytes (``tensor_bytes == sizes == record_bytes``); the
+    storages a schedule keeps when they pass the host cap are left to the records."""
+    if schedule.keep_beyond_host_limit:
+        return []
+    whole = {
+        ordinal
+        for ordinal in swapped_groups
+        if sequence.kinds[ordinal] == SWAPPABLE
+        and sequence.tensor_bytes[ordinal] == sequence.sizes[ordinal] == sequence.record_bytes[ordinal]
+    }
+    for ordinal, (group, kind, record_of) in enumerate(
+        zip(sequence.groups, sequence.kinds, sequence.record_of, strict=True)
+    ):
+        if group in whole and ordinal != group and (kind != REUSED or record_of != group):
+            whole.discard(group)  # the storage had another record: the records sort it out
+    return [ordinal for ordinal, group in enumerate(sequence.groups) if group in whole]

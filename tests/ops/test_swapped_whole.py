@@ -1,0 +1,155 @@
+"""Issue 13, swaps of whole storages in replayed passes: a storage that had one record over all its
+bytes in the profiled pass is swapped on a shorter path (no filter, no extent arithmetic, no
+storage entry), checked at each save to be the same again. What autograd reads, the ledger and
+the device's stream order stay those of the records; a save that does not match leaves the
+path (the graph changed) and autograd still reads what it would without hooks."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_accudnn.ops import OffloadEngine, SwapSchedule, keep_on_device
+from lightning_accudnn.ops.replay import SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
+from lightning_accudnn.testing import SimulatedGPU
+
+
+class Blocks(nn.Module):
+    """Linear/LayerNorm/ReLU blocks; the next Linear saves each ReLU output again. Between the
+    first two blocks a fresh tensor ``h`` is saved twice, by two products with ``scale``. With
+    ``sliced`` ``h`` is a slice of a larger storage (the same bytes saved); with ``bumped`` it
+    is doubled in place between its two saves and the first product leaves the graph, so that
+    plain autograd never reads the first save and reads the doubled ``h`` for the second."""
+
+    def __init__(self, width: int = 16, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU()) for _ in range(depth)
+        )
+        self.scale = nn.Parameter(torch.ones(width))
+        self.sliced = False
+        self.bumped = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](x) + 1.0
+        if self.sliced:
+            h = torch.cat([h, h]).narrow(0, 0, h.shape[0])
+        first = h * self.scale  # saves h (and the scale)
+        if self.bumped:
+            first = first.detach()
+            h.mul_(2.0)
+        h = first + h * self.scale  # saves h again
+        for block in self.blocks[1:]:
+            h = block(h)
+        return h.square().sum()
+
+
+def _engine(lag: int | None) -> OffloadEngine:
+    runtime = None if lag == -1 else SimulatedGPU(lag=lag, seed=1)
+    return OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=runtime)
+
+
+def _profile(engine: OffloadEngine, model: nn.Module, x: torch.Tensor):
+    with engine.offload(model, SwapSchedule.keep_everything()):
+        loss = model(x)
+    loss.backward()
+    stats = engine.end_step()
+    assert stats is not None and stats.sequence is not None
+    model.zero_grad(set_to_none=True)
+    return stats
+
+
+def _swap_all_but_last(stats) -> SwapSchedule:
+    names = [layer.name for layer in stats.layers]
+    return SwapSchedule.swap_layers_named(names[:-1], prefetch_window_bytes=256, max_copying_out_bytes=0)
+
+
+def _step(engine, model, x, schedule, sequence):
+    with engine.offload(model, schedule, sequence=sequence):
+        loss = model(x)
+    loss.backward()
+    return loss, engine.end_step()
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
+
+
+@pytest.mark.parametrize("lag", [-1, 0, 3, None])
+def test_replayed_whole_swaps_read_what_plain_autograd_reads(lag):
+    torch.manual_seed(0)
+    model = Blocks()
+    plain = copy.deepcopy(model)
+    x = torch.randn(8, 16)
+    engine = _engine(lag)
+    profiled = _profile(engine, model, x)
+    schedule = _swap_all_but_last(profiled)
+    route = ReplayRoute(profiled.sequence, schedule)
+    assert SWAP_WHOLE in route.actions and SWAP_AGAIN in route.actions
+    plain_loss = plain(x)
+    plain_loss.backward()
+    for _ in range(3):
+        loss, stats = _step(engine, model, x, schedule, profiled.sequence)
+        assert not stats.graph_changed and stats.bytes_swapped_out > 0
+        assert torch.equal(loss, plain_loss)
+        assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+        assert [(layer.name, layer.saved_bytes, layer.swappable_bytes) for layer in stats.layers] == [
+            (layer.name, layer.saved_bytes, layer.swappable_bytes) for layer in profiled.layers
+        ]
+        assert engine.ledger.activation_bytes == 0
+        model.zero_grad(set_to_none=True)
+    if lag != -1:
+        assert engine.runtime.violations == [] and engine.runtime.num_ooms == 0
+    engine.close()
+    assert engine.pool.in_use_bytes == 0
+
+
+def test_a_save_that_is_no_longer_its_whole_storage_leaves_the_path_and_reads_the_same():
+    torch.manual_seed(0)
+    model = Blocks()
+    x = torch.randn(8, 16)
+    engine = _engine(-1)
+    profiled = _profile(engine, model, x)
+    schedule = _swap_all_but_last(profiled)
+    model.sliced = True
+    plain = copy.deepcopy(model)
+    plain_loss = plain(x)
+    plain_loss.backward()
+    loss, stats = _step(engine, model, x, schedule, profiled.sequence)
+    assert stats.graph_changed
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+    assert engine.ledger.activation_bytes == 0
+
+
+def test_a_storage_changed_in_place_between_its_saves_is_read_as_changed_by_the_later_save():
+    torch.manual_seed(0)
+    model = Blocks()
+    x = torch.randn(8, 16)
+    engine = _engine(-1)
+    profiled = _profile(engine, model, x)
+    schedule = _swap_all_but_last(profiled)
+    model.bumped = True
+    plain = copy.deepcopy(model)
+    plain_loss = plain(x)
+    plain_loss.backward()
+    loss, stats = _step(engine, model, x, schedule, profiled.sequence)
+    assert stats.graph_changed  # the second save no longer reads what the first saved
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+    assert engine.ledger.activation_bytes == 0
+
+
+def test_keep_on_device_in_a_replayed_pass_keeps_what_the_route_would_swap_whole():
+    torch.manual_seed(0)
+    model = Blocks()
+    x = torch.randn(8, 16)
+    engine = _engine(-1)
+    profiled = _profile(engine, model, x)
+    schedule = _swap_all_but_last(profiled)
+    with engine.offload(model, schedule, sequence=profiled.sequence), keep_on_device():
+        loss = model(x)
+    loss.backward()
+    stats = engine.end_step()
+    assert stats is not None and stats.bytes_swapped_out == 0

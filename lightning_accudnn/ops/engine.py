@@ -555,8 +555,10 @@ class OffloadEngine:
         the tensor's size: a tensor that was no activation goes back to autograd untouched; one
         whose storage the plan keeps costs a few dict operations (autograd keeps
         ``(tensor, version, group, ordinal, step)``, its storage is counted by the ordinal of
-        its first save, with the storage's bytes the profiled pass measured); the rest go
-        through the full filter and the records. A size that differs marks the graph changed:
+        its first save, with the storage's bytes the profiled pass measured); a storage swapped
+        whole opens its record, and is saved again through it, without the filter
+        (:meth:`_pack_whole`, :meth:`_pack_again`); the rest go through the full filter and the
+        records. A size that differs marks the graph changed:
         from there on every save goes through the filter and the records."""
         ordinal = self._calls
         self._calls = ordinal + 1

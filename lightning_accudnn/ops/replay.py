@@ -29,7 +29,7 @@ KEEP_NEW = 1
 KEEP_AGAIN = 2
 #: save it through the engine's records (its storage is swapped, in part or whole),
 RECORD = 3
-#: open the one record of a storage swapped whole (the storage's first save, see below),
+#: open the one record of a storage swapped whole (the storage's first save),
 SWAP_WHOLE = 4
 #: or save again a storage swapped whole (a later save of the same bytes, the same lineage).
 SWAP_AGAIN = 5

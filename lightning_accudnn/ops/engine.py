@@ -639,12 +639,8 @@ class OffloadEngine:
         if (
             storage.nbytes() != nbytes
             or tensor.storage_offset()
-            or not (tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last))
-            or not (
-                tensor.is_cpu
-                if self._device_index < 0
-                else tensor.is_cuda and tensor.get_device() == self._device_index
-            )
+            or not _is_dense(tensor)
+            or not self._on_device(tensor)
             or key in self._model_storages
             or _keep_on_device_depth.get()
         ):
@@ -669,7 +665,7 @@ class OffloadEngine:
         step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         step.held_records += 1
         step.records.append(record)
-        self._start_copy_out(step, record, storage, tensor)
+        self._start_copy_out(step, record, storage, tensor, dense=True)
         return self._handle(step, record, tensor, record.dense)
 
     def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
@@ -678,7 +674,9 @@ class OffloadEngine:
         lineage at the same version over the same storage (the record holds all its bytes).
         ``None`` when not: the graph changed."""
         step = self._step
-        record = step.whole.get(opened_at) if step is not None else None
+        if step is None:
+            return None
+        record = step.whole.get(opened_at)
         if record is None or record.released or type(tensor) is not torch.Tensor:
             return None
         root = lineage_root(tensor)
@@ -688,7 +686,6 @@ class OffloadEngine:
             or tensor.untyped_storage().data_ptr() != record.source_block.key
         ):
             return None
-        assert step is not None
         if not self._in_forward:
             self._open_step()
         record.last_save = ordinal + 1
@@ -756,7 +753,8 @@ class OffloadEngine:
         step.held_records += 1
         step.records.append(record)
         if record.swap:
-            self._start_copy_out(step, record, storage, tensor)
+            dense = record.start == 0 and record.nbytes == tensor.nbytes and not tensor.storage_offset()
+            self._start_copy_out(step, record, storage, tensor, dense=dense and _is_dense(tensor))
         else:
             self._hold_found(record.source_block)
         return self._handle(step, record, tensor, record.dense), record, True
@@ -896,16 +894,18 @@ class OffloadEngine:
             type(tensor) is torch.Tensor  # tensor subclasses (a jagged nested tensor, DTensor) stay
             and tensor.layout == torch.strided
             and tensor.data_ptr() not in self._model_pointers
-            and (
-                tensor.is_cpu
-                if self._device_index < 0
-                else tensor.get_device() == self._device_index and tensor.is_cuda
-            )
+            and self._on_device(tensor)
             and not tensor.is_nested
             and not tensor.is_quantized
             and not tensor.is_conj()
             and not tensor.is_neg()
         )
+
+    def _on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lives on the engine's device."""
+        if self._device_index < 0:
+            return tensor.is_cpu
+        return tensor.is_cuda and tensor.get_device() == self._device_index
 
     def _new_record(
         self,
@@ -1040,16 +1040,21 @@ class OffloadEngine:
     # -- copies ---------------------------------------------------------------------------
 
     def _start_copy_out(
-        self, step: _StepState, record: StorageRecord, storage: torch.UntypedStorage, tensor: torch.Tensor
+        self,
+        step: _StepState,
+        record: StorageRecord,
+        storage: torch.UntypedStorage,
+        tensor: torch.Tensor,
+        *,
+        dense: bool,
     ) -> None:
-        """Copy the record's bytes out: from ``tensor`` itself, typed, when it is the record
-        whole, contiguous or channels-last (:attr:`.StorageRecord.dense`), else from a byte view
-        of ``storage``."""
+        """Copy the record's bytes out: from ``tensor`` itself, typed, when ``dense`` (the tensor
+        is the record whole, contiguous or channels-last: :attr:`.StorageRecord.dense`), else
+        from a byte view of ``storage``."""
         nbytes = record.nbytes
         buffer = record.host_buffer = self.pool.acquire(nbytes)
         source: torch.Tensor
-        whole = record.start == 0 and nbytes == tensor.nbytes and not tensor.storage_offset()
-        if whole and (tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)):
+        if dense:
             dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
             record.dense = (dtype, shape, stride, 0)
             host = record.host_view = self.pool.typed_view(buffer, dtype, shape, stride)
@@ -1191,6 +1196,11 @@ class OffloadEngine:
             self.ledger.start_step(self._static_bytes)
             self.runtime.collect_wait_seconds()
         return self._step
+
+
+def _is_dense(tensor: torch.Tensor) -> bool:
+    """Contiguous or channels-last: no gaps, no overlap, so a copy can be laid out like it."""
+    return tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)
 
 
 def _stale_error() -> StaleSavedTensorError:

@@ -253,7 +253,6 @@ class OffloadEngine:
         self._lingering: list[DeviceBlock] = []  # copies brought back, dropped, storage alive
         # The callbacks blocks and records hold, bound once: a bound method made per block or
         # record would be one more object per saved tensor for the garbage collector.
-        self._counted_callback = self._on_counted
         self._found_released_callback = self._on_found_block_released
         self._allocated_released_callback = self._on_allocated_block_released
         self._watches: set[weakref.ref[_StepState]] = set()  # steps whose host buffers are still out
@@ -648,7 +647,7 @@ class OffloadEngine:
         step = self._step
         if step is None or not self._in_forward:
             step = self._open_step()
-        block = DeviceBlock(key, nbytes, self._counted_callback, self._found_released_callback)
+        block = DeviceBlock(key, nbytes, self._found_released_callback)
         record = StorageRecord(
             layer=layer,
             start=0,
@@ -736,7 +735,7 @@ class OffloadEngine:
         (:attr:`_StepState.handle_unpacked`)."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():
-            block = DeviceBlock(key, storage_nbytes, self._counted_callback, self._found_released_callback)
+            block = DeviceBlock(key, storage_nbytes, self._found_released_callback)
             entry = _StorageEntry(StorageWeakReference(storage), block, ordinal)
             step.by_storage[key] = entry
         root = lineage_root(tensor)
@@ -826,16 +825,24 @@ class OffloadEngine:
             if tensor._version != version:
                 raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
             return tensor
-        if isinstance(packed, torch.Tensor):
-            return packed
-        assert type(packed) is tuple
-        return self._unpack_record(packed)
+        if type(packed) is tuple:
+            return self._unpack_record(*packed)
+        assert isinstance(packed, torch.Tensor)
+        return packed
 
-    def _unpack_record(self, packed: tuple[object, ...]) -> torch.Tensor:
-        """Unpack a save through the records (see :meth:`_handle`)."""
-        record, tensor, version, index, step = packed[:5]
-        assert isinstance(record, StorageRecord) and isinstance(step, _StepState)
-        assert isinstance(version, int) and isinstance(index, int)
+    def _unpack_record(
+        self,
+        record: StorageRecord,
+        tensor: torch.Tensor | None,
+        version: int,
+        index: int,
+        step: _StepState,
+        dtype: torch.dtype | None,
+        shape: torch.Size | None,
+        stride: tuple[int, ...] | None,
+        offset: int | None,
+    ) -> torch.Tensor:
+        """Unpack a save through the records: the fields of its handle (see :meth:`_handle`)."""
         if step.aborted:
             raise _stale_error()
         if self._lingering:
@@ -844,12 +851,9 @@ class OffloadEngine:
         if current is not None and current.next_prefetch >= 0:
             self._prefetch()
         if tensor is not None:
-            assert isinstance(tensor, torch.Tensor)
             check_version(tensor, version, tensor.dtype, tensor.shape)
         else:
-            geometry = packed[5:]
-            dtype, shape, stride, offset = geometry
-            assert isinstance(dtype, torch.dtype) and isinstance(shape, torch.Size)
+            assert dtype is not None and shape is not None
             check_version(record.root(), version, dtype, shape)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
@@ -862,7 +866,7 @@ class OffloadEngine:
             record.fetched_ready = None
             if block is record.source_block:  # read where it was saved
                 tensor = saved_view(fetched, 0, dtype, shape, stride, offset)  # type: ignore[arg-type]
-            elif record.dense == geometry:
+            elif record.dense == (dtype, shape, stride, offset):
                 tensor = fetched  # the tensor saved, brought back whole
             else:
                 tensor = saved_view(fetched, record.start, dtype, shape, stride, offset)  # type: ignore[arg-type]
@@ -946,14 +950,14 @@ class OffloadEngine:
         """False only when the schedule keeps what passes the host cap and this would."""
         return not self._schedule.keep_beyond_host_limit or self.pool.can_hold(nbytes)
 
-    def _on_counted(self, nbytes: int) -> None:
-        self.ledger.acquire(nbytes)
-
     def _hold_found(self, block: DeviceBlock) -> None:
-        """Hold a saved storage; the runtime learns of it when the engine starts counting it."""
+        """Hold a saved storage; the ledger counts it, and the runtime learns of it, from its
+        first holder on."""
+        block.holders += 1
         if not block.counted:
+            block.counted = True
             self.runtime.hold(block.key, block.nbytes)
-        block.hold()
+            self.ledger.acquire(block.nbytes)
 
     def _on_found_block_released(self, block: DeviceBlock) -> None:
         """A saved storage the engine no longer needs: out of the count, in compute order."""
@@ -999,8 +1003,7 @@ class OffloadEngine:
         ends): they leave the count in compute order. A swapped record keeps its host copy
         (a retained graph may read it again) until its step dies (:meth:`_watch`)."""
         if record.swap:
-            self._leave_fifo(step, record)
-            self._drop_source(record)
+            self._retire(step, record)
             self._drop_fetched(record)
         elif not record.released:
             record.source_block.unhold()
@@ -1090,21 +1093,18 @@ class OffloadEngine:
                 step.copying_out_bytes -= record.nbytes
                 step.copying_out_count -= 1
 
-    def _retire(self, step: _StepState, record: StorageRecord) -> None:
+    def _retire(self, step: _StepState | None, record: StorageRecord) -> None:
         """Take the record out of the copy-out FIFO: compute waits on its copy, the source goes."""
         self._leave_fifo(step, record)
-        self._drop_source(record)
+        if record.source_storage is not None:
+            self._wait_copy_out(record)
+            record.source_storage = None
+            record.source_block.unhold()
 
     def _wait_copy_out(self, record: StorageRecord) -> None:
         if not record.copy_out_waited:
             record.copy_out_waited = True
             self.runtime.wait(record.copy_out)
-
-    def _drop_source(self, record: StorageRecord) -> None:
-        if record.source_storage is not None:
-            self._wait_copy_out(record)
-            record.source_storage = None
-            record.source_block.unhold()
 
     def _drop_fetched(self, record: StorageRecord) -> None:
         """The engine's reference to the copy brought back goes (the views handed out keep theirs)."""
@@ -1140,7 +1140,6 @@ class OffloadEngine:
             block = DeviceBlock(
                 destination.data_ptr(),
                 record.nbytes,
-                self._counted_callback,
                 self._allocated_released_callback,
                 StorageWeakReference(destination.untyped_storage()),
             )
@@ -1151,7 +1150,10 @@ class OffloadEngine:
             if step is not None:
                 step.bytes_in += record.nbytes
         record.fetched_block = block
-        block.hold()
+        block.holders += 1
+        if not block.counted:
+            block.counted = True
+            self.ledger.acquire(block.nbytes)
         if step is not None and not block.in_prefetch_window and not self._in_forward:
             step.window_used += block.nbytes
             block.in_prefetch_window = True

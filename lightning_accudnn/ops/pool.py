@@ -17,7 +17,7 @@ import torch
 from lightning_accudnn.ops.errors import HostMemoryExceeded
 
 _ALIGN = 512
-_MAX_VIEWS = 4096  # remembered host views (a few hundred bytes each)
+_MAX_VIEWS = 4096  # remembered host views (a few hundred bytes each), and buffer sizes
 
 
 def _bucket(nbytes: int) -> int:
@@ -67,6 +67,7 @@ class HostBufferPool:
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
         # (buffer address, dtype, shape, stride) -> the buffer's first bytes so typed (:meth:`typed_view`)
         self._views: dict[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        self._sizes: dict[int, int] = {}  # asked bytes -> :meth:`host_bytes`, for :meth:`acquire`
         self.allocated_bytes = 0
         self.in_use_bytes = 0
         self.allocations = 0
@@ -86,7 +87,11 @@ class HostBufferPool:
         return bool(self._idle.get(size)) or self.in_use_bytes + size <= self.capacity_bytes
 
     def acquire(self, nbytes: int) -> torch.Tensor:
-        size = self.host_bytes(nbytes)
+        size = self._sizes.get(nbytes)
+        if size is None:  # a step asks for the same sizes each time: worked out once
+            if len(self._sizes) >= _MAX_VIEWS:
+                self._sizes.clear()
+            size = self._sizes[nbytes] = self.host_bytes(nbytes)
         idle = self._idle.get(size)
         if idle:
             buffer = idle.pop()

@@ -28,35 +28,28 @@ _ALIGN = 16  # bytes: extents start here so that every element type stays aligne
 class DeviceBlock:
     """A device allocation the engine accounts for, counted from its first holder on.
 
-    ``key`` is its address. When its last holder lets go, ``on_release`` decides whether it
-    is freed now or lingers (a copy brought back stays until its storage dies: autograd
-    may still read views of it). ``storage`` watches that storage for blocks the engine
-    allocated; ``None`` for saved storages the engine found.
+    ``key`` is its address. The engine counts it in its ledger when it takes the first hold
+    (``holders``, ``counted``); when its last holder lets go (:meth:`unhold`), ``on_release``
+    decides whether it is freed now or lingers (a copy brought back stays until its storage
+    dies: autograd may still read views of it). ``storage`` watches that storage for blocks
+    the engine allocated; ``None`` for saved storages the engine found.
 
     Example:
-        >>> changes = []
-        >>> block = DeviceBlock(1234, 64, on_counted=changes.append, on_release=lambda b: changes.append(-1))
-        >>> block.hold(); block.hold(); block.unhold(); block.unhold()
-        >>> changes, block.counted
-        ([64, -1], True)
+        >>> released = []
+        >>> block = DeviceBlock(1234, 64, on_release=released.append)
+        >>> block.holders += 2
+        >>> block.unhold(); released
+        []
+        >>> block.unhold(); released == [block]
+        True
     """
 
-    __slots__ = (
-        "key",
-        "nbytes",
-        "storage",
-        "holders",
-        "counted",
-        "on_counted",
-        "on_release",
-        "in_prefetch_window",
-    )
+    __slots__ = ("key", "nbytes", "storage", "holders", "counted", "on_release", "in_prefetch_window")
 
     def __init__(
         self,
         key: int,
         nbytes: int,
-        on_counted: Callable[[int], None],
         on_release: Callable[[DeviceBlock], None],
         storage: StorageWeakReference | None = None,
     ) -> None:
@@ -65,15 +58,8 @@ class DeviceBlock:
         self.storage = storage
         self.holders = 0
         self.counted = False
-        self.on_counted = on_counted
         self.on_release = on_release
         self.in_prefetch_window = False
-
-    def hold(self) -> None:
-        self.holders += 1
-        if not self.counted:
-            self.counted = True
-            self.on_counted(self.nbytes)
 
     def unhold(self) -> None:
         self.holders -= 1

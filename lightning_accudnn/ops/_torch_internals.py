@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["StorageWeakReference", "tracks_running_statistics", "top_saved_tensor_hooks"]
+__all__ = ["StorageWeakReference", "copy_each", "tracks_running_statistics", "top_saved_tensor_hooks"]
 
 
 class StorageWeakReference:
@@ -53,3 +53,16 @@ def tracks_running_statistics(module: nn.Module) -> bool:
     return (
         isinstance(module, nn.modules.batchnorm._NormBase) and module.training and module.track_running_stats
     )
+
+
+def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non_blocking: bool) -> None:
+    """``destinations[i].copy_(sources[i])`` for every ``i``, in one call (what the optimizers'
+    ``foreach`` paths use): one dispatch from Python for a group of copies, not one per tensor.
+
+    Example:
+        >>> destinations = [torch.empty(2), torch.empty(3, dtype=torch.int64)]
+        >>> copy_each(destinations, [torch.ones(2), torch.arange(3)], non_blocking=False)
+        >>> destinations[1].tolist()
+        [0, 1, 2]
+    """
+    torch._foreach_copy_(destinations, sources, non_blocking=non_blocking)

@@ -65,6 +65,9 @@ from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, ROOT_LAYER, LayerP
 #: departed from the profiled sequence (an unknown name: a plan swaps it, the safe side).
 CHANGED_GRAPH_LAYER = "(changed graph)"
 
+#: :attr:`.StorageRecord.copy_out` of a record whose copy out waits for the rest of its group.
+_NOT_ISSUED: object = object()
+
 _keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
 
 
@@ -251,6 +254,10 @@ class OffloadEngine:
         self._in_forward = False
         self._static_bytes = 0
         self._lingering: list[DeviceBlock] = []  # copies brought back, dropped, storage alive
+        # The group of copies out not issued yet (:meth:`_issue_copies_out`): records, sources, hosts
+        self._copies_out: list[StorageRecord] = []
+        self._copy_sources: list[torch.Tensor] = []
+        self._copy_hosts: list[torch.Tensor] = []
         # The callbacks blocks and records hold, bound once: a bound method made per block or
         # record would be one more object per saved tensor for the garbage collector.
         self._found_released_callback = self._on_found_block_released
@@ -346,6 +353,7 @@ class OffloadEngine:
         Storages still in the copy-out FIFO stay on the device and are used from there.
         """
         self._in_forward = False
+        self._issue_copies_out()
         self.timer.end_forward()
         self.pass_timer.end_forward()
         step = self._step
@@ -494,6 +502,9 @@ class OffloadEngine:
         if step is None:
             return
         step.aborted = True
+        for record in self._copies_out:  # never issued: nothing to wait for
+            record.copy_out_waited = True
+        self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
         self._restart_ordinals()
         self._release_kept(step)
         self._release_devices(step)
@@ -597,7 +608,13 @@ class OffloadEngine:
                         step.kept_pending[group] = pending + 1
                         return (tensor, tensor._version, group, ordinal, step)
             elif action == SWAP_WHOLE:
-                packed = self._pack_whole(tensor, ordinal, sequence.sizes[ordinal], sequence.layers[ordinal])
+                packed = self._pack_whole(
+                    tensor,
+                    ordinal,
+                    sequence.sizes[ordinal],
+                    sequence.layers[ordinal],
+                    route.group_ends[ordinal],
+                )
                 if packed is not None:
                     return packed
             elif action == SWAP_AGAIN:
@@ -624,13 +641,17 @@ class OffloadEngine:
             step, ordinal, tensor, storage, key, storage_nbytes, CHANGED_GRAPH_LAYER, False
         )[0]
 
-    def _pack_whole(self, tensor: torch.Tensor, ordinal: int, nbytes: int, layer: str) -> object:
+    def _pack_whole(
+        self, tensor: torch.Tensor, ordinal: int, nbytes: int, layer: str, group_ends: bool
+    ) -> object:
         """A replayed save that opened the one record of a storage swapped whole
         (:data:`.SWAP_WHOLE`): checked to be that again (a plain dense tensor over its whole
         storage of the profiled size, on the device, no parameter, outside
         :func:`keep_on_device`), it opens that record without the filter, the extent arithmetic
-        and the storage's entry (no other record of the storage can come). ``None`` when the
-        check fails: the graph changed."""
+        and the storage's entry (no other record of the storage can come). Its copy out is
+        issued with those of the layer's other whole storages, at the last of them
+        (``group_ends``: :attr:`.ReplayRoute.group_ends`). ``None`` when the check fails: the
+        graph changed."""
         if type(tensor) is not torch.Tensor or tensor.layout != torch.strided or tensor.nbytes != nbytes:
             return None
         storage = tensor.untyped_storage()
@@ -664,7 +685,7 @@ class OffloadEngine:
         step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         step.held_records += 1
         step.records.append(record)
-        self._start_copy_out(step, record, storage, tensor, dense=True)
+        self._start_copy_out(step, record, storage, tensor, dense=True, group_ends=group_ends)
         return self._handle(step, record, tensor, record.dense)
 
     def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
@@ -854,6 +875,8 @@ class OffloadEngine:
             check_version(tensor, version, tensor.dtype, tensor.shape)
         else:
             assert dtype is not None and shape is not None
+            if version != record.version:  # the copy holds a later version (see _issue_copies_out)
+                raise modified_in_place_error(dtype, shape, record.version, version)
             check_version(record.root(), version, dtype, shape)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
@@ -1050,10 +1073,13 @@ class OffloadEngine:
         tensor: torch.Tensor,
         *,
         dense: bool,
+        group_ends: bool = True,
     ) -> None:
         """Copy the record's bytes out: from ``tensor`` itself, typed, when ``dense`` (the tensor
         is the record whole, contiguous or channels-last: :attr:`.StorageRecord.dense`), else
-        from a byte view of ``storage``."""
+        from a byte view of ``storage``. The copy joins the group of copies not issued yet,
+        issued as one when ``group_ends`` (or when a wait on one of them needs it:
+        :meth:`_issue_copies_out`)."""
         nbytes = record.nbytes
         buffer = record.host_buffer = self.pool.acquire(nbytes)
         source: torch.Tensor
@@ -1070,8 +1096,12 @@ class OffloadEngine:
         if not step.watched:
             self._watch(step)
         self._hold_found(record.source_block)
-        written = self.runtime.record_compute()
-        record.copy_out = self.runtime.copy_out(written, source, host)
+        record.copy_out = _NOT_ISSUED
+        self._copies_out.append(record)
+        self._copy_sources.append(source)
+        self._copy_hosts.append(host)
+        if group_ends:
+            self._issue_copies_out()
         record.source_storage = storage
         step.swapped.append(record)
         step.next_prefetch = len(step.swapped) - 1
@@ -1103,8 +1133,27 @@ class OffloadEngine:
 
     def _wait_copy_out(self, record: StorageRecord) -> None:
         if not record.copy_out_waited:
+            if record.copy_out is _NOT_ISSUED:
+                self._issue_copies_out()
             record.copy_out_waited = True
             self.runtime.wait(record.copy_out)
+
+    def _issue_copies_out(self) -> None:
+        """Issue the copies out not issued yet as one group on the copy stream, after the compute
+        issued so far: one event for them all. A record whose lineage was written in place
+        since its save now holds the bytes of that version: its saves no longer match it, as
+        plain autograd's would not (:meth:`_unpack_record` raises)."""
+        records = self._copies_out
+        if not records:
+            return
+        written = self.runtime.record_compute()
+        done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
+        for record in records:
+            record.copy_out = done
+            root = record.root()
+            if root is not None:  # alive: the source held till now is a view of it
+                record.version = root._version
+        self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
 
     def _drop_fetched(self, record: StorageRecord) -> None:
         """The engine's reference to the copy brought back goes (the views handed out keep theirs)."""
@@ -1119,7 +1168,15 @@ class OffloadEngine:
         block.unhold()
 
     def _fetch(self, record: StorageRecord) -> None:
-        """Make the record's bytes available on the device (use them in place if still there)."""
+        """Make the record's bytes available on the device now (read in backward before its
+        prefetch, or by a backward inside the forward)."""
+        if self._place(record):
+            self._copy_in([record])
+
+    def _place(self, record: StorageRecord) -> bool:
+        """Give the record its bytes on the device: where they are if still in the FIFO, else a
+        block allocated on the compute stream; ``True`` when they are to be copied in there
+        (:meth:`_copy_in`)."""
         step = self._step
         storage = record.source_storage
         if storage is not None:
@@ -1129,7 +1186,8 @@ class OffloadEngine:
             self._wait_copy_out(record)
             whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
             record.fetched, record.fetched_ready = whole, None
-            block = record.source_block
+            record.fetched_block = block = record.source_block
+            copy = False
         else:
             dense = record.dense
             destination = (
@@ -1143,13 +1201,8 @@ class OffloadEngine:
                 self._allocated_released_callback,
                 StorageWeakReference(destination.untyped_storage()),
             )
-            allocated = self.runtime.record_compute()
-            record.fetched = destination
-            assert record.host_view is not None
-            record.fetched_ready = self.runtime.copy_in(allocated, record.host_view, destination)
-            if step is not None:
-                step.bytes_in += record.nbytes
-        record.fetched_block = block
+            record.fetched, record.fetched_block = destination, block
+            copy = True
         block.holders += 1
         if not block.counted:
             block.counted = True
@@ -1157,22 +1210,46 @@ class OffloadEngine:
         if step is not None and not block.in_prefetch_window and not self._in_forward:
             step.window_used += block.nbytes
             block.in_prefetch_window = True
+        return copy
+
+    def _copy_in(self, records: list[StorageRecord]) -> None:
+        """Copy the host copies of ``records`` into the blocks :meth:`_place` allocated them, as
+        one group on the copy stream after those allocations: one event for them all."""
+        allocated = self.runtime.record_compute()
+        hosts, destinations = [], []
+        for record in records:
+            assert record.host_view is not None and record.fetched is not None
+            hosts.append(record.host_view)
+            destinations.append(record.fetched)
+        ready = self.runtime.copy_in(allocated, hosts, destinations)
+        nbytes = 0
+        for record in records:
+            record.fetched_ready = ready
+            nbytes += record.nbytes
+        step = self._step
+        if step is not None:
+            step.bytes_in += nbytes
 
     def _prefetch(self) -> None:
-        """Bring back swapped records in reverse order of last save while the window allows."""
+        """Bring back swapped records in reverse order of last save while the window allows,
+        those copied in as one group."""
         step = self._step
         if step is None or self._in_forward:
             return
         window = self._schedule.prefetch_window_bytes
+        copied: list[StorageRecord] = []
         while step.next_prefetch >= 0:
             record = step.swapped[step.next_prefetch]
             if record.fetched is not None or record.pending_unpacks == 0 or record.host_buffer is None:
                 step.next_prefetch -= 1
                 continue
             if step.window_used > 0 and step.window_used + record.nbytes > window:
-                return
-            self._fetch(record)
+                break
+            if self._place(record):
+                copied.append(record)
             step.next_prefetch -= 1
+        if copied:
+            self._copy_in(copied)
 
     def _observed_peak(self, route: ReplayRoute | None) -> int | None:
         """The activation peak of the last observed pass replayed on ``route``, if it kept

@@ -52,11 +52,15 @@ class ReplayRoute:
         >>> actions = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b", "c"])).actions
         >>> actions[2:] == [RECORD, RECORD, SWAP_WHOLE, SWAP_AGAIN]
         True
+        >>> for _ in range(2):  # a layer saving two whole storages: their copies go as one group
+        ...     sequence.append("e", False, 64, tensor_bytes=64, kind=SWAPPABLE, record_bytes=64)
+        >>> ReplayRoute(sequence, SwapSchedule.swap_layers_named(["c", "e"])).group_ends[4:]
+        [True, True, False, True]
         >>> route.layer_bytes(len(route))
         ({'a': 64}, {'a': 64})
     """
 
-    __slots__ = ("sequence", "schedule", "fast", "actions", "keeps_all", "_totals", "_order")
+    __slots__ = ("sequence", "schedule", "fast", "actions", "group_ends", "keeps_all", "_totals", "_order")
 
     def __init__(self, sequence: SaveSequence, schedule: SwapSchedule) -> None:
         self.sequence = sequence
@@ -75,6 +79,10 @@ class ReplayRoute:
         ]
         for ordinal in _swapped_whole(sequence, swapped_groups, schedule):
             self.actions[ordinal] = SWAP_WHOLE if sequence.groups[ordinal] == ordinal else SWAP_AGAIN
+        #: Per ordinal: whether the copies out not issued yet are issued with this save's; false
+        #: only at a storage swapped whole that the same layer's next such storage follows (the
+        #: copies of a layer's whole storages go as one group, at the last of them).
+        self.group_ends = _group_ends(sequence, self.actions)
         #: Whether every save takes the fast kept path or is left alone (nothing is swapped).
         self.keeps_all = all(self.fast)
         self._totals: tuple[dict[str, int], dict[str, int]] | None = None
@@ -131,6 +139,14 @@ def _action(ordinal: int, kind: int, fast: bool, group: int) -> int:
     if not fast:
         return RECORD
     return KEEP_NEW if group == ordinal else KEEP_AGAIN
+
+
+def _group_ends(sequence: SaveSequence, actions: list[int]) -> list[bool]:
+    ends = [True] * len(actions)
+    opened = [ordinal for ordinal, action in enumerate(actions) if action == SWAP_WHOLE]
+    for ordinal, following in zip(opened, opened[1:], strict=False):
+        ends[ordinal] = sequence.layers[ordinal] != sequence.layers[following]
+    return ends
 
 
 def _swapped_whole(sequence: SaveSequence, swapped_groups: set[int], schedule: SwapSchedule) -> list[int]:

@@ -26,6 +26,8 @@ from typing import Protocol
 
 import torch
 
+from lightning_accudnn.ops._torch_internals import copy_each
+
 StreamEvent = object
 """An opaque point in a stream's order, made by a runtime and only given back to it."""
 
@@ -46,8 +48,11 @@ class Runtime(Protocol):
         """An event after the compute work issued so far."""
         ...
 
-    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
-        """Copy device bytes ``source`` into ``host`` on the copy stream, ordered after ``after``."""
+    def copy_out(
+        self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
+    ) -> StreamEvent:
+        """Copy each device tensor of ``sources`` into the host tensor of ``hosts`` at the same
+        index, on the copy stream, ordered after ``after``; one event after them all."""
         ...
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -55,8 +60,11 @@ class Runtime(Protocol):
         allocated on the compute stream (contents undefined)."""
         ...
 
-    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
-        """Copy ``host`` into device bytes ``dest`` on the copy stream, ordered after ``after``."""
+    def copy_in(
+        self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
+    ) -> StreamEvent:
+        """Copy each host tensor of ``hosts`` into the device tensor of ``dests`` at the same
+        index, on the copy stream, ordered after ``after``; one event after them all."""
         ...
 
     def wait(self, event: StreamEvent) -> None:
@@ -95,9 +103,9 @@ class HostCopyRuntime:
         >>> runtime = HostCopyRuntime()
         >>> source = torch.arange(8, dtype=torch.uint8)
         >>> host = torch.empty(8, dtype=torch.uint8)
-        >>> _ = runtime.copy_out(runtime.record_compute(), source, host)
+        >>> _ = runtime.copy_out(runtime.record_compute(), [source], [host])
         >>> back = runtime.allocate((8,), (1,), torch.uint8)
-        >>> _ = runtime.copy_in(runtime.record_compute(), host, back)
+        >>> _ = runtime.copy_in(runtime.record_compute(), [host], [back])
         >>> bool(torch.equal(back, source))
         True
     """
@@ -113,18 +121,22 @@ class HostCopyRuntime:
     def record_compute(self) -> StreamEvent:
         return None
 
-    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+    def copy_out(
+        self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
+    ) -> StreamEvent:
         start = time.perf_counter()
-        host.copy_(source)
+        copy_each(hosts, sources, non_blocking=False)
         self._waited += time.perf_counter() - start
         return None
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype)
 
-    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
+    def copy_in(
+        self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
+    ) -> StreamEvent:
         start = time.perf_counter()
-        dest.copy_(host)
+        copy_each(dests, hosts, non_blocking=False)
         self._waited += time.perf_counter() - start
         return None
 
@@ -185,10 +197,18 @@ class CudaRuntime:
         assert isinstance(after, torch.cuda.Event)
         self.copy_stream.wait_event(after)
 
-    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+    def copy_out(
+        self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
+    ) -> StreamEvent:
+        return self._copies(after, hosts, sources)
+
+    def _copies(
+        self, after: StreamEvent, dests: list[torch.Tensor], sources: list[torch.Tensor]
+    ) -> StreamEvent:
+        """A group of copies on the copy stream after ``after``: one wait, one call, one event."""
         self._after(after)
         with torch.cuda.stream(self.copy_stream):
-            host.copy_(source, non_blocking=True)
+            copy_each(dests, sources, non_blocking=True)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.copy_stream)
         return done
@@ -196,13 +216,10 @@ class CudaRuntime:
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
 
-    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
-        self._after(after)
-        with torch.cuda.stream(self.copy_stream):
-            dest.copy_(host, non_blocking=True)
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self.copy_stream)
-        return done
+    def copy_in(
+        self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
+    ) -> StreamEvent:
+        return self._copies(after, dests, hosts)
 
     def wait(self, event: StreamEvent) -> None:
         assert isinstance(event, torch.cuda.Event)

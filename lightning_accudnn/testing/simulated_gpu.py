@@ -199,7 +199,14 @@ class SimulatedGPU:
         self._compute_op()
         return _Event(self._clocks[_COMPUTE])
 
-    def copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> StreamEvent:
+    def copy_out(
+        self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
+    ) -> StreamEvent:
+        for source, host in zip(sources, hosts, strict=True):
+            self._copy_out(after, source, host)
+        return _Event(self._clocks[_COPY])
+
+    def _copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> None:
         block = self._ordered_copy(
             after,
             source,
@@ -217,7 +224,6 @@ class SimulatedGPU:
         position = self._enqueue(run)
         if block is not None:
             block.last_copy_access = position
-        return _Event(self._clocks[_COPY])
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         position = self._compute_op()
@@ -227,7 +233,14 @@ class SimulatedGPU:
         self._add_block(_Block(tensor.untyped_storage().data_ptr(), nbytes, size, position))
         return tensor
 
-    def copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> StreamEvent:
+    def copy_in(
+        self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
+    ) -> StreamEvent:
+        for host, dest in zip(hosts, dests, strict=True):
+            self._copy_in(after, host, dest)
+        return _Event(self._clocks[_COPY])
+
+    def _copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> None:
         block = self._ordered_copy(
             after,
             dest,
@@ -248,7 +261,6 @@ class SimulatedGPU:
         position = self._enqueue(run)
         if block is not None:
             block.last_copy_write = block.last_copy_access = position
-        return _Event(self._clocks[_COPY])
 
     def wait(self, event: StreamEvent) -> None:
         assert isinstance(event, _Event)

@@ -25,15 +25,15 @@ class StalledCompute(CudaRuntime):
 
 
 class StalledCopies(CudaRuntime):
-    def copy_out(self, after, source, host):
+    def copy_out(self, after, sources, hosts):
         with torch.cuda.stream(self.copy_stream):
             torch.cuda._sleep(STALL_CYCLES)
-        return super().copy_out(after, source, host)
+        return super().copy_out(after, sources, hosts)
 
-    def copy_in(self, after, host, dest):
+    def copy_in(self, after, hosts, dests):
         with torch.cuda.stream(self.copy_stream):
             torch.cuda._sleep(STALL_CYCLES)
-        return super().copy_in(after, host, dest)
+        return super().copy_in(after, hosts, dests)
 
 
 @pytest.fixture(autouse=True)

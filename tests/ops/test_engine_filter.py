@@ -15,9 +15,9 @@ class RecordingRuntime(HostCopyRuntime):
         super().__init__()
         self.sources = []
 
-    def copy_out(self, after, source, host):
-        self.sources.append(source)  # keep them alive so addresses stay unique
-        return super().copy_out(after, source, host)
+    def copy_out(self, after, sources, hosts):
+        self.sources.extend(sources)  # keep them alive so addresses stay unique
+        return super().copy_out(after, sources, hosts)
 
 
 def _parameter_storages(model):

@@ -138,3 +138,83 @@ def test_keep_on_device_in_a_replayed_pass_keeps_what_the_route_would_swap_whole
     loss.backward()
     stats = engine.end_step()
     assert stats is not None and stats.bytes_swapped_out == 0
+
+
+class CountingCopies(SimulatedGPU):
+    """A simulated GPU that remembers how many copies each copy-out and copy-in call carried."""
+
+    def __init__(self) -> None:
+        super().__init__(lag=2, seed=1)
+        self.out_groups: list[int] = []
+        self.in_groups: list[int] = []
+
+    def copy_out(self, after, sources, hosts):
+        self.out_groups.append(len(sources))
+        return super().copy_out(after, sources, hosts)
+
+    def copy_in(self, after, hosts, dests):
+        self.in_groups.append(len(hosts))
+        return super().copy_in(after, hosts, dests)
+
+
+def test_a_layers_whole_storages_go_out_as_one_group_and_come_back_in_groups():
+    # Each LayerNorm saves three storages of its own (its input, mean and rstd): one copy-out
+    # call and one event for the three. With a window holding everything, backward brings all
+    # back in one call.
+    torch.manual_seed(0)
+    model, x = Blocks(), torch.randn(8, 16)
+    runtime = CountingCopies()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=runtime)
+    profiled = _profile(engine, model, x)
+    names = [layer.name for layer in profiled.layers]
+    schedule = SwapSchedule.swap_layers_named(
+        names[:-1], prefetch_window_bytes=2**20, max_copying_out_bytes=1024
+    )
+    runtime.out_groups.clear(), runtime.in_groups.clear()
+    plain = copy.deepcopy(model)
+    plain(x).backward()
+    _, stats = _step(engine, model, x, schedule, profiled.sequence)
+    assert not stats.graph_changed
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+    norms = sum(
+        isinstance(module, nn.LayerNorm) and name in names[:-1] for name, module in model.named_modules()
+    )
+    assert runtime.out_groups.count(3) == norms
+    assert len(runtime.in_groups) == 1 and runtime.in_groups[0] > norms  # the rest is read in place
+    assert runtime.violations == [] and engine.ledger.activation_bytes == 0
+
+
+class WrittenAfterSave(nn.Module):
+    """``exp`` saves its result ``y``, which (when ``write``) is then written in place and dies
+    after the forward; the second ``exp`` saves a storage of the same layer after the write.
+    Plain autograd refuses the backward (``y`` changed since it was saved)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.write = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.exp()
+        if self.write:
+            y.add_(1.0)
+        return y.exp().sum()
+
+
+@pytest.mark.parametrize("lag", [-1, 0, None])
+def test_an_in_place_write_before_the_groups_copy_is_refused_as_plain_autograd_refuses_it(lag):
+    # The copy of y waits for the layer's next storage, so it would carry the written bytes:
+    # its saves no longer match, and backward raises as plain autograd does, even though y is gone.
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(16, 16), WrittenAfterSave()), torch.randn(8, 16)
+    engine = _engine(lag)
+    profiled = _profile(engine, model, x.clone())
+    model[1].write = True
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        model(x).backward()
+    model.zero_grad(set_to_none=True)
+    schedule = SwapSchedule.swap_layers_named(["1"], prefetch_window_bytes=2**20, max_copying_out_bytes=2**20)
+    assert ReplayRoute(profiled.sequence, schedule).actions.count(SWAP_WHOLE) == 2
+    with engine.offload(model, schedule, sequence=profiled.sequence):
+        loss = model(x)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

@@ -4,8 +4,9 @@ Two streams: *compute* (where the model runs and where the CPU's work lands) and
 (device-to-host and host-to-device copies). The engine only ever:
 
 - records an event on compute (:meth:`Runtime.record_compute`),
-- copies out or in on the copy stream after such an event (:meth:`~Runtime.copy_out`,
-  :meth:`~Runtime.copy_in`), each returning the copy's event,
+- copies a group of tensors out or in on the copy stream after such an event
+  (:meth:`~Runtime.copy_out`, :meth:`~Runtime.copy_in`), each call returning one event for
+  its group (a layer's storages, a prefetch round: not one event per tensor),
 - allocates on the compute stream (:meth:`~Runtime.allocate`, typed like the copy it receives),
 - makes compute wait on an event (:meth:`~Runtime.wait`, :meth:`~Runtime.use_on_compute`),
 - tells the runtime which device blocks it holds and when it drops them

@@ -502,9 +502,6 @@ class OffloadEngine:
         if step is None:
             return
         step.aborted = True
-        for record in self._copies_out:  # never issued: nothing to wait for
-            record.copy_out_waited = True
-        self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
         self._restart_ordinals()
         self._release_kept(step)
         self._release_devices(step)

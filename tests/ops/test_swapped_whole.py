@@ -187,16 +187,20 @@ def test_a_layers_whole_storages_go_out_as_one_group_and_come_back_in_groups():
 class WrittenAfterSave(nn.Module):
     """``exp`` saves its result ``y``, which (when ``write``) is then written in place and dies
     after the forward; the second ``exp`` saves a storage of the same layer after the write.
-    Plain autograd refuses the backward (``y`` changed since it was saved)."""
+    Plain autograd refuses the backward (``y`` changed since it was saved). With ``fail`` the
+    forward raises between the two saves."""
 
     def __init__(self) -> None:
         super().__init__()
         self.write = False
+        self.fail = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x.exp()
         if self.write:
             y.add_(1.0)
+        if self.fail:
+            raise RuntimeError("failed between two saves of a group")
         return y.exp().sum()
 
 
@@ -218,3 +222,27 @@ def test_an_in_place_write_before_the_groups_copy_is_refused_as_plain_autograd_r
         loss = model(x)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("lag", [0, None])
+def test_a_forward_failing_inside_a_group_leaves_nothing_held_and_the_next_step_is_exact(lag):
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(16, 16), WrittenAfterSave()), torch.randn(8, 16)
+    plain = copy.deepcopy(model)
+    plain(x).backward()
+    engine = _engine(lag)
+    profiled = _profile(engine, model, x)
+    schedule = SwapSchedule.swap_layers_named(["1"], prefetch_window_bytes=2**20, max_copying_out_bytes=2**20)
+    model[1].fail = True
+    with (
+        pytest.raises(RuntimeError, match="between two saves"),
+        engine.offload(model, schedule, sequence=profiled.sequence),
+    ):
+        model(x)
+    assert not engine.step_open and engine.ledger.activation_bytes == 0
+    model[1].fail = False
+    _, stats = _step(engine, model, x, schedule, profiled.sequence)
+    assert stats.bytes_swapped_out > 0 and not stats.graph_changed
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+    engine.close()
+    assert engine.runtime.violations == [] and engine.pool.in_use_bytes == 0

@@ -202,8 +202,18 @@ class SimulatedGPU:
     def copy_out(
         self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
     ) -> StreamEvent:
-        for source, host in zip(sources, hosts, strict=True):
-            self._copy_out(after, source, host)
+        return self._group(self._copy_out, after, sources, hosts)
+
+    def _group(
+        self,
+        copy: Callable[[StreamEvent, torch.Tensor, torch.Tensor], None],
+        after: StreamEvent,
+        froms: list[torch.Tensor],
+        tos: list[torch.Tensor],
+    ) -> StreamEvent:
+        """A group of copies: each checked and queued as its own copy-stream op, one event after all."""
+        for source, destination in zip(froms, tos, strict=True):
+            copy(after, source, destination)
         return _Event(self._clocks[_COPY])
 
     def _copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> None:
@@ -236,9 +246,7 @@ class SimulatedGPU:
     def copy_in(
         self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
     ) -> StreamEvent:
-        for host, dest in zip(hosts, dests, strict=True):
-            self._copy_in(after, host, dest)
-        return _Event(self._clocks[_COPY])
+        return self._group(self._copy_in, after, hosts, dests)
 
     def _copy_in(self, after: StreamEvent, host: torch.Tensor, dest: torch.Tensor) -> None:
         block = self._ordered_copy(

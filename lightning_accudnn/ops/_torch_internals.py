@@ -57,7 +57,8 @@ def tracks_running_statistics(module: nn.Module) -> bool:
 
 def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non_blocking: bool) -> None:
     """``destinations[i].copy_(sources[i])`` for every ``i``, in one call (what the optimizers'
-    ``foreach`` paths use): one dispatch from Python for a group of copies, not one per tensor.
+    ``foreach`` paths use): one dispatch from Python for a group of copies, not one per tensor
+    (a group of one takes ``copy_`` itself, the cheaper call for a single pair).
 
     Example:
         >>> destinations = [torch.empty(2), torch.empty(3, dtype=torch.int64)]
@@ -65,4 +66,7 @@ def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non
         >>> destinations[1].tolist()
         [0, 1, 2]
     """
-    torch._foreach_copy_(destinations, sources, non_blocking=non_blocking)
+    if len(destinations) == 1:
+        destinations[0].copy_(sources[0], non_blocking=non_blocking)
+    else:
+        torch._foreach_copy_(destinations, sources, non_blocking=non_blocking)

@@ -884,10 +884,10 @@ class OffloadEngine:
             assert fetched is not None and block is not None
             self.runtime.use_on_compute(fetched, record.fetched_ready)
             record.fetched_ready = None
-            if block is record.source_block:  # read where it was saved
+            if record.dense == (dtype, shape, stride, offset):
+                tensor = fetched  # the tensor saved, brought back whole or read where it was saved
+            elif block is record.source_block:  # read where it was saved
                 tensor = saved_view(fetched, 0, dtype, shape, stride, offset)  # type: ignore[arg-type]
-            elif record.dense == (dtype, shape, stride, offset):
-                tensor = fetched  # the tensor saved, brought back whole
             else:
                 tensor = saved_view(fetched, record.start, dtype, shape, stride, offset)  # type: ignore[arg-type]
         if not step.handle_unpacked[index]:
@@ -1181,7 +1181,12 @@ class OffloadEngine:
             # the block may be freed in compute order whenever its last view dies.
             self._leave_fifo(step, record)
             self._wait_copy_out(record)
-            whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+            dense = record.dense  # the tensor saved, typed, or the storage's bytes
+            whole = (
+                torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+                if dense is None
+                else torch.empty(0, dtype=dense[0], device=self.device).set_(storage, 0, dense[1], dense[2])
+            )
             record.fetched, record.fetched_ready = whole, None
             record.fetched_block = block = record.source_block
             copy = False

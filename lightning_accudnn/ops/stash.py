@@ -156,10 +156,10 @@ class StorageRecord:
         self.source_storage: torch.UntypedStorage | None = None
         # ``(dtype, shape, stride, 0)`` when the record holds one dense tensor whole (contiguous
         # or channels-last, its storage from byte 0 to its end): its copies are laid out like
-        # it, and a save of exactly that tensor unpacks to the copy brought back itself (no
-        # view to make); else ``None``
+        # it, and a save of exactly that tensor unpacks to the copy brought back itself, or to
+        # one typed view of the storage where it was saved (no view per save); else ``None``
         self.dense: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None = None
-        self.copy_out: StreamEvent = None  # the copy out's event on the copy stream
+        self.copy_out: StreamEvent = None  # the copy out's event on the copy stream (its group's)
         self.copy_out_waited = False  # compute has waited on it: the source may be dropped
         self.in_fifo = False  # counted in the engine's copy-out FIFO
         self.fetched: torch.Tensor | None = None  # the bytes on the device in backward

@@ -976,7 +976,8 @@ class OffloadEngine:
         block.holders += 1
         if not block.counted:
             block.counted = True
-            self.runtime.hold(block.key, block.nbytes)
+            if self._tracks_blocks:
+                self.runtime.hold(block.key, block.nbytes)
             self.ledger.acquire(block.nbytes)
 
     def _on_found_block_released(self, block: DeviceBlock) -> None:
@@ -1009,8 +1010,9 @@ class OffloadEngine:
         if not block.counted:
             return
         block.counted = False
-        self.ledger.release(block.nbytes)
-        self.runtime.release(block.key)
+        self.ledger.activation_bytes -= block.nbytes  # DeviceLedger.release, inline: the hot path
+        if self._tracks_blocks:
+            self.runtime.release(block.key)
         # A prefetched block leaves the window when its last device reference dies (after
         # the backward op that used it), not when it is handed over: the window bounds memory.
         if block.in_prefetch_window:

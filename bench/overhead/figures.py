@@ -9,7 +9,10 @@ then summarised over the rounds as a :class:`~bench.overhead.spread.Spread`:
   (the same module calls, one more saved tensor per module), less the floor's median;
 * per swapped saved tensor: the kept figure plus (added time of ``tanhs`` swapped - of
   ``tanhs`` kept) / swapped tensors per step (from the strategy's swapped bytes), less the floor;
-* per parameter: (added time of ``params`` - of ``base``) / parameters between them.
+* per parameter: (added time of ``params`` - of ``base``) / parameters between them;
+* per swapped storage of the deep narrow model: (its half-swapped step - its step observed
+  with nothing swapped) / storages swapped per step, beside what that figure may be for the
+  half-swapped step to stay within :data:`HALF_SWAPPED_TARGET` of the default strategy's.
 
 Example:
     >>> fit = FitResult(step_seconds=[0.002, 0.003], full_collections=1)
@@ -29,6 +32,9 @@ from bench.overhead.floor import Floor
 from bench.overhead.spread import Spread
 
 Fits = dict[str, list[FitResult]]
+
+#: The step ratio against the default strategy asked of the deep narrow model half swapped.
+HALF_SWAPPED_TARGET = 1.6
 
 
 def fit_dict(fit: FitResult) -> dict[str, Any]:
@@ -195,6 +201,15 @@ def _deep_narrow(fits: Fits, observe_every: int) -> dict[str, Any]:
         if fit.swapped_bytes_per_step is not None and fit.plan and fit.plan["swappable_bytes"]
     ]
     typical, observed = _ratio(fits, "accudnn"), _ratio(fits, "accudnn-observed")
+    rounds = _per_round(
+        fits, "deep_narrow/default", "deep_narrow/accudnn-observed", "deep_narrow/accudnn-half"
+    )
+    storages = [half.swapped_storages_per_step for _, _, half in rounds]
+    steps = [[fit.median_seconds for fit in fits_of_round] for fits_of_round in rounds]
+    per_swap = _combine(lambda steps, n: (steps[2] - steps[1]) / n if n else None, steps, storages)
+    at_target = _combine(
+        lambda steps, n: (HALF_SWAPPED_TARGET * steps[0] - steps[1]) / n if n else None, steps, storages
+    )
     return {
         "ratio_nothing_swapped": _spread_dict(typical),
         "ratio_nothing_swapped_observed": _spread_dict(observed),
@@ -202,6 +217,9 @@ def _deep_narrow(fits: Fits, observe_every: int) -> dict[str, Any]:
         "ratio_half_swapped": _spread_dict(_ratio(fits, "accudnn-half")),
         "ratio_half_swapped_mean": _spread_dict(_ratio(fits, "accudnn-half", _mean_step)),
         "measured_swapped_fraction": _spread_dict(list(fractions)),
+        "swapped_storages_per_step": _spread_dict(list(storages)),
+        "swap_us_above_observed_step": _spread_dict(per_swap, 1e6),
+        "swap_us_above_observed_step_at_target": _spread_dict(at_target, 1e6),
         "step_ms": {
             variant: _spread_dict([fit.median_seconds for fit in fits[f"deep_narrow/{variant}"]], 1e3)
             for variant in ("default", "accudnn", "accudnn-observed", "accudnn-half")
@@ -311,6 +329,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{_text(deep['measured_swapped_fraction'])}) | {_text(deep['ratio_half_swapped'])}x |",
         "| deep narrow: half swapped, mean step over the default strategy's (the steps that ran a full "
         f"garbage collection counted) | {_text(deep['ratio_half_swapped_mean'])}x |",
+        f"| deep narrow, half swapped ({_text(deep['swapped_storages_per_step'], 0)} storages per step): µs "
+        "per swapped storage above the step observed with nothing swapped; what it may be for the step to "
+        f"stay within {HALF_SWAPPED_TARGET}x of the default strategy's | "
+        f"{_text(deep['swap_us_above_observed_step'])}; "
+        f"{_text(deep['swap_us_above_observed_step_at_target'])} |",
     ]
     for name, title in (("resnet152", "ResNet-152"), ("gpt2_medium", "GPT-2 medium")):
         item = result["structured"][name]

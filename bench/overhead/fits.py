@@ -101,6 +101,7 @@ class StepClock(pl.Callback):
         self.collections = collections
         self.seconds: list[float] = []
         self.swapped_bytes: list[int] = []
+        self.swapped_storages: list[int] = []
         self.profiling_steps = 0
         self.observed_steps = 0
         self.plans: list[int] = []
@@ -124,6 +125,7 @@ class StepClock(pl.Callback):
         if figures is not None:
             stats, plan = figures
             self.swapped_bytes.append(stats.bytes_swapped_out)
+            self.swapped_storages.append(stats.storages_swapped_out)
             self.profiling_steps += int(stats.profiling)
             self.observed_steps += int(stats.observed)
             self.plans.append(id(plan))
@@ -136,6 +138,7 @@ class FitResult:
     step_seconds: list[float]
     full_collections: int
     swapped_bytes_per_step: int | None = None
+    swapped_storages_per_step: int | None = None
     profiling_steps: int = 0
     observed_steps: int = 0  # whose saves passed the engine's hooks (see OffloadConfig.observe_every)
     replans: int = 0
@@ -215,10 +218,12 @@ def run_fit(
             error = f"{type(raised).__name__}: {message.splitlines()[0] if message else ''}"
     figures = offload_figures(trainer.strategy)
     swapped = int(statistics.median(clock.swapped_bytes)) if clock.swapped_bytes else None
+    storages = int(statistics.median(clock.swapped_storages)) if clock.swapped_storages else None
     result = FitResult(
         step_seconds=clock.seconds,
         full_collections=collections.count,
         swapped_bytes_per_step=swapped,
+        swapped_storages_per_step=storages,
         profiling_steps=clock.profiling_steps,
         observed_steps=clock.observed_steps,
         replans=sum(1 for a, b in zip(clock.plans, clock.plans[1:], strict=False) if a != b),

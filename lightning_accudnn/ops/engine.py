@@ -126,6 +126,9 @@ class StepStats:
     """Whether the pass's saves passed the engine's hooks. A pass replayed unobserved (see
     :meth:`OffloadEngine.offload`) reports the layers and the ledger peak of the last observed
     pass of its sequence under the same schedule, and cannot see a changed graph."""
+    storages_swapped_out: int = 0
+    """Copies to the host in the step: one per swapped storage (or the part of one that a
+    view lineage saved), however many times it was saved."""
 
 
 class _StorageEntry:
@@ -413,6 +416,7 @@ class OffloadEngine:
             graph_changed=graph_changed,
             layers_read_in_forward=frozenset(step.layers_read_in_forward),
             observed=step.observed,
+            storages_swapped_out=len(step.swapped),
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block

@@ -843,6 +843,7 @@ class OffloadSession:
             predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
             plan_source=source,
             observed=step.observed,
+            storages_swapped_out=step.storages_swapped_out,
         )
 
 

@@ -25,7 +25,8 @@ class OffloadStats:
     the session always sets it. ``observed`` is false for a steady-state pass whose plan keeps
     everything and which ran without the engine's hooks (one in ``OffloadConfig.observe_every``
     of its kind is observed): on CPU its ledger figures are those of the last observed pass of
-    its kind; on CUDA the allocator's peaks are measured every pass.
+    its kind; on CUDA the allocator's peaks are measured every pass. ``storages_swapped_out``
+    counts the copies to the host (one per swapped storage, however many times it was saved).
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
@@ -50,6 +51,7 @@ class OffloadStats:
     predicted_step_seconds: float | None = None
     plan_source: PlanSource | None = None
     observed: bool = True
+    storages_swapped_out: int = 0
 
     @property
     def peak_error(self) -> float | None:
@@ -68,6 +70,7 @@ class OffloadStats:
         was planned as ``accudnn/plan_<source>``, 1 for this pass's source and 0 for the others."""
         names = (
             "bytes_swapped_out",
+            "storages_swapped_out",
             "bytes_swapped_in",
             "wait_seconds",
             "peak_device_bytes",

@@ -55,6 +55,9 @@ def test_every_figure_is_measured(quick: tuple[dict, Path]) -> None:
         "ratio_half_swapped",
         "ratio_half_swapped_mean",
         "measured_swapped_fraction",
+        "swapped_storages_per_step",
+        "swap_us_above_observed_step",
+        "swap_us_above_observed_step_at_target",
     ):
         assert _is_spread(deep[key], rounds), key
     assert deep["errors"] == []
@@ -89,6 +92,7 @@ def test_the_swaps_the_figures_rely_on_happened(quick: tuple[dict, Path]) -> Non
     for name in ("deep_narrow", "resnet152", "gpt2_medium"):
         assert all(fit["observed_steps"] == 0 for fit in fits[f"{name}/accudnn"]), name
     assert all(fit["swapped_bytes_per_step"] > 0 for fit in fits["tanhs/accudnn-swapped"])
+    assert all(fit["swapped_storages_per_step"] > 0 for fit in fits["deep_narrow/accudnn-half"])
     fraction = data["deep_narrow"]["measured_swapped_fraction"]
     assert 0 < fraction["low"] <= fraction["high"] < 1
     planned = data["budgets"]["deep_narrow_half"]["planned_swapped_fraction"]

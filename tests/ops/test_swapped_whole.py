@@ -180,6 +180,7 @@ def test_a_layers_whole_storages_go_out_as_one_group_and_come_back_in_groups():
         isinstance(module, nn.LayerNorm) and name in names[:-1] for name, module in model.named_modules()
     )
     assert runtime.out_groups.count(3) == norms
+    assert stats.storages_swapped_out == sum(runtime.out_groups) > len(runtime.out_groups)
     assert len(runtime.in_groups) == 1 and runtime.in_groups[0] > norms  # the rest is read in place
     assert runtime.violations == [] and engine.ledger.activation_bytes == 0
 

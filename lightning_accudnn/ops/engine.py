@@ -263,7 +263,7 @@ class OffloadEngine:
         self._copy_hosts: list[torch.Tensor] = []
         # The callbacks blocks and records hold, bound once: a bound method made per block or
         # record would be one more object per saved tensor for the garbage collector.
-        self._found_released_callback = self._on_found_block_released
+        self._found_released_callback = self._free_block  # a saved storage no longer needed goes at once
         self._allocated_released_callback = self._on_allocated_block_released
         self._watches: set[weakref.ref[_StepState]] = set()  # steps whose host buffers are still out
 
@@ -984,10 +984,6 @@ class OffloadEngine:
                 self.runtime.hold(block.key, block.nbytes)
             self.ledger.acquire(block.nbytes)
 
-    def _on_found_block_released(self, block: DeviceBlock) -> None:
-        """A saved storage the engine no longer needs: out of the count, in compute order."""
-        self._free_block(block)
-
     def _on_allocated_block_released(self, block: DeviceBlock) -> None:
         """A copy brought back lingers until its storage dies (after the backward op that read it)."""
         if block.storage is not None and not block.storage.expired():
@@ -1011,6 +1007,8 @@ class OffloadEngine:
         self._lingering = alive
 
     def _free_block(self, block: DeviceBlock) -> None:
+        """A block the engine no longer needs (a saved storage, at once; a copy brought back,
+        once its storage died): out of the count, in compute order."""
         if not block.counted:
             return
         block.counted = False

@@ -985,11 +985,10 @@ class OffloadEngine:
             self.ledger.acquire(block.nbytes)
 
     def _on_allocated_block_released(self, block: DeviceBlock) -> None:
-        """A copy brought back lingers until its storage dies (after the backward op that read it)."""
-        if block.storage is not None and not block.storage.expired():
-            self._lingering.append(block)
-        else:
-            self._free_block(block)
+        """A copy brought back lingers until its storage dies (after the backward op that read it):
+        :meth:`_reap` frees it then, before anything more is counted (it runs ahead of every
+        prefetch in backward, and at the end of the step)."""
+        self._lingering.append(block)
 
     def _reap(self) -> None:
         """Free the lingering copies whose storage has died."""

@@ -182,6 +182,7 @@ class _StepState:
         self.copying_out_count = 0
         self.next_prefetch = -1
         self.window_used = 0
+        self.window_full = False  # the last prefetch stopped at the window: none is due before it shrinks
         self.bytes_out = 0
         self.bytes_in = 0
         self.layer_saved: dict[str, int] = {}
@@ -840,7 +841,7 @@ class OffloadEngine:
                             self.runtime.release(step.kept_address.pop(group))
                 if self._lingering:
                     self._reap()
-                if step.next_prefetch >= 0:
+                if step.next_prefetch >= 0 and not step.window_full:
                     self._prefetch()
             elif step.aborted:
                 raise _stale_error()
@@ -870,7 +871,7 @@ class OffloadEngine:
         if self._lingering:
             self._reap()
         current = self._step
-        if current is not None and current.next_prefetch >= 0:
+        if current is not None and current.next_prefetch >= 0 and not current.window_full:
             self._prefetch()
         if tensor is not None:
             check_version(tensor, version, tensor.dtype, tensor.shape)
@@ -1018,8 +1019,10 @@ class OffloadEngine:
         # the backward op that used it), not when it is handed over: the window bounds memory.
         if block.in_prefetch_window:
             block.in_prefetch_window = False
-            if self._step is not None:
-                self._step.window_used -= block.nbytes
+            step = self._step
+            if step is not None:
+                step.window_used -= block.nbytes
+                step.window_full = False
 
     def _release_device(self, step: _StepState | None, record: StorageRecord) -> None:
         """The record's device bytes are no longer needed (read for the last time, or the step
@@ -1237,18 +1240,21 @@ class OffloadEngine:
 
     def _prefetch(self) -> None:
         """Bring back swapped records in reverse order of last save while the window allows,
-        those copied in as one group."""
+        those copied in as one group. Stopped by the window, it is not due again before a
+        block leaves the window (:attr:`_StepState.window_full`): the unpacks skip it."""
         step = self._step
         if step is None or self._in_forward:
             return
         window = self._schedule.prefetch_window_bytes
         copied: list[StorageRecord] = []
+        step.window_full = False
         while step.next_prefetch >= 0:
             record = step.swapped[step.next_prefetch]
             if record.fetched is not None or record.pending_unpacks == 0 or record.host_buffer is None:
                 step.next_prefetch -= 1
                 continue
             if step.window_used > 0 and step.window_used + record.nbytes > window:
+                step.window_full = True  # until a block leaves the window (_free_block)
                 break
             if self._place(record):
                 copied.append(record)

@@ -108,6 +108,32 @@ def test_prefetch_window_bounds_what_is_brought_back_ahead():
     )
 
 
+class CountingOnDemand(OffloadEngine):
+    """An engine that counts the records backward had to bring back itself (not prefetched)."""
+
+    on_demand = 0
+
+    def _fetch(self, record):
+        self.on_demand += 1
+        super()._fetch(record)
+
+
+@pytest.mark.parametrize("windows", [1, 3])
+def test_prefetch_resumes_as_the_window_frees(windows):
+    # A window of one or three of the largest storages: each time a block brought back leaves
+    # it, the next records come back before backward reads them, never on demand.
+    model = SmallResNet(blocks=6)
+    batch = make_batch("cnn")
+    engine = CountingOnDemand(torch.device("cpu"), min_swap_bytes=0)
+    largest = max(
+        layer.saved_bytes for layer in _step(engine, model, SwapSchedule.keep_everything(), batch).layers
+    )
+    stats = _step(
+        engine, model, SwapSchedule.swap_everything(windows * largest, max_copying_out_bytes=0), batch
+    )
+    assert stats.bytes_swapped_in > 0 and engine.on_demand == 0
+
+
 def test_copies_out_in_flight_are_bounded_by_the_schedule():
     model = SmallResNet(blocks=6)
     batch = make_batch("cnn")

@@ -257,7 +257,7 @@ class OffloadEngine:
         self._hooked = False
         self._in_forward = False
         self._static_bytes = 0
-        self._lingering: list[DeviceBlock] = []  # copies brought back, dropped, storage alive
+        self._lingering: list[DeviceBlock] = []  # copies brought back, dropped: freed once their storage died
         # The group of copies out not issued yet (:meth:`_issue_copies_out`): records, sources, hosts
         self._copies_out: list[StorageRecord] = []
         self._copy_sources: list[torch.Tensor] = []

@@ -978,9 +978,7 @@ class OffloadEngine:
     def _hold_found(self, block: DeviceBlock) -> None:
         """Hold a saved storage; the ledger counts it, and the runtime learns of it, from its
         first holder on."""
-        block.holders += 1
-        if not block.counted:
-            block.counted = True
+        if block.hold():
             if self._tracks_blocks:
                 self.runtime.hold(block.key, block.nbytes)
             self.ledger.acquire(block.nbytes)
@@ -1211,9 +1209,7 @@ class OffloadEngine:
             )
             record.fetched, record.fetched_block = destination, block
             copy = True
-        block.holders += 1
-        if not block.counted:
-            block.counted = True
+        if block.hold():
             self.ledger.acquire(block.nbytes)
         if step is not None and not block.in_prefetch_window and not self._in_forward:
             step.window_used += block.nbytes

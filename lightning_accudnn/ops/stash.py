@@ -28,8 +28,8 @@ _ALIGN = 16  # bytes: extents start here so that every element type stays aligne
 class DeviceBlock:
     """A device allocation the engine accounts for, counted from its first holder on.
 
-    ``key`` is its address. The engine counts it in its ledger when it takes the first hold
-    (``holders``, ``counted``); when its last holder lets go (:meth:`unhold`), ``on_release``
+    ``key`` is its address. :meth:`hold` says whether a hold starts its count (the engine then
+    counts it in its ledger); when its last holder lets go (:meth:`unhold`), ``on_release``
     decides whether it is freed now or lingers (a copy brought back stays until its storage
     dies: autograd may still read views of it). ``storage`` watches that storage for blocks
     the engine allocated; ``None`` for saved storages the engine found.
@@ -37,7 +37,8 @@ class DeviceBlock:
     Example:
         >>> released = []
         >>> block = DeviceBlock(1234, 64, on_release=released.append)
-        >>> block.holders += 2
+        >>> block.hold(), block.hold(), block.counted
+        (True, False, True)
         >>> block.unhold(); released
         []
         >>> block.unhold(); released == [block]
@@ -60,6 +61,14 @@ class DeviceBlock:
         self.counted = False
         self.on_release = on_release
         self.in_prefetch_window = False
+
+    def hold(self) -> bool:
+        """One more holder; ``True`` when this hold starts the block's count."""
+        self.holders += 1
+        if self.counted:
+            return False
+        self.counted = True
+        return True
 
     def unhold(self) -> None:
         self.holders -= 1

@@ -10,9 +10,13 @@ then summarised over the rounds as a :class:`~bench.overhead.spread.Spread`:
 * per swapped saved tensor: the kept figure plus (added time of ``tanhs`` swapped - of
   ``tanhs`` kept) / swapped tensors per step (from the strategy's swapped bytes), less the floor;
 * per parameter: (added time of ``params`` - of ``base``) / parameters between them;
-* per swapped storage of the deep narrow model: (its half-swapped step - its step observed
-  with nothing swapped) / storages swapped per step, beside what that figure may be for the
-  half-swapped step to stay within :data:`HALF_SWAPPED_TARGET` of the default strategy's.
+* per swapped storage of the deep narrow model: (its half-swapped step - its step with
+  nothing swapped, both with every pass observed) / storages swapped per step, beside what
+  that figure may be for the half-swapped step to stay within :data:`HALF_SWAPPED_TARGET` of
+  the default strategy's;
+* the half-swapped ratios, like those with nothing swapped, for the typical step (its hooks
+  go after its last swapped save), with every pass observed, and amortised over
+  ``observe_every`` steps (one observed).
 
 Example:
     >>> fit = FitResult(step_seconds=[0.002, 0.003], full_collections=1)
@@ -193,16 +197,21 @@ def _amortised(typical: list[float | None], observed: list[float | None], every:
     return _combine(lambda a, b: ((every - 1) * a + b) / every, typical, observed)
 
 
-def _deep_narrow(fits: Fits, observe_every: int) -> dict[str, Any]:
-    half = fits["deep_narrow/accudnn-half"]
-    fractions = [
+def _swapped_fractions(fits: list[FitResult]) -> list[float | None]:
+    """Per fit: the share of the plan's swappable bytes that the strategy swapped per step."""
+    return [
         fit.swapped_bytes_per_step / fit.plan["swappable_bytes"]
-        for fit in half
         if fit.swapped_bytes_per_step is not None and fit.plan and fit.plan["swappable_bytes"]
+        else None
+        for fit in fits
     ]
+
+
+def _deep_narrow(fits: Fits, observe_every: int) -> dict[str, Any]:
     typical, observed = _ratio(fits, "accudnn"), _ratio(fits, "accudnn-observed")
+    half, half_observed = _ratio(fits, "accudnn-half"), _ratio(fits, "accudnn-half-observed")
     rounds = _per_round(
-        fits, "deep_narrow/default", "deep_narrow/accudnn-observed", "deep_narrow/accudnn-half"
+        fits, "deep_narrow/default", "deep_narrow/accudnn-observed", "deep_narrow/accudnn-half-observed"
     )
     storages = [half.swapped_storages_per_step for _, _, half in rounds]
     steps = [[fit.median_seconds for fit in fits_of_round] for fits_of_round in rounds]
@@ -210,19 +219,36 @@ def _deep_narrow(fits: Fits, observe_every: int) -> dict[str, Any]:
     at_target = _combine(
         lambda steps, n: (HALF_SWAPPED_TARGET * steps[0] - steps[1]) / n if n else None, steps, storages
     )
+    kept_statistics = fits["deep_narrow/accudnn-half-statistics-kept"]
     return {
         "ratio_nothing_swapped": _spread_dict(typical),
         "ratio_nothing_swapped_observed": _spread_dict(observed),
         "ratio_nothing_swapped_amortised": _spread_dict(_amortised(typical, observed, observe_every)),
-        "ratio_half_swapped": _spread_dict(_ratio(fits, "accudnn-half")),
+        "ratio_half_swapped": _spread_dict(half),
+        "ratio_half_swapped_observed": _spread_dict(half_observed),
+        "ratio_half_swapped_amortised": _spread_dict(_amortised(half, half_observed, observe_every)),
         "ratio_half_swapped_mean": _spread_dict(_ratio(fits, "accudnn-half", _mean_step)),
-        "measured_swapped_fraction": _spread_dict(list(fractions)),
+        "measured_swapped_fraction": _spread_dict(_swapped_fractions(fits["deep_narrow/accudnn-half"])),
         "swapped_storages_per_step": _spread_dict(list(storages)),
         "swap_us_above_observed_step": _spread_dict(per_swap, 1e6),
         "swap_us_above_observed_step_at_target": _spread_dict(at_target, 1e6),
+        "statistics_kept": {
+            "ratio_half_swapped": _spread_dict(_ratio(fits, "accudnn-half-statistics-kept")),
+            "measured_swapped_fraction": _spread_dict(_swapped_fractions(kept_statistics)),
+            "swapped_storages_per_step": _spread_dict(
+                [fit.swapped_storages_per_step for fit in kept_statistics]
+            ),
+        },
         "step_ms": {
             variant: _spread_dict([fit.median_seconds for fit in fits[f"deep_narrow/{variant}"]], 1e3)
-            for variant in ("default", "accudnn", "accudnn-observed", "accudnn-half")
+            for variant in (
+                "default",
+                "accudnn",
+                "accudnn-observed",
+                "accudnn-half",
+                "accudnn-half-observed",
+                "accudnn-half-statistics-kept",
+            )
         },
         "errors": sorted(
             {fit.error for name in fits if name.startswith("deep_narrow/") for fit in fits[name] if fit.error}
@@ -284,6 +310,7 @@ def markdown(result: dict[str, Any]) -> str:
     git = env["git"]
     unit = result["per_unit"]
     deep = result["deep_narrow"]
+    kept = deep["statistics_kept"]
     settings = result["settings"]
     every = settings["observe_every"]
     lines = [
@@ -296,7 +323,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- commit: {git['commit']}"
         + (f" (working tree differs: {', '.join(git['dirty_paths'])})" if git["dirty"] else " (clean)"),
         f"- {settings['repeats']} interleaved rounds of {settings['warmup']} warm-up + {settings['steps']} "
-        f"measured steps per fit; min_swap_bytes 0; ample budget {settings['ample_budget']}",
+        f"measured steps per fit; min_swap_bytes 0 (but where said); ample budget {settings['ample_budget']}",
         f"- load average (1, 5, 15 min) before {result['load_average']['before']}, after "
         f"{result['load_average']['after']}: other processes share the CPUs, absolute times scale with it, "
         "ratios much less",
@@ -326,14 +353,23 @@ def markdown(result: dict[str, Any]) -> str:
         f"| deep narrow: nothing swapped, amortised over {every} steps (one observed) | "
         f"{_text(deep['ratio_nothing_swapped_amortised'])}x |",
         f"| deep narrow: step vs default strategy, about half swapped (measured "
-        f"{_text(deep['measured_swapped_fraction'])}) | {_text(deep['ratio_half_swapped'])}x |",
-        "| deep narrow: half swapped, mean step over the default strategy's (the steps that ran a full "
-        f"garbage collection counted) | {_text(deep['ratio_half_swapped_mean'])}x |",
-        f"| deep narrow, half swapped ({_text(deep['swapped_storages_per_step'], 0)} storages per step): µs "
-        "per swapped storage above the step observed with nothing swapped; what it may be for the step to "
-        f"stay within {HALF_SWAPPED_TARGET}x of the default strategy's | "
+        f"{_text(deep['measured_swapped_fraction'])}), typical step (hooked up to its last swapped save) | "
+        f"{_text(deep['ratio_half_swapped'])}x |",
+        "| deep narrow: half swapped, every pass observed (`observe_every=1`) | "
+        f"{_text(deep['ratio_half_swapped_observed'])}x |",
+        f"| deep narrow: half swapped, amortised over {every} steps (one observed) | "
+        f"{_text(deep['ratio_half_swapped_amortised'])}x |",
+        "| deep narrow: half swapped, typical, mean step over the default strategy's (the steps that ran a "
+        f"full garbage collection counted) | {_text(deep['ratio_half_swapped_mean'])}x |",
+        f"| deep narrow, half swapped ({_text(deep['swapped_storages_per_step'], 0)} storages per step), "
+        "every pass observed: µs per swapped storage above the step observed with nothing swapped; what it "
+        f"may be for that step to stay within {HALF_SWAPPED_TARGET}x of the default strategy's | "
         f"{_text(deep['swap_us_above_observed_step'])}; "
         f"{_text(deep['swap_us_above_observed_step_at_target'])} |",
+        f"| deep narrow: half swapped with its LayerNorm statistics kept (min_swap_bytes "
+        f"{settings['statistics_kept_min_swap_bytes']}, same budget; measured "
+        f"{_text(kept['measured_swapped_fraction'])} swapped, {_text(kept['swapped_storages_per_step'], 0)} "
+        f"storages per step), typical step | {_text(kept['ratio_half_swapped'])}x |",
     ]
     for name, title in (("resnet152", "ResNet-152"), ("gpt2_medium", "GPT-2 medium")):
         item = result["structured"][name]

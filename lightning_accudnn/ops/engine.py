@@ -123,9 +123,11 @@ class StepStats:
     """Layers (of a hooked pass) whose saves a backward inside the forward read (a gradient
     penalty): their saves outlive that backward, so their segments must not be recomputed."""
     observed: bool = True
-    """Whether the pass's saves passed the engine's hooks. A pass replayed unobserved (see
-    :meth:`OffloadEngine.offload`) reports the layers and the ledger peak of the last observed
-    pass of its sequence under the same schedule, and cannot see a changed graph."""
+    """Whether every save of the pass passed the engine's hooks. A pass replayed unobserved
+    (see :meth:`OffloadEngine.offload`: no hook when it keeps everything, hooks up to its last
+    swapped save otherwise) reports the layers and the ledger peak of the last observed pass
+    of its sequence under the same schedule, and cannot see a change of the graph where no
+    hook was."""
     storages_swapped_out: int = 0
     """Copies to the host in the step: one per swapped storage (or the part of one that a
     view lineage saved), however many times it was saved."""
@@ -251,10 +253,12 @@ class OffloadEngine:
         self._departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
         self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
         self._replayed_layers: tuple[object, tuple[LayerProfile, ...]] | None = None  # last report
-        self._last_observed: tuple[ReplayRoute, int] | None = None  # a kept-all replay: its activation peak
+        self._last_observed: tuple[ReplayRoute, int] | None = None  # an observed replay: its activation peak
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by :meth:`offload`
         self._step: _StepState | None = None
         self._hooked = False
+        self._saved_tensor_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._unhook_after = -1  # a pass replayed unobserved: the hooks go after this ordinal
         self._in_forward = False
         self._static_bytes = 0
         self._lingering: list[DeviceBlock] = []  # copies brought back, dropped: freed once their storage died
@@ -290,15 +294,20 @@ class OffloadEngine:
         :data:`CHANGED_GRAPH_LAYER`, which a plan swaps). The parameters' storages are
         re-read in hooked passes and whenever the model object changes.
 
-        With ``observe=False`` and a ``sequence`` whose every save the schedule keeps (it swaps
-        nothing), no hook is installed at all: autograd saves as it does without the engine,
-        which costs nothing per saved tensor. The step then reports the layers and the ledger
-        peak of the last observed pass of that sequence under that schedule
-        (:attr:`StepStats.observed` false), and a changed graph goes unseen until a pass is
-        observed again: the caller observes one now and then. The engine observes anyway
-        when the schedule swaps something or it has observed no pass of the sequence under
-        the schedule yet. An unobserved block holds one pass: after :meth:`end_step` inside
-        it, nothing more is seen (the next :meth:`end_step` returns ``None``).
+        With ``observe=False`` and a ``sequence``, the pass is replayed unobserved: the hooks
+        stay only up to the last save the schedule has the engine's records take
+        (:attr:`.ReplayRoute.last_recorded`: the last swapped one), and autograd keeps every
+        later save as it does without the engine, which costs nothing per saved tensor. A
+        schedule that keeps everything thus installs no hook at all; one that swaps the
+        first layers of the forward pays for the hooks of those layers only. The step then
+        reports the layers and the ledger peak of the last observed pass of that sequence
+        under that schedule (:attr:`StepStats.observed` false), and a changed graph after the
+        hooks went goes unseen until a pass is observed again: the caller observes one now
+        and then. The engine observes anyway when it has observed no pass of the sequence
+        under the schedule yet, and keeps the hooks to the end of a pass that departs from
+        the sequence before its last recorded save. An unobserved block holds one pass:
+        after :meth:`end_step` inside it, nothing more is seen (the next :meth:`end_step`
+        returns ``None``).
 
         ``static_bytes`` (model state) starts the ledger of each step opened inside. The
         block may hold backward passes too (Lightning's manual optimization): call
@@ -322,31 +331,52 @@ class OffloadEngine:
         if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
             self._route = ReplayRoute(sequence, schedule)
         self._restart_ordinals()
-        # Only a replayed pass may skip the hooks (a hooked pass records; the route is this one's).
+        # Only a replayed pass may skip saves (a hooked pass records; the route is this one's).
         unobserved = not observe and sequence is not None and self._observed_peak(self._route) is not None
-        if unobserved:
-            assert self._route is not None
-            self._calls = len(self._route)  # as if every save was seen: the step reports them all
+        route = self._route
+        self._unhook_after = route.last_recorded if unobserved and route is not None else -1
+        hooks = None
+        if unobserved and self._unhook_after < 0:  # it keeps everything: no hook at all
+            assert route is not None
+            self._calls = len(route)  # as if every save was seen: the step reports them all
             self._open_step().observed = False
+        else:
+            hooks = torch.autograd.graph.saved_tensors_hooks(
+                self._pack_recorded if sequence is None else self._pack_replayed, self._unpack
+            )
         if self._step is None and sequence is None:
             self.timer.start()
         self._hooked = True
         try:
-            with (
-                self.tracker.attached(model) if sequence is None else nullcontext(),
-                nullcontext()
-                if unobserved
-                else torch.autograd.graph.saved_tensors_hooks(
-                    self._pack_recorded if sequence is None else self._pack_replayed, self._unpack
-                ),
-            ):
-                yield
+            with self.tracker.attached(model) if sequence is None else nullcontext():
+                if hooks is not None:
+                    hooks.__enter__()
+                    self._saved_tensor_hooks = hooks
+                try:
+                    yield
+                finally:
+                    self._unhook()
         except BaseException:
             self.abort_step()
             raise
         finally:
             self._hooked = False
         self.begin_backward()
+
+    def _unhook(self) -> None:
+        """Remove the saved-tensor hooks of the pass, if still there."""
+        hooks, self._saved_tensor_hooks = self._saved_tensor_hooks, None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    def _stop_observing(self) -> None:
+        """A pass replayed unobserved saved the last tensor that its route records: the hooks
+        go (this runs inside the pack hook, where they are the innermost), and the saves after
+        it stay with autograd unseen. The step reports them all, as an unobserved one does."""
+        assert self._route is not None and self._step is not None
+        self._unhook()
+        self._calls = len(self._route)
+        self._step.observed = False
 
     def begin_backward(self) -> None:
         """The forward pass is over: start prefetching.
@@ -388,10 +418,7 @@ class OffloadEngine:
         replaying, recording = self._replaying, self._recording
         graph_changed = replaying is not None and (self._departed >= 0 or self._calls != len(replaying))
         if step.observed and replaying is not None and self._route is not None:
-            if graph_changed or not self._route.keeps_all:
-                self._last_observed = None
-            else:
-                self._last_observed = (self._route, self.ledger.peak_activation_bytes)
+            self._last_observed = None if graph_changed else (self._route, self.ledger.peak_activation_bytes)
         elif not step.observed:
             peak = self._observed_peak(self._route)
             assert peak is not None
@@ -609,29 +636,31 @@ class OffloadEngine:
                     if pending:
                         step.kept_pending[group] = pending + 1
                         return (tensor, tensor._version, group, ordinal, step)
-            elif action == SWAP_WHOLE:
-                packed = self._pack_whole(
-                    tensor,
-                    ordinal,
-                    sequence.sizes[ordinal],
-                    sequence.layers[ordinal],
-                    route.group_ends[ordinal],
-                )
-                if packed is not None:
-                    return packed
-            elif action == SWAP_AGAIN:
-                packed = self._pack_again(tensor, ordinal, sequence.record_of[ordinal])
-                if packed is not None:
-                    return packed
             else:
-                found = self._activation_storage(tensor)
-                if found is not None and found[2] == sequence.sizes[ordinal]:
-                    storage, key, storage_nbytes = found
-                    layer, excluded = sequence.layers[ordinal], sequence.excluded[ordinal]
-                    step = self._open_step()
-                    return self._pack_record(
-                        step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
-                    )[0]
+                if action == SWAP_WHOLE:
+                    packed = self._pack_whole(
+                        tensor,
+                        ordinal,
+                        sequence.sizes[ordinal],
+                        sequence.layers[ordinal],
+                        route.group_ends[ordinal],
+                    )
+                elif action == SWAP_AGAIN:
+                    packed = self._pack_again(tensor, ordinal, sequence.record_of[ordinal])
+                else:
+                    packed = None
+                    found = self._activation_storage(tensor)
+                    if found is not None and found[2] == sequence.sizes[ordinal]:
+                        storage, key, storage_nbytes = found
+                        layer, excluded = sequence.layers[ordinal], sequence.excluded[ordinal]
+                        step = self._open_step()
+                        packed = self._pack_record(
+                            step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
+                        )[0]
+                if packed is not None:
+                    if ordinal == self._unhook_after:
+                        self._stop_observing()
+                    return packed
         if self._departed < 0:
             self._departed, self._fast_end = ordinal, 0
         found = self._activation_storage(tensor)
@@ -1259,8 +1288,8 @@ class OffloadEngine:
             self._copy_in(copied)
 
     def _observed_peak(self, route: ReplayRoute | None) -> int | None:
-        """The activation peak of the last observed pass replayed on ``route``, if it kept
-        everything (a pass that may run unobserved; :meth:`end_step` remembers no other);
+        """The activation peak of the last observed pass, if it was replayed on ``route``
+        without departing from its sequence (the passes of the route may then run unobserved);
         ``None`` otherwise."""
         last = self._last_observed
         return last[1] if last is not None and last[0] is route else None

@@ -45,8 +45,8 @@ class ReplayRoute:
         >>> sequence.append("b", False, 64, kind=SWAPPABLE, record_bytes=64)
         >>> sequence.append("b", False, 64, group=2, kind=REUSED, record_of=2)
         >>> route = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b"]))
-        >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD], route.keeps_all
-        (True, False)
+        >>> route.actions == [KEEP_NEW, LEAVE, RECORD, RECORD], route.last_recorded
+        (True, 3)
         >>> sequence.append("c", False, 64, tensor_bytes=64, kind=SWAPPABLE, record_bytes=64)
         >>> sequence.append("d", False, 64, tensor_bytes=64, group=4, kind=REUSED, record_of=4)
         >>> actions = ReplayRoute(sequence, SwapSchedule.swap_layers_named(["b", "c"])).actions
@@ -60,7 +60,16 @@ class ReplayRoute:
         ({'a': 64}, {'a': 64})
     """
 
-    __slots__ = ("sequence", "schedule", "fast", "actions", "group_ends", "keeps_all", "_totals", "_order")
+    __slots__ = (
+        "sequence",
+        "schedule",
+        "fast",
+        "actions",
+        "group_ends",
+        "last_recorded",
+        "_totals",
+        "_order",
+    )
 
     def __init__(self, sequence: SaveSequence, schedule: SwapSchedule) -> None:
         self.sequence = sequence
@@ -83,8 +92,12 @@ class ReplayRoute:
         #: only at a storage swapped whole that the same layer's next such storage follows (the
         #: copies of a layer's whole storages go as one group, at the last of them).
         self.group_ends = _group_ends(sequence, self.actions)
-        #: Whether every save takes the fast kept path or is left alone (nothing is swapped).
-        self.keeps_all = all(self.fast)
+        #: The last ordinal saved through the engine's records (-1 when none is): every save
+        #: after it is kept or left alone, so a pass need not see them (see
+        #: :meth:`.OffloadEngine.offload`, ``observe=False``).
+        self.last_recorded = max(
+            (ordinal for ordinal, action in enumerate(self.actions) if action >= RECORD), default=-1
+        )
         self._totals: tuple[dict[str, int], dict[str, int]] | None = None
         self._order: list[str] | None = None
 

@@ -40,11 +40,13 @@ class OffloadConfig:
     * ``policy``: what a plan may do with a segment besides keeping it: ``"auto"`` (swap or
       recompute, whichever is fastest), ``"swap"`` (swap only) or ``"recompute"``
       (recompute only).
-    * ``observe_every``: in steady state a pass whose plan keeps everything (swaps and
-      recomputes nothing) runs without the engine's hooks, which then cost nothing per saved
-      tensor, but for one pass of its kind in this many: a changed graph shows there, and the
-      next pass profiles it. ``1`` observes every pass. On CUDA the allocator's peak is
-      checked against the budget every pass either way.
+    * ``observe_every``: in steady state a pass whose plan recomputes nothing runs with the
+      engine's hooks only up to its last swapped saved tensor (none at all when it keeps
+      everything), and the hooks cost nothing per saved tensor after it, but for one pass of
+      its kind in this many, observed whole: a changed graph shows there, and the next pass
+      profiles it (a change before the last swapped save shows at once). ``1`` observes
+      every pass. On CUDA the allocator's peak is checked against the budget every pass
+      either way.
     * ``pause_gc``: hold Python's cyclic garbage collector off from a training pass's forward
       to the end of its backward, so that the objects a swapping pass makes are freed by
       reference counting instead of promoted into full collections

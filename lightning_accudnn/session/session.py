@@ -542,10 +542,10 @@ class OffloadSession:
             self._probe.attach(block.model)  # inside the engine's hooks: what it sees is a segment
 
     def _observation_due(self, key: PassKey) -> bool:
-        """Whether this replayed pass of ``key`` must pass the engine's hooks even if its plan
-        keeps everything: one in ``config.observe_every`` is, so that a changed graph shows
-        within that many passes (a plan that swaps is observed every pass: the engine
-        decides, see :meth:`OffloadEngine.offload`)."""
+        """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in
+        ``config.observe_every`` is, so that a changed graph shows within that many passes (the
+        others pass them up to their plan's last swapped save, or not at all when it keeps
+        everything: see :meth:`OffloadEngine.offload`)."""
         count = self._unobserved_passes.get(key, 0) + 1
         due = count >= self.config.observe_every
         self._unobserved_passes[key] = 0 if due else count

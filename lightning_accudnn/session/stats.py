@@ -22,11 +22,12 @@ class OffloadStats:
     how the pass was planned (:class:`~lightning_accudnn.session.plan_book.PlanSource`:
     ``profiling`` for a profiling step, else ``profiled``, ``scaled`` from another batch
     shape, ``covered`` by another shape's plan, or ``refined`` from its own measurements);
-    the session always sets it. ``observed`` is false for a steady-state pass whose plan keeps
-    everything and which ran without the engine's hooks (one in ``OffloadConfig.observe_every``
-    of its kind is observed): on CPU its ledger figures are those of the last observed pass of
-    its kind; on CUDA the allocator's peaks are measured every pass. ``storages_swapped_out``
-    counts the copies to the host (one per swapped storage, however many times it was saved).
+    the session always sets it. ``observed`` is false for a steady-state pass that ran with
+    the engine's hooks only up to its plan's last swapped save, or with none when its plan
+    keeps everything (one in ``OffloadConfig.observe_every`` of its kind is observed whole):
+    on CPU its ledger figures are those of the last observed pass of its kind; on CUDA the
+    allocator's peaks are measured every pass. ``storages_swapped_out`` counts the copies to
+    the host (one per swapped storage, however many times it was saved).
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,

@@ -1,7 +1,8 @@
 """Issue 13, passes replayed unobserved: a sequence whose every save the schedule keeps may run
 with no saved-tensor hook at all (nothing per saved tensor). The engine only does so once it
 observed a pass of the sequence under the schedule; the step then reports that pass's layers
-and ledger peak, and a schedule that swaps is observed whatever was asked."""
+and ledger peak. A schedule that swaps passes the hooks only up to the last save through the
+engine's records."""
 
 import copy
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
+from lightning_accudnn.ops.replay import ReplayRoute
 
 
 def _deep(width: int = 32, depth: int = 5) -> nn.Sequential:
@@ -92,12 +94,95 @@ def test_a_kept_sequence_runs_unobserved_once_observed_and_reports_the_observed_
     engine.close()
 
 
-def test_a_schedule_that_swaps_is_observed_whatever_was_asked():
+def _swapping_first(sequence: SaveSequence, layers: int) -> SwapSchedule:
+    """A schedule swapping the first ``layers`` saving layers of ``sequence``, in forward order."""
+    return SwapSchedule.swap_layers_named(list(dict.fromkeys(sequence.layers))[:layers], 2**20, 2**10)
+
+
+def test_a_schedule_that_swaps_unobserved_passes_the_hooks_up_to_its_last_recorded_save():
+    """Unobserved, a swapping schedule's hooks go once its last save through the records is
+    packed: the saves after it (kept) pass no engine hook. The step swaps what an observed one
+    does, reports the observed pass's layers and peak, and backward is bitwise the same."""
+    torch.manual_seed(0)
+    model = _deep()
+    plain = copy.deepcopy(model)
+    x = torch.randn(4, 32)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    sequence = _pass(engine, model, x, SwapSchedule.keep_everything())[0].sequence
+    assert sequence is not None
+    plain(x).square().sum().backward()
+    swap = _swapping_first(sequence, 4)
+    route = ReplayRoute(sequence, swap)
+    unseen = len(sequence) - route.last_recorded - 1
+    assert 0 < unseen < len(sequence) and all(route.fast[route.last_recorded + 1 :])
+
+    passes = [_pass(engine, model, x, swap, sequence, observe=False) for _ in range(3)]
+    for _ in passes:
+        plain(x).square().sum().backward()
+    (observed, outer_observed), *unobserved = passes
+    assert observed.observed and outer_observed == 0
+    for stats, seen_by_outer in unobserved:
+        assert not stats.observed and not stats.graph_changed
+        assert seen_by_outer == unseen
+        assert stats.bytes_swapped_out == observed.bytes_swapped_out > 0
+        assert stats.bytes_swapped_in == observed.bytes_swapped_in > 0
+        assert stats.storages_swapped_out == observed.storages_swapped_out
+        assert stats.ledger_peak_bytes == observed.ledger_peak_bytes
+        assert stats.layers == observed.layers
+    assert engine.ledger.activation_bytes == 0 and not engine.step_open
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    engine.close()
+
+
+def test_unobserved_swapping_passes_leave_no_engine_hook_behind():
     engine, model, x, sequence = _profiled()
     swap = SwapSchedule.swap_everything(max_copying_out_bytes=0)
+    last = ReplayRoute(sequence, swap).last_recorded
     for _ in range(3):
         stats, seen_by_outer = _pass(engine, model, x, swap, sequence, observe=False)
-        assert stats.observed and seen_by_outer == 0 and stats.bytes_swapped_out > 0
+        assert seen_by_outer == len(sequence) - last - 1 and stats.bytes_swapped_out > 0
+    # After every pass the engine's hooks are gone: a plain forward passes the outer hooks only.
+    outer = _CountingHooks()
+    with torch.autograd.graph.saved_tensors_hooks(outer.pack, outer.unpack):
+        model(x).square().sum().backward()
+    assert outer.packed == len(sequence)
+    engine.close()
+
+
+def test_a_forward_failing_before_the_hooks_go_leaves_none_and_aborts_the_step():
+    engine, model, x, sequence = _profiled()
+    swap = _swapping_first(sequence, 4)
+    _pass(engine, model, x, swap, sequence)  # observed: the next may skip its tail
+
+    class Failing(Exception):
+        pass
+
+    try:
+        with engine.offload(model, swap, sequence=sequence, observe=False):
+            model[:2](x)  # saves through the records, then fails before the last one
+            raise Failing
+    except Failing:
+        pass
+    assert not engine.step_open and engine.ledger.activation_bytes == 0
+    outer = _CountingHooks()
+    with torch.autograd.graph.saved_tensors_hooks(outer.pack, outer.unpack):
+        model(x).square().sum().backward()
+    assert outer.packed == len(sequence)
+    # The engine is usable: the next pass is unobserved again and swaps as before.
+    stats, seen_by_outer = _pass(engine, model, x, swap, sequence, observe=False)
+    assert not stats.observed and stats.bytes_swapped_out > 0 and seen_by_outer > 0
+    engine.close()
+
+
+def test_a_graph_that_departs_before_the_last_recorded_save_keeps_the_hooks_to_the_end():
+    """A departure from the sequence before the hooks would go: every later save passes the
+    engine (through its filter), the step reports the change, and nothing is left unseen."""
+    engine, model, x, sequence = _profiled()
+    swap = _swapping_first(sequence, 4)
+    _pass(engine, model, x, swap, sequence)
+    stats, seen_by_outer = _pass(engine, model, torch.randn(6, 32), swap, sequence, observe=False)
+    assert stats.graph_changed and stats.observed and seen_by_outer == 0
     engine.close()
 
 

@@ -50,3 +50,27 @@ def test_fit_on_a_simulated_gpu_equals_plain_lightning(kind, lag):
         plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True
     ):
         assert torch.equal(a, b), f"{name} differs at lag {lag}"
+
+
+@pytest.mark.parametrize("lag", [0, 3, None])
+def test_passes_observed_only_up_to_their_last_swap_equal_plain_lightning(lag):
+    """Between observed passes a swapping plan's hooks go after its last swapped save (issue 13):
+    those steps swap the same, order their copies the same and train bitwise the same."""
+    plain_model, swapped_model = copies("cnn")
+    trainer_for("auto", max_steps=8).fit(plain_model, loader("cnn", batches=8))
+
+    gpu = SimulatedGPU(lag=lag, seed=11)
+    peaks = SimulatedPeaks(gpu)
+    strategy = swapping_strategy("cnn", runtime=gpu, policy="swap", observe_every=4)
+    trainer_for(strategy, max_steps=8, callbacks=[peaks]).fit(swapped_model, loader("cnn", batches=8))
+
+    assert gpu.violations == []
+    planned = [stats for _, stats in peaks.steps if stats is not None]
+    partial = [stats for stats in planned if not stats.observed]
+    assert partial and all(stats.bytes_swapped_out > 0 for stats in partial), [
+        (stats.observed, stats.bytes_swapped_out) for stats in planned
+    ]
+    for (name, a), b in zip(
+        plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), f"{name} differs at lag {lag}"

@@ -186,6 +186,20 @@ def test_a_graph_that_departs_before_the_last_recorded_save_keeps_the_hooks_to_t
     engine.close()
 
 
+def test_a_change_after_the_last_recorded_save_shows_at_the_next_observed_pass():
+    """What runs after the hooks went is not seen (as in a pass with no hook at all): a graph
+    that grows there replays unobserved as if unchanged, and the next observed pass reports it."""
+    engine, model, x, sequence = _profiled()
+    swap = _swapping_first(sequence, 4)
+    _pass(engine, model, x, swap, sequence)
+    longer = nn.Sequential(*model, nn.Tanh())  # the same layers, then one more save
+    unseen, _ = _pass(engine, longer, x, swap, sequence, observe=False)
+    assert not unseen.observed and not unseen.graph_changed and unseen.bytes_swapped_out > 0
+    seen, _ = _pass(engine, longer, x, swap, sequence)
+    assert seen.observed and seen.graph_changed
+    engine.close()
+
+
 def test_a_new_schedule_or_a_changed_graph_is_observed_again_before_running_unobserved():
     engine, model, x, sequence = _profiled()
     keep = SwapSchedule.keep_everything()

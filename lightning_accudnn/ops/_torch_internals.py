@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["StorageWeakReference", "copy_each", "tracks_running_statistics", "top_saved_tensor_hooks"]
+__all__ = [
+    "StorageWeakReference",
+    "copy_each",
+    "empty_host_cache",
+    "tracks_running_statistics",
+    "top_saved_tensor_hooks",
+]
 
 
 class StorageWeakReference:
@@ -70,3 +76,18 @@ def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non
         destinations[0].copy_(sources[0], non_blocking=non_blocking)
     else:
         torch._foreach_copy_(destinations, sources, non_blocking=non_blocking)
+
+
+def empty_host_cache() -> None:
+    """Give the idle pinned blocks of PyTorch's host caching allocator back to the system.
+
+    ``torch.accelerator.empty_host_cache`` where PyTorch has it (2.14 does); before it, the
+    binding that function wraps for CUDA (``torch._C._host_emptyCache``; PyTorch 2.11 has only
+    that one). A no-op where the allocator has not been used.
+
+    Example:
+        >>> empty_host_cache()
+    """
+    accelerator = getattr(torch, "accelerator", None)
+    release = getattr(accelerator, "empty_host_cache", None) or torch._C._host_emptyCache
+    release()

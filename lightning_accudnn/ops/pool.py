@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from lightning_accudnn.ops._torch_internals import empty_host_cache
 from lightning_accudnn.ops.errors import HostMemoryExceeded
 
 _ALIGN = 512
@@ -185,4 +186,4 @@ class HostBufferPool:
         if freed:
             self._views.clear()  # they would keep the freed buffers alive
             if self.pin_memory:
-                torch.accelerator.empty_host_cache()
+                empty_host_cache()

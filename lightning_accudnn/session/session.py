@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -272,14 +272,22 @@ class OffloadSession:
     # -- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:
-        """Abort any open pass, free the host pool, lift the allocator cap. Idempotent."""
-        self._backward_end.remove()
-        self.engine.close()
-        self._collector.resume()
-        self._probe.detach()
-        self.recomputer.remove()
-        self.allocator.lift()
+        """Abort any open pass, free the host pool, lift the allocator cap. Idempotent.
+
+        Every release runs even when an earlier one raises (the first error is raised after
+        them all): a failure freeing the pool must not leave the allocator capped.
+        """
         self._closed = True
+        with ExitStack() as releases:  # runs its callbacks last-registered first
+            for release in (
+                self.allocator.lift,
+                self.recomputer.remove,
+                self._probe.detach,
+                self._collector.resume,
+                self.engine.close,
+                self._backward_end.remove,
+            ):
+                releases.callback(release)
 
     def pause_training(self) -> None:
         """Training pauses (validation, testing, prediction run next): lift the allocator cap.

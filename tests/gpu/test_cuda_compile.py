@@ -7,13 +7,20 @@ import torch
 from lightning.pytorch import LightningModule
 
 from lightning_accudnn import AccUDNNStrategy
-from lightning_accudnn.compile import PlanPartitioner, offloading_options
+from lightning_accudnn.compile import TESTED_TORCH_VERSIONS, PlanPartitioner, offloading_options
 from lightning_accudnn.profile import LayerChoice
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.compile.helpers import Net, compile_blocks, loss_of
 from tests.strategy.helpers import trainer_for
 
 pytestmark = pytest.mark.cuda
+
+# PyTorch's offload pass changes between releases (2.11's benchmarks nodes, which Inductor's
+# deterministic mode refuses): the experimental route is held to the versions it was tested with.
+tested_torch_only = pytest.mark.skipif(
+    torch.__version__.split("+")[0] not in TESTED_TORCH_VERSIONS,
+    reason=f"the experimental partitioner route is tested with PyTorch {', '.join(TESTED_TORCH_VERSIONS)}",
+)
 
 BATCH = 4096  # activations of MBs: large enough for the allocator to show what was offloaded
 
@@ -48,6 +55,7 @@ def test_regional_compile_swaps_under_the_strategy_on_cuda_and_matches_plain_tra
         torch.testing.assert_close(swapped.state_dict()[name].cpu(), value.cpu(), rtol=1e-5, atol=1e-6)
 
 
+@tested_torch_only
 def test_the_partitioner_route_offloads_on_the_separate_stream_and_saves_device_memory():
     torch.manual_seed(0)
     model = Net(blocks=4).cuda()
@@ -76,6 +84,7 @@ def test_the_partitioner_route_offloads_on_the_separate_stream_and_saves_device_
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@tested_torch_only
 def test_the_whole_model_option_offloads_on_cuda_within_the_budget_and_matches_plain_gradients():
     """``whole_model_compile="experimental"`` with Inductor on CUDA: the planned passes run
     PyTorch's offload pass on its separate stream, peak below the keep-everything plan's and

@@ -103,7 +103,7 @@ def test_cpu_far_ahead_keeps_gradients_and_memory(kind, schedule_name):
 
 def test_reserved_memory_within_a_capped_budget_with_the_cpu_ahead():
     """Under an allocator cap just above the unstalled peak, the stalled run neither retries nor fails."""
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())  # the memory fraction needs an index
     schedule = SCHEDULES["one in flight"]
     _, _, unstalled_reserved, _ = _steps("cnn", CudaRuntime, schedule)
     total = torch.cuda.get_device_properties(device).total_memory

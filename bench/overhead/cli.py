@@ -42,6 +42,7 @@ from bench.overhead.projection import REAL_TARGETS, PlanTarget, predict
 from bench.report import output_stem, raw_log, write_json
 from bench.workloads import Workload
 from lightning_accudnn import OffloadConfig
+from lightning_accudnn.session import default_reserve_bytes
 
 #: A budget far above anything these models need: the planner swaps nothing.
 AMPLE_BUDGET = "8GB"
@@ -143,7 +144,13 @@ def _calibrate(workloads: dict[str, Workload], device: torch.device) -> dict[str
     fit, strategy = run_fit(workloads["deep_narrow"], accudnn(AMPLE_BUDGET), warmup=2, steps=0, device=device)
     if strategy.plan is None:
         raise RuntimeError(f"calibration fit of deep_narrow planned nothing ({fit.error})")
-    return {"tanhs_swap_all": swap_all, "deep_narrow_half": budget_swapping_half(strategy.plan.profile)}
+    profile = strategy.plan.profile
+    # The reserve the strategy keeps under a budget near the profile's peak (256 MiB on CUDA).
+    reserve = default_reserve_bytes(profile.unconstrained_peak_bytes, device.type)
+    return {
+        "tanhs_swap_all": swap_all,
+        "deep_narrow_half": budget_swapping_half(profile, reserve_bytes=reserve),
+    }
 
 
 def _variants(workloads: dict[str, Workload], budgets: dict[str, Any]) -> list[Variant]:

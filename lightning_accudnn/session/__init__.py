@@ -9,7 +9,7 @@ Example:
     1048576
 """
 
-from lightning_accudnn.session.config import OffloadConfig
+from lightning_accudnn.session.config import OffloadConfig, default_reserve_bytes
 from lightning_accudnn.session.distributed import DistributedCoordinator, merge_profiles
 from lightning_accudnn.session.patterns import UnmatchedPatternError, check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
@@ -27,5 +27,6 @@ __all__ = [
     "UnmatchedPatternError",
     "batch_signature",
     "check_keep_on_device",
+    "default_reserve_bytes",
     "merge_profiles",
 ]

@@ -11,7 +11,7 @@ from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.search import check_policy
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
-__all__ = ["DEFAULT_HOST_MEMORY_SHARE", "DEFAULT_OBSERVE_EVERY", "OffloadConfig"]
+__all__ = ["DEFAULT_HOST_MEMORY_SHARE", "DEFAULT_OBSERVE_EVERY", "OffloadConfig", "default_reserve_bytes"]
 
 #: Share of system RAM the pinned pool may take unless told otherwise.
 DEFAULT_HOST_MEMORY_SHARE = 0.5
@@ -149,6 +149,20 @@ whole_model_compile, whole_model_backend
                 raise TypeError(f"unknown offload option {name!r}; the options are {', '.join(names)}")
         base = config if config is not None else cls()
         return base.replace(**options) if options else base
+
+
+def default_reserve_bytes(budget_bytes: int, device_type: str) -> int:
+    """The reserve kept under ``budget_bytes`` when ``OffloadConfig.reserve_bytes`` is ``None``:
+    on CUDA the larger of 256 MiB and 5% of the budget (workspaces such as cuBLAS's, and the
+    caching allocator's fragmentation), elsewhere nothing.
+
+    Example:
+        >>> default_reserve_bytes(8 * 10**9, "cuda"), default_reserve_bytes(10**9, "cuda") == 2**28
+        (400000000, True)
+        >>> default_reserve_bytes(8 * 10**9, "cpu")
+        0
+    """
+    return max(256 * 2**20, budget_bytes // 20) if device_type == "cuda" else 0
 
 
 def check_whole_model_compile(config: OffloadConfig) -> None:

@@ -39,7 +39,7 @@ from lightning_accudnn.session.compiled import (
     route_of,
     whole_model_form,
 )
-from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig
+from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig, default_reserve_bytes
 from lightning_accudnn.session.device import device_memory, require_available
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
@@ -237,9 +237,11 @@ class OffloadSession:
 
         total, free, name = device_memory(self.device)
         self.budget_bytes: int = config.parsed_budget.resolve(total, free, device_name=name)
-        self.reserve_bytes: int = config.reserve_bytes if config.reserve_bytes is not None else 0
-        if config.reserve_bytes is None and self.device.type == "cuda":
-            self.reserve_bytes = max(256 * 2**20, self.budget_bytes // 20)
+        self.reserve_bytes: int = (
+            config.reserve_bytes
+            if config.reserve_bytes is not None
+            else default_reserve_bytes(self.budget_bytes, self.device.type)
+        )
         if self.device.type != "cuda":
             warnings.warn(
                 "lightning-accudnn on CPU: activations are copied through the host-copy backend and the "
@@ -642,8 +644,13 @@ class OffloadSession:
         known = self._book.plan(key)
         profile, changed = self._conclude(step, key, static_bytes, current.plan, known)
         usable = self.budget_bytes - self.reserve_bytes
-        # Reserved bytes (what the allocator holds, fragmentation included) are what the cap bounds.
-        overshoot = 0 if profiling else max(0, stats.peak_reserved_bytes - usable)
+        # Allocated bytes, what the plan predicts, not reserved ones: under the cap the allocator
+        # frees its cached blocks and retries before it fails, and what it keeps cached from
+        # earlier passes does not shrink with a smaller plan (on an H100 a reserved-bytes check
+        # raised the reserve pass after pass until ResNet-18 was refused a budget 1.6 times its
+        # plain peak). What the reserve leaves for fragmentation is what an out-of-memory error
+        # raises (recover_from_out_of_memory).
+        overshoot = 0 if profiling else max(0, stats.peak_device_bytes - usable)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.

@@ -67,7 +67,9 @@ def run(
     for step in range(steps):
         usable = session.budget_bytes - session.reserve_bytes
         allocator.reported = (
-            (usable, usable + OVERSHOOT_BYTES) if rank == 1 and step == overshoot_at else None
+            (usable + OVERSHOOT_BYTES, usable + OVERSHOOT_BYTES)
+            if rank == 1 and step == overshoot_at
+            else None
         )
         with session.step(model, optimizer):
             batch_size = 3 if rank == 1 and step == other_shape_at else 8

@@ -644,13 +644,7 @@ class OffloadSession:
         known = self._book.plan(key)
         profile, changed = self._conclude(step, key, static_bytes, current.plan, known)
         usable = self.budget_bytes - self.reserve_bytes
-        # Allocated bytes, what the plan predicts, not reserved ones: under the cap the allocator
-        # frees its cached blocks and retries before it fails, and what it keeps cached from
-        # earlier passes does not shrink with a smaller plan (on an H100 a reserved-bytes check
-        # raised the reserve pass after pass until ResNet-18 was refused a budget 1.6 times its
-        # plain peak). What the reserve leaves for fragmentation is what an out-of-memory error
-        # raises (recover_from_out_of_memory).
-        overshoot = 0 if profiling else max(0, stats.peak_device_bytes - usable)
+        overshoot = 0 if profiling else self._overshoot(stats, usable)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.
@@ -705,6 +699,21 @@ class OffloadSession:
         if replayed:
             self._steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
+
+    def _overshoot(self, stats: OffloadStats, usable: int) -> int:
+        """How far a planned pass went past its room: its ledger over the usable budget (the
+        plan's estimate fell short), plus what the ledger does not see (workspaces, gradients
+        in flight: the allocated peak less the ledger's) beyond the reserve, which is kept for
+        that and for the allocator's fragmentation.
+
+        Not the allocator's reserved bytes: under the cap it frees its cache and retries
+        before it fails, and the cache left by earlier passes does not shrink with a smaller
+        plan (on an H100, reserved bytes raised the reserve pass after pass until ResNet-18 at
+        batch 32 was refused 1.5 GB, 1.6 times its plain allocated peak). A pass that does not
+        fit fails with an out-of-memory error instead (:meth:`recover_from_out_of_memory`).
+        """
+        unseen = max(0, stats.peak_device_bytes - stats.ledger_peak_bytes)
+        return max(0, stats.ledger_peak_bytes - usable) + max(0, unseen - self.reserve_bytes)
 
     def _agree(self, last: PassKey) -> None:
         """An agreement point: merge every rank's requests, re-plan the passes they name."""

@@ -21,9 +21,7 @@ from lightning_accudnn import OffloadConfig, OffloadSession
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     on_gpu = torch.cuda.is_available()
-    parser.add_argument(
-        "--budget", default="700MB" if on_gpu else "170MB", help='e.g. "170MB", "8GB", "80%%"'
-    )
+    parser.add_argument("--budget", default="1GB" if on_gpu else "170MB", help='e.g. "170MB", "8GB", "80%%"')
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224 if on_gpu else 64)
     parser.add_argument("--steps", type=int, default=6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import torch
 
-__all__ = ["device_memory", "require_available"]
+__all__ = ["device_memory", "require_available", "with_index"]
 
 
 def require_available(device: torch.device) -> None:
@@ -41,3 +41,18 @@ def device_memory(device: torch.device) -> tuple[int, int, str]:
         return total, free, torch.cuda.get_device_name(device)
     memory = psutil.virtual_memory()
     return memory.total, memory.available, "host memory (CPU device)"
+
+
+def with_index(device: torch.device) -> torch.device:
+    """``device`` with its index: a bare ``"cuda"`` is the current CUDA device.
+
+    Some CUDA calls refuse a device without an index (PyTorch 2.11's
+    ``set_per_process_memory_fraction`` does), and the session caps the allocator of one device.
+
+    Example:
+        >>> with_index(torch.device("cpu")), with_index(torch.device("cuda", 1))
+        (device(type='cpu'), device(type='cuda', index=1))
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

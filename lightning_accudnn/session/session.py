@@ -40,7 +40,7 @@ from lightning_accudnn.session.compiled import (
     whole_model_form,
 )
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig, default_reserve_bytes
-from lightning_accudnn.session.device import device_memory, require_available
+from lightning_accudnn.session.device import device_memory, require_available, with_index
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
@@ -185,8 +185,8 @@ class OffloadSession:
         allocator: AllocatorControl | None = None,
     ) -> None:
         self.config = config
-        self.device = torch.device(device)
-        require_available(self.device)
+        require_available(torch.device(device))
+        self.device = with_index(torch.device(device))
         self.coordinator = coordinator if coordinator is not None else RankCoordinator()
         self.plans_alone = False
         """True inside :meth:`planning_alone`: steps run on this rank alone, and what runs them

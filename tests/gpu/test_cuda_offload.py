@@ -9,6 +9,7 @@ from torch import nn
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.models import Classifier, loss_of, make_batch, make_model
 
 pytestmark = pytest.mark.cuda
@@ -91,3 +92,17 @@ def test_reserved_memory_within_a_budget_a_third_of_the_need():
     trainer.fit(WideConvNet(), _data())
     assert strategy.stats.bytes_swapped_out > 0
     assert torch.cuda.max_memory_reserved() <= budget
+
+
+def test_a_session_on_a_bare_cuda_device_caps_its_allocator():
+    """``OffloadSession(config, "cuda")`` as examples/plain_loop.py makes it (not yet run on a GPU:
+    written after the H100 lent on 2026-11-23 showed the bare device refused)."""
+    model = make_model("cnn").cuda()
+    session = OffloadSession(OffloadConfig(budget="50%", min_swap_bytes=0), "cuda")
+    assert session.device.index == torch.cuda.current_device()
+    batch = tuple(t.cuda() for t in make_batch("cnn", batch_size=8, seed=0))
+    with session.step(model):
+        loss = loss_of(model, batch)
+    loss.backward()
+    assert session.stats is not None and session.stats.peak_device_bytes > 0
+    session.close()

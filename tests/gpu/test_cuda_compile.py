@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cuda
 
 # PyTorch's offload pass changes between releases (2.11's benchmarks nodes, which Inductor's
 # deterministic mode refuses): the experimental route is held to the versions it was tested with.
-tested_torch_only = pytest.mark.skipif(
+needs_a_tested_torch = pytest.mark.skipif(
     torch.__version__.split("+")[0] not in TESTED_TORCH_VERSIONS,
     reason=f"the experimental partitioner route is tested with PyTorch {', '.join(TESTED_TORCH_VERSIONS)}",
 )
@@ -55,7 +55,7 @@ def test_regional_compile_swaps_under_the_strategy_on_cuda_and_matches_plain_tra
         torch.testing.assert_close(swapped.state_dict()[name].cpu(), value.cpu(), rtol=1e-5, atol=1e-6)
 
 
-@tested_torch_only
+@needs_a_tested_torch
 def test_the_partitioner_route_offloads_on_the_separate_stream_and_saves_device_memory():
     torch.manual_seed(0)
     model = Net(blocks=4).cuda()
@@ -84,7 +84,7 @@ def test_the_partitioner_route_offloads_on_the_separate_stream_and_saves_device_
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@tested_torch_only
+@needs_a_tested_torch
 def test_the_whole_model_option_offloads_on_cuda_within_the_budget_and_matches_plain_gradients():
     """``whole_model_compile="experimental"`` with Inductor on CUDA: the planned passes run
     PyTorch's offload pass on its separate stream, peak below the keep-everything plan's and

@@ -227,6 +227,9 @@ def _cuda_copy_timer(device: torch.device) -> CopyTimer:  # pragma: no cover - n
     host = torch.empty(max(PROBE_SIZES), dtype=torch.uint8, pin_memory=True)
     on_device = torch.empty(max(PROBE_SIZES), dtype=torch.uint8, device=device)
     stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    # The buffers were allocated in the compute stream's order: the probe's stream comes after
+    # (the CUDA sanitizer on an H100 reported the first copy racing the allocation).
+    stream.wait_stream(torch.cuda.current_stream(device))
 
     def timer(direction: Direction, nbytes: int) -> float:
         src, dst = (on_device, host) if direction == "d2h" else (host, on_device)

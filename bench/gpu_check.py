@@ -50,17 +50,31 @@ class Step:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     timeout_seconds: int = 4 * 3600
+    writes_results: bool = True  # a benchmark: told to write under the check's --results-dir
 
-    def command(self) -> list[str]:
-        return [sys.executable, *self.argv]
+    def command(self, results_dir: Path | None = None) -> list[str]:
+        """The command line; a benchmark's writes its results under ``results_dir`` when given.
+
+        Example:
+            >>> Step("b", ["-m", "bench.run"]).command(Path("out"))[1:]
+            ['-m', 'bench.run', '--results-dir', 'out']
+        """
+        extra = ["--results-dir", str(results_dir)] if self.writes_results and results_dir is not None else []
+        return [sys.executable, *self.argv, *extra]
 
 
 PYTEST = ["-m", "pytest", "-m", "cuda", "tests/gpu", "-q", "-rA", "-p", "no:cacheprovider"]
 
 #: Every step, in the order they run: the tests first (a failure there makes the figures suspect).
 STEPS = (
-    Step("cuda-tests", PYTEST, timeout_seconds=3600),
-    Step("cuda-tests-sanitizer", PYTEST, env={"TORCH_CUDA_SANITIZER": "1"}, timeout_seconds=3 * 3600),
+    Step("cuda-tests", PYTEST, timeout_seconds=3600, writes_results=False),
+    Step(
+        "cuda-tests-sanitizer",
+        PYTEST,
+        env={"TORCH_CUDA_SANITIZER": "1"},
+        timeout_seconds=3 * 3600,
+        writes_results=False,
+    ),
     Step("overhead", ["-m", "bench.overhead", "--device", "cuda"], timeout_seconds=3600),
     Step("bench-resnet152-bf16", ["-m", "bench.run", "--workload", "resnet152", "--precision", "bf16"]),
     Step("bench-resnet152-fp32", ["-m", "bench.run", "--workload", "resnet152", "--precision", "fp32"]),
@@ -103,13 +117,15 @@ def run_step(step: Step, log_path: Path, results_folder: Path) -> dict[str, Any]
     before = _files_under(results_folder)
     started = time.time()
     environment = {**os.environ, **step.env}
-    print(f"bench.gpu_check: {step.name}: {' '.join(step.argv)} (log {log_path.name})", flush=True)
+    command = step.command(results_folder.parent)
+    arguments = " ".join(command[1:])
+    print(f"bench.gpu_check: {step.name}: {arguments} (log {log_path.name})", flush=True)
     with open(log_path, "w", encoding="utf-8") as log:
-        log.write(f"$ {' '.join(f'{k}={v}' for k, v in step.env.items())} python {' '.join(step.argv)}\n")
+        log.write(f"$ {' '.join(f'{k}={v}' for k, v in step.env.items())} python {arguments}\n")
         log.flush()
         try:
             completed = subprocess.run(
-                step.command(),
+                command,
                 cwd=REPO_ROOT,
                 env=environment,
                 stdout=log,
@@ -123,7 +139,7 @@ def run_step(step: Step, log_path: Path, results_folder: Path) -> dict[str, Any]
             returncode, status = None, "timeout"
     record = {
         "name": step.name,
-        "command": f"python {' '.join(step.argv)}",
+        "command": f"python {arguments}",
         "env": step.env,
         "status": status,
         "returncode": returncode,

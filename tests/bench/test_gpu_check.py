@@ -44,6 +44,9 @@ def test_steps_run_existing_modules_and_tests() -> None:
         importlib.import_module(step.argv[1])
         if step.argv[1] == "pytest":
             assert (REPO_ROOT / "tests" / "gpu").is_dir()
+        # The benchmarks write where the check writes (on the H100 the overhead step's JSON went
+        # to the repository's bench/results while the bundle went to --results-dir).
+        assert step.writes_results == (step.argv[1] != "pytest")
     with pytest.raises(SystemExit, match="unknown steps"):
         gpu_check.select_steps("cuda-tests,typo")
 
@@ -52,11 +55,15 @@ def test_a_step_is_logged_with_its_status(tmp_path: Path) -> None:
     results = tmp_path / "device"
     results.mkdir()
     script = f"open({str(results / 'made.json')!r}, 'w').write('{{}}'); print('hello from the step')"
-    passed = gpu_check.run_step(gpu_check.Step("ok", ["-c", script]), tmp_path / "ok.log", results)
+    passed = gpu_check.run_step(
+        gpu_check.Step("ok", ["-c", script], writes_results=False), tmp_path / "ok.log", results
+    )
     assert passed["status"] == "passed" and passed["returncode"] == 0
     assert passed["result_files"] == ["made.json"]
     assert "hello from the step" in (tmp_path / "ok.log").read_text()
     failed = gpu_check.run_step(
-        gpu_check.Step("bad", ["-c", "raise SystemExit(3)"]), tmp_path / "bad.log", results
+        gpu_check.Step("bad", ["-c", "raise SystemExit(3)"], writes_results=False),
+        tmp_path / "bad.log",
+        results,
     )
     assert failed["status"] == "failed" and failed["returncode"] == 3 and failed["result_files"] == []

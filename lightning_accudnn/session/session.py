@@ -6,6 +6,7 @@ plain PyTorch loop or a Lightning Fabric loop makes its own.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import warnings
@@ -339,6 +340,18 @@ class OffloadSession:
             self._book.replan(key, self._make_plan(plan.profile, key))
         self.plan = self._book.plan(failed.key)
         return True
+
+    def release_failed_pass(self) -> None:
+        """Free what a failed pass left unreachable, before its step runs again.
+
+        Call it once the error is gone (after the ``except`` block that caught it): the pass's
+        tensors held by reference cycles (its exception's traceback frames, closures) wait for
+        Python's collector, which runs here, and the CUDA allocator's cached blocks go back so
+        that the retry starts from what its plan counts.
+        """
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def __enter__(self) -> OffloadSession:
         return self

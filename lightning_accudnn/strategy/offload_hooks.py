@@ -114,6 +114,7 @@ class OffloadHooks:
                     self._report_failure(error)
                     raise
                 self._restore_buffers()
+            session.release_failed_pass()  # the error is gone now: what only it held can go too
 
     def optimizer_step(
         self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
@@ -149,6 +150,7 @@ class OffloadHooks:
                 finally:
                     self._rerunning = False
                 self._restore_buffers()
+                session.release_failed_pass()
                 self._rerunning = True  # the training step must not take the snapshot again
 
         return run

@@ -77,6 +77,7 @@ def _steps(kind, runtime_type, schedule, steps=3):
     after = torch.cuda.memory_stats()
     engine.close()
     counters = {name: after.get(name, 0) - before.get(name, 0) for name in ("num_alloc_retries", "num_ooms")}
+    counters["max_allocated"] = torch.cuda.max_memory_allocated()
     return expected, actual, torch.cuda.max_memory_reserved(), counters
 
 
@@ -90,15 +91,21 @@ SCHEDULES = {
 @pytest.mark.parametrize("schedule_name", list(SCHEDULES))
 def test_cpu_far_ahead_keeps_gradients_and_memory(kind, schedule_name):
     schedule = SCHEDULES[schedule_name]
-    _, _, unstalled_reserved, _ = _steps(kind, CudaRuntime, schedule)
+    _, _, unstalled_reserved, unstalled = _steps(kind, CudaRuntime, schedule)
     for runtime_type in (StalledCompute, StalledCopies):
         expected, actual, reserved, counters = _steps(kind, runtime_type, schedule)
         for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
             for index, (a, b) in enumerate(zip(want, got, strict=True)):
                 assert torch.equal(a, b), f"{runtime_type.__name__} step {step}: gradient {index} differs"
-        assert counters == {"num_alloc_retries": 0, "num_ooms": 0}
-        # Memory follows GPU order: stalling a stream does not raise the reserved peak.
-        assert reserved <= unstalled_reserved, f"{runtime_type.__name__}: {reserved} > {unstalled_reserved}"
+        assert (counters["num_alloc_retries"], counters["num_ooms"]) == (0, 0)
+        # Memory follows GPU order: stalling a stream makes the engine hold nothing more (the
+        # allocated peak, checked first), and the allocator reserve no more. On the H100 the GPT
+        # model's reserved peak came out one 2 MiB segment higher under StalledCopies; the
+        # allocated check tells the engine holding more from the allocator's layout.
+        name = runtime_type.__name__
+        allocated = counters["max_allocated"]
+        assert allocated <= unstalled["max_allocated"], f"{name}: allocated {allocated} > {unstalled}"
+        assert reserved <= unstalled_reserved, f"{name}: reserved {reserved} > {unstalled_reserved}"
 
 
 def test_reserved_memory_within_a_capped_budget_with_the_cpu_ahead():
@@ -113,7 +120,7 @@ def test_reserved_memory_within_a_capped_budget_with_the_cpu_ahead():
         expected, actual, reserved, counters = _steps("cnn", StalledCompute, schedule)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
-    assert counters == {"num_alloc_retries": 0, "num_ooms": 0}
+    assert (counters["num_alloc_retries"], counters["num_ooms"]) == (0, 0)
     assert reserved <= budget
     for want, got in zip(expected, actual, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))

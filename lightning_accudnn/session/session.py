@@ -186,8 +186,9 @@ class OffloadSession:
         allocator: AllocatorControl | None = None,
     ) -> None:
         self.config = config
-        require_available(torch.device(device))
-        self.device = with_index(torch.device(device))
+        requested = torch.device(device)
+        require_available(requested)
+        self.device = with_index(requested)
         self.coordinator = coordinator if coordinator is not None else RankCoordinator()
         self.plans_alone = False
         """True inside :meth:`planning_alone`: steps run on this rank alone, and what runs them

@@ -51,7 +51,6 @@ from lightning_accudnn.ops.stash import (
     DeviceBlock,
     StorageRecord,
     byte_extent,
-    check_version,
     lineage_root,
     modified_in_place_error,
     record_extent,
@@ -690,7 +689,7 @@ class OffloadEngine:
         if (
             storage.nbytes() != nbytes
             or tensor.storage_offset()
-            or not _is_dense(tensor)
+            or not (tensor.is_contiguous() or _is_dense(tensor))  # the common case: one call
             or not self._on_device(tensor)
             or key in self._model_storages
             or _keep_on_device_depth.get()
@@ -700,24 +699,20 @@ class OffloadEngine:
         if step is None or not self._in_forward:
             step = self._open_step()
         block = DeviceBlock(key, nbytes, self._found_released_callback)
-        record = StorageRecord(
-            layer=layer,
-            start=0,
-            end=nbytes,
-            last_save=ordinal + 1,
-            swap=True,
-            root=lineage_root(tensor),
-            source_block=block,
-        )
-        record.ordinal = ordinal
-        record.kind = SWAPPABLE
+        base = tensor._base  # lineage_root, inline: the hot path
+        root = tensor if base is None else base
+        # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
+        record = StorageRecord(layer, 0, nbytes, ordinal + 1, True, True, root, block, ordinal, SWAPPABLE)
         step.whole[ordinal] = record
         step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
         step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         step.held_records += 1
         step.records.append(record)
         self._start_copy_out(step, record, storage, tensor, dense=True, group_ends=group_ends)
-        return self._handle(step, record, tensor, record.dense)
+        index = len(step.handle_unpacked)  # _handle, inline: the hot path
+        step.handle_unpacked.append(0)
+        record.pending_unpacks = 1
+        return (record, None, tensor._version, index, step, record.dense)
 
     def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
         """A replayed save of a storage swapped whole, saved before in this step
@@ -780,10 +775,11 @@ class OffloadEngine:
     ) -> tuple[tuple[object, ...], StorageRecord, bool]:
         """A save through the records; returns its handle, its record and whether it opened it.
 
-        The handle autograd keeps is a plain 9-tuple (no finalizer; a fast-kept save's has 5):
-        ``(record, tensor, version, index, step, dtype, shape, stride, offset)``, ``tensor``
-        ``None`` for a swapped record and the view's dtype, shape, stride and storage offset
-        ``None`` for a kept one; ``index`` numbers the step's saves through the records
+        The handle autograd keeps is a plain 6-tuple (no finalizer; a fast-kept save's has 5):
+        ``(record, tensor, version, index, step, geometry)``: ``tensor`` is ``None`` for a
+        swapped record, ``geometry`` the view's ``(dtype, shape, stride, offset)`` for a swapped
+        record (:attr:`.StorageRecord.dense` itself for the save of a dense record's tensor)
+        and ``None`` for a kept one; ``index`` numbers the step's saves through the records
         (:attr:`_StepState.handle_unpacked`)."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():
@@ -815,18 +811,18 @@ class OffloadEngine:
         step: _StepState,
         record: StorageRecord,
         tensor: torch.Tensor,
-        geometry: tuple[object, ...] | None = None,
+        geometry: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None = None,
     ) -> tuple[object, ...]:
         """The handle of a save; ``geometry`` is the tensor's ``(dtype, shape, stride, offset)``
-        when the caller has it (a dense record's first save: the same objects, none new)."""
+        when the caller has it (a dense record's first save: :attr:`.StorageRecord.dense`)."""
         index = len(step.handle_unpacked)
         step.handle_unpacked.append(0)
         record.pending_unpacks += 1
         if record.swap:
             if geometry is None:
-                geometry = (tensor.dtype, tensor.shape, tensor.stride(), tensor.storage_offset())
-            return (record, None, tensor._version, index, step, *geometry)
-        return (record, tensor, tensor._version, index, step, None, None, None, None)
+                geometry = (tensor.dtype, tensor.shape, tensor.stride(), int(tensor.storage_offset()))
+            return (record, None, tensor._version, index, step, geometry)
+        return (record, tensor, tensor._version, index, step, None)
 
     @staticmethod
     def _note_resave(step: _StepState, record: StorageRecord, layer: str) -> None:
@@ -889,10 +885,7 @@ class OffloadEngine:
         version: int,
         index: int,
         step: _StepState,
-        dtype: torch.dtype | None,
-        shape: torch.Size | None,
-        stride: tuple[int, ...] | None,
-        offset: int | None,
+        geometry: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None,
     ) -> torch.Tensor:
         """Unpack a save through the records: the fields of its handle (see :meth:`_handle`)."""
         if step.aborted:
@@ -903,12 +896,15 @@ class OffloadEngine:
         if current is not None and current.next_prefetch >= 0 and not current.window_full:
             self._prefetch()
         if tensor is not None:
-            check_version(tensor, version, tensor.dtype, tensor.shape)
+            if tensor._version != version:
+                raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
         else:
-            assert dtype is not None and shape is not None
+            assert geometry is not None
             if version != record.version:  # the copy holds a later version (see _issue_copies_out)
-                raise modified_in_place_error(dtype, shape, record.version, version)
-            check_version(record.root(), version, dtype, shape)
+                raise modified_in_place_error(geometry[0], geometry[1], record.version, version)
+            root = record.root()
+            if root is not None and root._version != version:  # None: the lineage is gone, unchecked
+                raise modified_in_place_error(geometry[0], geometry[1], root._version, version)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
         if tensor is None:
@@ -918,18 +914,18 @@ class OffloadEngine:
             assert fetched is not None and block is not None
             self.runtime.use_on_compute(fetched, record.fetched_ready)
             record.fetched_ready = None
-            if record.dense == (dtype, shape, stride, offset):
+            dense = record.dense
+            if geometry is dense or geometry == dense:
                 tensor = fetched  # the tensor saved, brought back whole or read where it was saved
-            elif block is record.source_block:  # read where it was saved
-                tensor = saved_view(fetched, 0, dtype, shape, stride, offset)  # type: ignore[arg-type]
-            else:
-                tensor = saved_view(fetched, record.start, dtype, shape, stride, offset)  # type: ignore[arg-type]
+            else:  # a view: of the bytes where they were saved, or of the copy from record.start
+                assert geometry is not None
+                start = 0 if block is record.source_block else record.start
+                tensor = saved_view(fetched, start, *geometry)
         if not step.handle_unpacked[index]:
             step.handle_unpacked[index] = 1
             record.pending_unpacks -= 1
         if record.pending_unpacks == 0 and not record.read_in_forward and not self._in_forward:
             self._release_device(step if step is self._step else None, record)
-        assert isinstance(tensor, torch.Tensor)
         return tensor
 
     def _mark_read_in_forward(self, record: StorageRecord) -> None:
@@ -986,19 +982,11 @@ class OffloadEngine:
             step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         elif allowed:
             step.layer_small.setdefault(layer, []).append(nbytes)
-        record = StorageRecord(
-            layer=layer,
-            start=start,
-            end=end,
-            last_save=ordinal + 1,
-            swap=swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes),
-            swappable=swappable,
-            root=root,
-            source_block=entry.block,
-        )
-        record.ordinal = ordinal
-        record.kind = SWAPPABLE if swappable else SMALL if allowed else PINNED
-        return record
+        swap = swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes)
+        kind = SWAPPABLE if swappable else SMALL if allowed else PINNED
+        block = entry.block
+        # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
+        return StorageRecord(layer, start, end, ordinal + 1, swap, swappable, root, block, ordinal, kind)
 
     def _host_can_hold(self, nbytes: int) -> bool:
         """False only when the schedule keeps what passes the host cap and this would."""
@@ -1056,8 +1044,10 @@ class OffloadEngine:
         ends): they leave the count in compute order. A swapped record keeps its host copy
         (a retained graph may read it again) until its step dies (:meth:`_watch`)."""
         if record.swap:
-            self._retire(step, record)
-            self._drop_fetched(record)
+            if record.source_storage is not None:
+                self._retire(step, record)
+            if record.fetched is not None:
+                self._drop_fetched(record)
         elif not record.released:
             record.source_block.unhold()
         if not record.released:
@@ -1125,7 +1115,17 @@ class OffloadEngine:
             )
         if not step.watched:
             self._watch(step)
-        self._hold_found(record.source_block)
+        block = record.source_block
+        block.holders += 1
+        if not block.counted:  # _hold_found, inline: the hot path
+            block.counted = True
+            if self._tracks_blocks:
+                self.runtime.hold(block.key, block.nbytes)
+            ledger = self.ledger
+            current = ledger.activation_bytes + block.nbytes
+            ledger.activation_bytes = current
+            if current > ledger.peak_activation_bytes:
+                ledger.peak_activation_bytes = current
         record.copy_out = _NOT_ISSUED
         self._copies_out.append(record)
         self._copy_sources.append(source)
@@ -1146,22 +1146,20 @@ class OffloadEngine:
         while step.copying_out_bytes > limit and step.copying_out_count > 1:
             self._retire(step, step.copying_out.popleft())
 
-    def _leave_fifo(self, step: _StepState | None, record: StorageRecord) -> None:
+    def _retire(self, step: _StepState | None, record: StorageRecord) -> None:
+        """Take the record out of the copy-out FIFO: compute waits on its copy, the source goes."""
+        if record.source_storage is not None:  # else retired already (in the FIFO only with it)
+            self._settle_copy_out(step, record)
+            record.source_storage = None
+            record.source_block.unhold()
+
+    def _settle_copy_out(self, step: _StepState | None, record: StorageRecord) -> None:
+        """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""
         if record.in_fifo:
             record.in_fifo = False
             if step is not None:
                 step.copying_out_bytes -= record.nbytes
                 step.copying_out_count -= 1
-
-    def _retire(self, step: _StepState | None, record: StorageRecord) -> None:
-        """Take the record out of the copy-out FIFO: compute waits on its copy, the source goes."""
-        self._leave_fifo(step, record)
-        if record.source_storage is not None:
-            self._wait_copy_out(record)
-            record.source_storage = None
-            record.source_block.unhold()
-
-    def _wait_copy_out(self, record: StorageRecord) -> None:
         if not record.copy_out_waited:
             if record.copy_out is _NOT_ISSUED:
                 self._issue_copies_out()
@@ -1212,8 +1210,7 @@ class OffloadEngine:
         if storage is not None:
             # Still in the FIFO: read it where it is. Compute waits on the copy out so that
             # the block may be freed in compute order whenever its last view dies.
-            self._leave_fifo(step, record)
-            self._wait_copy_out(record)
+            self._settle_copy_out(step, record)
             dense = record.dense  # the tensor saved, typed, or the storage's bytes
             whole = (
                 torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
@@ -1238,8 +1235,14 @@ class OffloadEngine:
             )
             record.fetched, record.fetched_block = destination, block
             copy = True
-        if block.hold():
-            self.ledger.acquire(block.nbytes)
+        block.holders += 1
+        if not block.counted:  # DeviceBlock.hold and DeviceLedger.acquire, inline: the hot path
+            block.counted = True
+            ledger = self.ledger
+            current = ledger.activation_bytes + block.nbytes
+            ledger.activation_bytes = current
+            if current > ledger.peak_activation_bytes:
+                ledger.peak_activation_bytes = current
         if step is not None and not block.in_prefetch_window and not self._in_forward:
             step.window_used += block.nbytes
             block.in_prefetch_window = True

@@ -36,8 +36,9 @@ class CopyInBeforeAllocation(SimulatedGPU):
 class EarlyFreeEngine(OffloadEngine):
     """Drops a swapped storage without making compute wait on its copy out."""
 
-    def _wait_copy_out(self, record):
-        record.copy_out_waited = True
+    def _settle_copy_out(self, step, record):
+        record.copy_out_waited = True  # as if compute had waited: the wait is never issued
+        super()._settle_copy_out(step, record)
 
 
 def _run(gpu, engine_type=OffloadEngine, kind="cnn"):

@@ -181,7 +181,7 @@ class _StepState:
         self.copying_out: deque[StorageRecord] = deque()  # in-flight FIFO, in issue order
         self.copying_out_bytes = 0  # of the records still in it (``in_fifo``)
         self.copying_out_count = 0
-        self.next_prefetch = -1
+        self.next_prefetch = -1  # in swapped: the next to bring back, from begin_backward on (-1: none)
         self.window_used = 0
         self.window_full = False  # the last prefetch stopped at the window: none is due before it shrinks
         self.bytes_out = 0
@@ -1133,12 +1133,11 @@ class OffloadEngine:
         if group_ends:
             self._issue_copies_out()
         record.source_storage = storage
-        step.swapped.append(record)
-        step.next_prefetch = len(step.swapped) - 1
-        step.bytes_out += record.nbytes
+        step.swapped.append(record)  # prefetched from begin_backward on (its order set there)
+        step.bytes_out += nbytes
         record.in_fifo = True
         step.copying_out.append(record)
-        step.copying_out_bytes += record.nbytes
+        step.copying_out_bytes += nbytes
         step.copying_out_count += 1
         limit = self._schedule.max_copying_out_bytes
         if limit is None:
@@ -1275,18 +1274,19 @@ class OffloadEngine:
             return
         window = self._schedule.prefetch_window_bytes
         copied: list[StorageRecord] = []
+        swapped, next_prefetch = step.swapped, step.next_prefetch
         step.window_full = False
-        while step.next_prefetch >= 0:
-            record = step.swapped[step.next_prefetch]
-            if record.fetched is not None or record.pending_unpacks == 0 or record.host_buffer is None:
-                step.next_prefetch -= 1
-                continue
-            if step.window_used > 0 and step.window_used + record.nbytes > window:
-                step.window_full = True  # until a block leaves the window (_free_block)
-                break
-            if self._place(record):
-                copied.append(record)
-            step.next_prefetch -= 1
+        while next_prefetch >= 0:
+            record = swapped[next_prefetch]
+            if record.fetched is None and record.pending_unpacks and record.host_buffer is not None:
+                used = step.window_used  # _place adds to it
+                if used > 0 and used + record.nbytes > window:
+                    step.window_full = True  # until a block leaves the window (_free_block)
+                    break
+                if self._place(record):
+                    copied.append(record)
+            next_prefetch -= 1
+        step.next_prefetch = next_prefetch
         if copied:
             self._copy_in(copied)
 

@@ -64,6 +64,7 @@ reported as not swapped).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -436,35 +437,57 @@ class Simulator:
         return terms
 
     def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
+        k = self.k
         # held[f][i]: bytes of f brought back for a later save at or above i, held while B_i runs
-        held: list[dict[int, int]] = [{} for _ in range(self.k)]
-        arrivals: list[list[tuple[int, int]]] = [[] for _ in range(self.k)]  # (first, bytes) by last save
+        held: list[dict[int, int]] = [{} for _ in range(k)]
+        early = [0] * k  # E_i: the sum over f of held[f][i]
+        arrivals: list[list[tuple[int, int]]] = [[] for _ in range(k)]  # (first, bytes) by last save
         for first, entries in enumerate(self.resaved):
             if not entries or retired[first] == 0:
                 continue
             for i in range(first + 1, max(last for last, _ in entries) + 1):
-                held[first][i] = min(retired[first], sum(nbytes for last, nbytes in entries if last >= i))
+                share = min(retired[first], sum(nbytes for last, nbytes in entries if last >= i))
+                held[first][i] = share
+                early[i] += share
             for last in {last for last, _ in entries}:
                 arrivals[last].append((first, sum(nbytes for other, nbytes in entries if other == last)))
-        holders = [first for first in range(self.k) if held[first]]
+        # What is left at position n to bring back while B_i runs (retired bytes less those held
+        # early, plus re-saved ones arriving there) depends on i only where something is held;
+        # elsewhere it is the same for every i, and the nearest such position with bytes is
+        # found by one pass instead of a scan below every i.
+        varies = [bool(held[n]) or any(held[first] for first, _ in arrivals[n]) for n in range(k)]
+        varying = [n for n in range(k) if varies[n]]
+        fixed_below: list[tuple[int, int]] = []  # per i: the nearest n < i not varying with content
+        nearest = (-1, 0)
+        for n in range(k):
+            fixed_below.append(nearest)
+            if not varies[n]:
+                content = retired[n] + sum(min(retired[first], moved) for first, moved in arrivals[n])
+                if content > 0:
+                    nearest = (n, content)
         terms = []
         kept_below = self.static
         retired_below = 0
-        for i in range(self.k):
+        for i in range(k):
             kept_below += self.saved[i] - retired[i]
             retired_below += retired[i]
-            early = sum(held[first].get(i, 0) for first in holders)
-            next_retired = 0
-            for n in range(i - 1, -1, -1):  # the nearest position below i with something to bring
-                # what is left of each first saver's retired bytes once E_i took its share
+            fixed, next_retired = fixed_below[i]
+            # the varying positions between that one and i, nearest first
+            for n in reversed(varying[bisect_right(varying, fixed) : bisect_left(varying, i)]):
                 content = retired[n] - held[n].get(i, 0)
                 for first, moved in arrivals[n]:
                     content += min(retired[first] - held[first].get(i, 0), moved)
                 if content > 0:
                     next_retired = content
                     break
+            held_early = early[i]
             terms.append(
-                (kept_below + early + self.transient[i], retired[i], next_retired, retired_below - early)
+                (
+                    kept_below + held_early + self.transient[i],
+                    retired[i],
+                    next_retired,
+                    retired_below - held_early,
+                )
             )
         return terms
 

@@ -30,14 +30,13 @@ def _direct_terms(sim, retired):
         kept_below += sim.saved[i] - retired[i]
         retired_below += retired[i]
         early = sum(held[first].get(i, 0) for first in range(sim.k))
-        next_retired = 0
-        for n in range(i - 1, -1, -1):
-            content = retired[n] - held[n].get(i, 0)
-            for first, moved in arrivals[n]:
-                content += min(retired[first] - held[first].get(i, 0), moved)
-            if content > 0:
-                next_retired = content
-                break
+
+        def left_at(n, i=i):  # what is left at n to bring back while B_i runs
+            arriving = sum(min(retired[f] - held[f].get(i, 0), moved) for f, moved in arrivals[n])
+            return retired[n] - held[n].get(i, 0) + arriving
+
+        below = (left_at(n) for n in reversed(range(i)))
+        next_retired = next((content for content in below if content > 0), 0)
         terms.append((kept_below + early + sim.transient[i], retired[i], next_retired, retired_below - early))
     return terms
 

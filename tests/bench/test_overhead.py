@@ -130,3 +130,12 @@ def test_files_label_and_environment(quick: tuple[dict, Path]) -> None:
 def test_spread() -> None:
     assert Spread.of([None, 2.0, 1.0, 3.0]) == Spread(2.0, 1.0, 3.0, 3)
     assert Spread.of([None]) is None
+
+
+def test_bytecodes_per_swapped_storage_are_counted_the_same_each_time():
+    from bench.overhead.bytecodes import count_bytecodes
+
+    first, second = count_bytecodes(layers=4), count_bytecodes(layers=4)
+    assert first["swapped_storages"] > 0
+    assert first["per_swapped_storage"] > 0
+    assert first == second  # no clock in it: the same code runs the same bytecodes

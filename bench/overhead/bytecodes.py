@@ -1,0 +1,134 @@
+"""Python bytecodes the engine runs per swapped storage: the hot path measured without a clock.
+
+Wall-clock figures of the host overhead carry the machine's noise; the number of bytecodes
+Python executes for a pass does not depend on the machine. This counts them (``sys.settrace``
+with opcode events) for one pass of the deep narrow model through :class:`OffloadEngine`
+replayed by ordinal with half its saving layers swapped, and for the same pass with nothing
+swapped, each on an engine whose route is compiled already (the steady state), and reports
+the difference per swapped storage with the functions it is spent in. The engine alone: no
+Lightning, so only the engine's own code differs between the two passes.
+
+Usage::
+
+    python -m bench.overhead.bytecodes [--layers 333] [--results-dir bench/results] [--name bytecodes]
+
+Example:
+    >>> counts = count_bytecodes(layers=4)
+    >>> counts["swapped_storages"] > 0 and counts["per_swapped_storage"] > 0
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.environment import environment
+from bench.overhead.models import deep_narrow
+from bench.report import output_stem
+from lightning_accudnn.ops import OffloadEngine, StepStats, SwapSchedule
+
+
+def _pass(
+    engine: OffloadEngine, model: nn.Module, batch: torch.Tensor, schedule: SwapSchedule, stats: StepStats
+) -> StepStats:
+    with engine.offload(model, schedule, sequence=stats.sequence):
+        loss = model(batch).sum()
+    loss.backward()
+    result = engine.end_step()
+    assert result is not None
+    return result
+
+
+def _profiled(model: nn.Module, batch: torch.Tensor) -> tuple[OffloadEngine, StepStats]:
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    with engine.offload(model, SwapSchedule.keep_everything()):
+        loss = model(batch).sum()
+    loss.backward()
+    stats = engine.end_step()
+    assert stats is not None
+    return engine, stats
+
+
+def _counted(run: Any) -> tuple[collections.Counter[str], Any]:
+    counts: collections.Counter[str] = collections.Counter()
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        result = run()
+    finally:
+        sys.settrace(None)
+    return counts, result
+
+
+def count_bytecodes(layers: int = 333) -> dict[str, Any]:
+    """Bytecodes of a half-swapped pass less those of a pass that keeps everything, per swapped storage."""
+    torch.manual_seed(0)
+    workload = deep_narrow(layers=layers)
+    model = workload.build()
+    batch = workload.make_batch(0)[0]
+    kept_engine, kept_stats = _profiled(model, batch)
+    swapped_engine, swapped_stats = _profiled(model, batch)
+    names = [layer.name for layer in swapped_stats.layers]
+    half = SwapSchedule.swap_layers_named(names[: len(names) // 2], 2**30, 64 * 1024)
+    keep = SwapSchedule.keep_everything()
+    for _ in range(2):  # routes compiled, pools filled: the steady state
+        _pass(kept_engine, model, batch, keep, kept_stats)
+        _pass(swapped_engine, model, batch, half, swapped_stats)
+    kept, _ = _counted(lambda: _pass(kept_engine, model, batch, keep, kept_stats))
+    swapped, stats = _counted(lambda: _pass(swapped_engine, model, batch, half, swapped_stats))
+    storages = stats.storages_swapped_out
+    extra = collections.Counter(swapped)
+    extra.subtract(kept)
+    return {
+        "layers": layers,
+        "swapped_storages": storages,
+        "kept_pass_bytecodes": sum(kept.values()),
+        "swapped_pass_bytecodes": sum(swapped.values()),
+        "per_swapped_storage": (sum(swapped.values()) - sum(kept.values())) / storages,
+        "per_swapped_storage_by_function": {
+            name: round(count / storages, 1) for name, count in extra.most_common() if count > 0
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=333)
+    parser.add_argument("--results-dir", type=Path, default=None, help="also write JSON under DIR/cpu/")
+    parser.add_argument("--name", default="bytecodes")
+    args = parser.parse_args(argv)
+    counts = count_bytecodes(args.layers)
+    print(
+        f"{counts['per_swapped_storage']:.1f} bytecodes per swapped storage "
+        f"({counts['swapped_storages']} storages; passes of {counts['swapped_pass_bytecodes']} "
+        f"and {counts['kept_pass_bytecodes']} bytecodes)"
+    )
+    for name, per in list(counts["per_swapped_storage_by_function"].items())[:15]:
+        print(f"  {per:7.1f}  {name}")
+    if args.results_dir is not None:
+        stem = output_stem(args.results_dir, "cpu", args.name)
+        record = {"environment": environment(torch.device("cpu")), **counts}
+        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {stem.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

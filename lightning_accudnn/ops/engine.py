@@ -998,7 +998,11 @@ class OffloadEngine:
         if block.hold():
             if self._tracks_blocks:
                 self.runtime.hold(block.key, block.nbytes)
-            self.ledger.acquire(block.nbytes)
+            ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
+            current = ledger.activation_bytes + block.nbytes
+            ledger.activation_bytes = current
+            if current > ledger.peak_activation_bytes:
+                ledger.peak_activation_bytes = current
 
     def _on_allocated_block_released(self, block: DeviceBlock) -> None:
         """A copy brought back lingers until its storage dies (after the backward op that read it):
@@ -1115,17 +1119,7 @@ class OffloadEngine:
             )
         if not step.watched:
             self._watch(step)
-        block = record.source_block
-        block.holders += 1
-        if not block.counted:  # _hold_found, inline: the hot path
-            block.counted = True
-            if self._tracks_blocks:
-                self.runtime.hold(block.key, block.nbytes)
-            ledger = self.ledger
-            current = ledger.activation_bytes + block.nbytes
-            ledger.activation_bytes = current
-            if current > ledger.peak_activation_bytes:
-                ledger.peak_activation_bytes = current
+        self._hold_found(record.source_block)
         record.copy_out = _NOT_ISSUED
         self._copies_out.append(record)
         self._copy_sources.append(source)
@@ -1234,10 +1228,8 @@ class OffloadEngine:
             )
             record.fetched, record.fetched_block = destination, block
             copy = True
-        block.holders += 1
-        if not block.counted:  # DeviceBlock.hold and DeviceLedger.acquire, inline: the hot path
-            block.counted = True
-            ledger = self.ledger
+        if block.hold():
+            ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
             current = ledger.activation_bytes + block.nbytes
             ledger.activation_bytes = current
             if current > ledger.peak_activation_bytes:

@@ -38,7 +38,7 @@ class DeviceLedger:
         self.peak_activation_bytes = self.activation_bytes
 
     def acquire(self, nbytes: int) -> None:
-        """Count ``nbytes`` more (the engine's kept fast path does the same arithmetic inline)."""
+        """Count ``nbytes`` more (the engine does the same arithmetic inline on its hot path)."""
         current = self.activation_bytes + nbytes
         self.activation_bytes = current
         if current > self.peak_activation_bytes:

@@ -56,8 +56,7 @@ def budget_swapping_half(
             "bisection between the planner's smallest budget (plan_swaps(...).min_budget_bytes) and the "
             "profile's unconstrained peak, on the profile the strategy measured in a calibration fit, "
             f"planned as the strategy plans (its reserve: {reserve_bytes} B; the copy-out limit the "
-            "planner chooses), "
-            "until the "
-            f"plan swaps {0.5 - tolerance:.0%}-{0.5 + tolerance:.0%} of the swappable bytes"
+            f"planner chooses), until the plan swaps {0.5 - tolerance:.0%}-{0.5 + tolerance:.0%} of the "
+            "swappable bytes"
         ),
     }

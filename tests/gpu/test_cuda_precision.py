@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_accudnn import AccUDNNStrategy
+from tests.gpu.allocator_cap import allocator_capped
 from tests.models import Classifier, loader
 from tests.strategy.helpers import memory_need, trainer_for
 
@@ -24,10 +25,12 @@ def test_mixed_precision_with_swapping_matches_plain_training(precision):
     torch.manual_seed(0)
     plain = Classifier("cnn")
     swapped = copy.deepcopy(plain)
-    _fit("auto", plain, precision)
     static, saved = memory_need("cnn", batch_size=256)
     slack = 128 * 2**20
-    strategy = AccUDNNStrategy(budget=static + saved // 2 + slack, reserve_bytes=slack, min_swap_bytes=0)
+    budget = static + saved // 2 + slack
+    with allocator_capped(budget):  # the same cap as the strategy's (see tests.gpu.allocator_cap)
+        _fit("auto", plain, precision)
+    strategy = AccUDNNStrategy(budget=budget, reserve_bytes=slack, min_swap_bytes=0)
     _fit(strategy, swapped, precision)
     assert strategy.stats.bytes_swapped_out > 0 or strategy.plan.swapped_layers
     for (name, a), b in zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True):

@@ -5,6 +5,8 @@ single-device training (on CPU too); AccUDNNDDPStrategy matches DDPStrategy bitw
 the GPU Lightning's DDP trains under the strategy's allocator cap (:mod:`tests.gpu.allocator_cap`
 says why)."""
 
+import os
+
 import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy
@@ -23,6 +25,12 @@ def _fit(strategy, model):
     return strategy
 
 
+@pytest.mark.skipif(
+    bool(os.environ.get("TORCH_CUDA_SANITIZER")),
+    reason="the CUDA sanitizer reports a race inside DistributedDataParallel's own constructor "
+    "(_sync_params_and_buffers), in the plain DDPStrategy fit, before any swapping (H100, torch 2.11, "
+    "2026-11-23)",
+)
 def test_one_process_ddp_with_swapping_matches_lightnings_ddp():
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False

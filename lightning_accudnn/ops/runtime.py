@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from lightning_accudnn.ops._torch_internals import copy_each
+from lightning_accudnn.ops._torch_internals import CurrentCudaStream, copy_each
 
 StreamEvent = object
 """An opaque point in a stream's order, made by a runtime and only given back to it."""
@@ -181,22 +181,17 @@ class CudaRuntime:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._compute = CurrentCudaStream(self._index)  # the compute stream: current at each call
         self.copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self.timing = True
         self._probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._last_probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    def _compute(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self.device)
-
     def record_compute(self) -> StreamEvent:
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(self._compute())
+        event.record(self._compute.get())
         return event
-
-    def _after(self, after: StreamEvent) -> None:
-        assert isinstance(after, torch.cuda.Event)
-        self.copy_stream.wait_event(after)
 
     def copy_out(
         self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
@@ -206,12 +201,32 @@ class CudaRuntime:
     def _copies(
         self, after: StreamEvent, dests: list[torch.Tensor], sources: list[torch.Tensor]
     ) -> StreamEvent:
-        """A group of copies on the copy stream after ``after``: one wait, one call, one event."""
-        self._after(after)
-        with torch.cuda.stream(self.copy_stream):
-            copy_each(dests, sources, non_blocking=True)
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self.copy_stream)
+        """A group of copies on the copy stream after ``after``: one wait, one call, one event.
+
+        The copy stream is made current around the call, as ``torch.cuda.stream`` would, and
+        the stream current before is made current again; that context itself (it looks the
+        current stream up twice and compares devices) serves only when another device is
+        current."""
+        assert isinstance(after, torch.cuda.Event)
+        copy = self.copy_stream
+        after.wait(copy)
+        if torch.cuda.current_device() != self._index:
+            with torch.cuda.stream(copy):
+                return self._issue(copy, dests, sources)
+        previous = self._compute.get()
+        torch.cuda.set_stream(copy)
+        try:
+            return self._issue(copy, dests, sources)
+        finally:
+            torch.cuda.set_stream(previous)
+
+    @staticmethod
+    def _issue(
+        copy: torch.cuda.Stream, dests: list[torch.Tensor], sources: list[torch.Tensor]
+    ) -> StreamEvent:
+        copy_each(dests, sources, non_blocking=True)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record(copy)
         return done
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -224,20 +239,20 @@ class CudaRuntime:
 
     def wait(self, event: StreamEvent) -> None:
         assert isinstance(event, torch.cuda.Event)
-        self._compute().wait_event(event)
+        event.wait(self._compute.get())
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
         if ready is None:
             return
         assert isinstance(ready, torch.cuda.Event)
-        compute = self._compute()
+        compute = self._compute.get()
         if not self.timing:
-            compute.wait_event(ready)
+            ready.wait(compute)
             return
         before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)
-        compute.wait_event(ready)
+        ready.wait(compute)
         after.record(compute)
         self._probes.append((before, after))
 

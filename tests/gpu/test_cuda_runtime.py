@@ -1,0 +1,39 @@
+"""On a CUDA GPU: the runtime's copies run on its copy stream, and the current stream is kept.
+
+The runtime makes its copy stream current around each group of copies and makes the stream
+that was current before current again, looked up by id (not through ``torch.cuda.stream``):
+these check that, with the default stream and with a side stream as the compute stream."""
+
+import pytest
+import torch
+
+from lightning_accudnn.ops import CudaRuntime
+
+pytestmark = pytest.mark.cuda
+
+LONG_STALL_CYCLES = 200_000_000  # about a tenth of a second on current GPUs
+
+
+@pytest.mark.parametrize("compute_stream", ["default", "side"])
+def test_copies_run_on_the_copy_stream_and_the_current_stream_is_kept(compute_stream):
+    device = torch.device("cuda", torch.cuda.current_device())
+    runtime = CudaRuntime(device)
+    compute = torch.cuda.current_stream(device) if compute_stream == "default" else torch.cuda.Stream(device)
+    with torch.cuda.stream(compute):
+        source = torch.arange(1, 2**20 + 1, device=device, dtype=torch.float32)
+        host = torch.zeros(source.shape, pin_memory=True)
+        with torch.cuda.stream(runtime.copy_stream):
+            torch.cuda._sleep(LONG_STALL_CYCLES)  # the copy stream is busy for a while
+        copied = runtime.copy_out(runtime.record_compute(), [source], [host])
+        assert torch.cuda.current_stream(device) == compute
+        compute_done = torch.cuda.Event()
+        compute_done.record(compute)
+        compute_done.synchronize()
+        # Compute is done, the copy is not: it waits behind the stall on the copy stream.
+        assert not copied.query() and not host.any()
+        back = runtime.allocate(tuple(source.shape), source.stride(), source.dtype)
+        ready = runtime.copy_in(runtime.record_compute(), [host], [back])
+        assert torch.cuda.current_stream(device) == compute
+        runtime.wait(ready)
+        assert torch.equal(back, source)  # read on compute, after its wait on the copy in
+    torch.cuda.synchronize(device)

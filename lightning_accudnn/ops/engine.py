@@ -66,6 +66,7 @@ CHANGED_GRAPH_LAYER = "(changed graph)"
 
 #: :attr:`.StorageRecord.copy_out` of a record whose copy out waits for the rest of its group.
 _NOT_ISSUED: object = object()
+_NOTHING_WAITED: object = object()  # the compute stream has waited on no event of this engine yet
 
 _keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
 
@@ -261,6 +262,9 @@ class OffloadEngine:
         self._in_forward = False
         self._static_bytes = 0
         self._lingering: list[DeviceBlock] = []  # copies brought back, dropped: freed once their storage died
+        # The event the compute stream waited on last: the records of one group of copies share
+        # its event, and compute waits on it once (a wait on it again would order nothing more).
+        self._compute_waited_on: object = _NOTHING_WAITED
         # The group of copies out not issued yet (:meth:`_issue_copies_out`): records, sources, hosts
         self._copies_out: list[StorageRecord] = []
         self._copy_sources: list[torch.Tensor] = []
@@ -912,8 +916,14 @@ class OffloadEngine:
                 self._fetch(record)
             fetched, block = record.fetched, record.fetched_block
             assert fetched is not None and block is not None
-            self.runtime.use_on_compute(fetched, record.fetched_ready)
-            record.fetched_ready = None
+            ready = record.fetched_ready
+            if ready is not None:
+                record.fetched_ready = None
+                if ready is self._compute_waited_on:
+                    ready = None  # compute waited on this group's copy in already
+                else:
+                    self._compute_waited_on = ready
+            self.runtime.use_on_compute(fetched, ready)
             dense = record.dense
             if geometry is dense or geometry == dense:
                 tensor = fetched  # the tensor saved, brought back whole or read where it was saved
@@ -1157,7 +1167,10 @@ class OffloadEngine:
             if record.copy_out is _NOT_ISSUED:
                 self._issue_copies_out()
             record.copy_out_waited = True
-            self.runtime.wait(record.copy_out)
+            done = record.copy_out
+            if done is not self._compute_waited_on:  # else waited on for another record of its group
+                self._compute_waited_on = done
+                self.runtime.wait(done)
 
     def _issue_copies_out(self) -> None:
         """Issue the copies out not issued yet as one group on the copy stream, after the compute
@@ -1181,9 +1194,12 @@ class OffloadEngine:
         block = record.fetched_block
         if record.fetched is None or block is None:
             return
-        if record.fetched_ready is not None:
-            self.runtime.wait(record.fetched_ready)  # never read: still order the free after the copy
+        ready = record.fetched_ready
+        if ready is not None:  # never read: still order the free after the copy
             record.fetched_ready = None
+            if ready is not self._compute_waited_on:
+                self._compute_waited_on = ready
+                self.runtime.wait(ready)
         record.fetched = None
         record.fetched_block = None
         block.unhold()

@@ -47,7 +47,7 @@ class StorageWeakReference:
 
 
 class CurrentCudaStream:
-    """The current CUDA stream of one device, one :class:`torch.cuda.Stream` reused while it stays.
+    """The current CUDA stream of one device: one :class:`torch.cuda.Stream`, reused while current.
 
     ``torch.cuda.current_stream(device)`` checks CUDA's initialisation, resolves the device and
     builds a new ``Stream`` at every call: on an H100 host that chain took more Python per

@@ -1,7 +1,7 @@
 """The one-command GPU check: CUDA tests, the same under the CUDA sanitizer, the benchmarks, one bundle.
 
     python -m bench.gpu_check              # everything (hours on a big GPU: the benchmarks dominate)
-    python -m bench.gpu_check --steps cuda-tests,cuda-tests-sanitizer,overhead
+    python -m bench.gpu_check --steps cuda-tests,cuda-tests-sanitizer,overhead,hostprofile
     python -m bench.gpu_check --list       # what it would run (works without a GPU)
 
 Each step runs as its own process (as a user would type it), its output going to a log.
@@ -76,6 +76,7 @@ STEPS = (
         writes_results=False,
     ),
     Step("overhead", ["-m", "bench.overhead", "--device", "cuda"], timeout_seconds=3600),
+    Step("hostprofile", ["-m", "bench.overhead.hostprofile", "--device", "cuda"], timeout_seconds=1800),
     Step("bench-resnet152-bf16", ["-m", "bench.run", "--workload", "resnet152", "--precision", "bf16"]),
     Step("bench-resnet152-fp32", ["-m", "bench.run", "--workload", "resnet152", "--precision", "fp32"]),
     Step("bench-gpt", ["-m", "bench.run", "--workload", "gpt"]),

@@ -30,33 +30,10 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch import nn
 
 from bench.environment import environment
-from bench.overhead.models import deep_narrow
+from bench.overhead.engine_passes import EnginePasses
 from bench.report import output_stem
-from lightning_accudnn.ops import OffloadEngine, StepStats, SwapSchedule
-
-
-def _pass(
-    engine: OffloadEngine, model: nn.Module, batch: torch.Tensor, schedule: SwapSchedule, stats: StepStats
-) -> StepStats:
-    with engine.offload(model, schedule, sequence=stats.sequence):
-        loss = model(batch).sum()
-    loss.backward()
-    result = engine.end_step()
-    assert result is not None
-    return result
-
-
-def _profiled(model: nn.Module, batch: torch.Tensor) -> tuple[OffloadEngine, StepStats]:
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
-    with engine.offload(model, SwapSchedule.keep_everything()):
-        loss = model(batch).sum()
-    loss.backward()
-    stats = engine.end_step()
-    assert stats is not None
-    return engine, stats
 
 
 def _counted(run: Any) -> tuple[collections.Counter[str], Any]:
@@ -79,20 +56,9 @@ def _counted(run: Any) -> tuple[collections.Counter[str], Any]:
 
 def count_bytecodes(layers: int = 333) -> dict[str, Any]:
     """Bytecodes of a half-swapped pass less those of a pass that keeps everything, per swapped storage."""
-    torch.manual_seed(0)
-    workload = deep_narrow(layers=layers)
-    model = workload.build()
-    batch = workload.make_batch(0)[0]
-    kept_engine, kept_stats = _profiled(model, batch)
-    swapped_engine, swapped_stats = _profiled(model, batch)
-    names = [layer.name for layer in swapped_stats.layers]
-    half = SwapSchedule.swap_layers_named(names[: len(names) // 2], 2**30, 64 * 1024)
-    keep = SwapSchedule.keep_everything()
-    for _ in range(2):  # routes compiled, pools filled: the steady state
-        _pass(kept_engine, model, batch, keep, kept_stats)
-        _pass(swapped_engine, model, batch, half, swapped_stats)
-    kept, _ = _counted(lambda: _pass(kept_engine, model, batch, keep, kept_stats))
-    swapped, stats = _counted(lambda: _pass(swapped_engine, model, batch, half, swapped_stats))
+    passes = EnginePasses.deep_narrow(torch.device("cpu"), layers=layers)
+    kept, _ = _counted(lambda: passes.run("keep"))
+    swapped, stats = _counted(lambda: passes.run("half"))
     storages = stats.storages_swapped_out
     extra = collections.Counter(swapped)
     extra.subtract(kept)

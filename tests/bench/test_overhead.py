@@ -139,3 +139,18 @@ def test_bytecodes_per_swapped_storage_are_counted_the_same_each_time():
     assert first["swapped_storages"] > 0
     assert first["per_swapped_storage"] > 0
     assert first == second  # no clock in it: the same code runs the same bytecodes
+
+
+def test_host_profile_writes_its_figures(tmp_path: Path) -> None:
+    from bench.overhead import hostprofile
+
+    arguments = ["--layers", "4", "--passes", "2", "--profiled", "1", "--results-dir", str(tmp_path)]
+    assert hostprofile.main(arguments) == 0
+    (written,) = (tmp_path / "cpu").glob("*-hostprofile.json")
+    data = json.loads(written.read_text())
+    assert data["kind"] == "bench.overhead.hostprofile" and data["environment"]["device"] == "cpu"
+    assert data["swapped_storages"] > 0 and set(data["pass_ms"]) == {"keep", "half"}
+    calls = data["runtime_calls_per_pass"]
+    assert calls["keep"]["copy_out"] == 0 < calls["half"]["copy_out"] <= calls["half"]["record_compute"]
+    functions = [row["function"] for row in data["profile_by_function"]]
+    assert any(name.startswith("engine.py:") for name in functions)  # the engine's own functions profiled

@@ -1,0 +1,232 @@
+"""Where the host's time goes when the engine swaps, on this machine's device: an engine-only profile.
+
+    python -m bench.overhead.hostprofile                  # CPU: the engine's Python alone
+    python -m bench.overhead.hostprofile --device cuda    # a GPU host: the engine and CudaRuntime
+
+Two engine-only passes of the deep narrow model (:class:`~bench.overhead.engine_passes.EnginePasses`:
+no Lightning), one keeping everything and one with the first half of its saving layers swapped,
+are run interleaved, each synchronised at its start and end. The result gives:
+
+- each pass's median time, and the wall-clock µs per swapped storage (the difference, over the
+  storages the half-swapped pass swaps);
+- the runtime calls per pass (events recorded on compute, groups of copies out and in, compute
+  waits on an event), counted in separate passes through a counting runtime;
+- cProfile's µs per swapped storage by function (half-swapped passes less keeping ones): on a GPU
+  host this is where PyTorch's own CUDA wrappers show, beside the engine.
+
+Writes ``<results-dir>/<device>/<date>-<name>.json`` with the environment. A CPU figure is a CPU
+figure; the GPU host's matter for issue 13's projection onto a GPU step.
+
+Example:
+    >>> result = profile_host(torch.device("cpu"), layers=4, passes=2, profiled=1)
+    >>> result["swapped_storages"] > 0 and result["runtime_calls_per_pass"]["keep"]["copy_out"] == 0
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import json
+import pstats
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.environment import device_slug, environment, resolve_device
+from bench.overhead.engine_passes import VARIANTS, EnginePasses
+from bench.overhead.spread import Spread
+from bench.report import output_stem
+from lightning_accudnn.ops import Runtime, StreamEvent, make_runtime
+
+TOP_FUNCTIONS = 30
+
+
+class CountingRuntime:
+    """Another runtime's calls, counted (the wrapped runtime does the work).
+
+    Example:
+        >>> runtime = CountingRuntime(make_runtime(torch.device("cpu")))
+        >>> _ = runtime.record_compute()
+        >>> dict(runtime.calls)
+        {'record_compute': 1}
+    """
+
+    def __init__(self, inner: Runtime) -> None:
+        self.inner = inner
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.device = inner.device
+        self.pin_memory = inner.pin_memory
+        self.tracks_blocks = inner.tracks_blocks
+
+    @property
+    def timing(self) -> bool:
+        return self.inner.timing
+
+    @timing.setter
+    def timing(self, value: bool) -> None:
+        self.inner.timing = value
+
+    def record_compute(self) -> StreamEvent:
+        self.calls["record_compute"] += 1
+        return self.inner.record_compute()
+
+    def copy_out(
+        self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
+    ) -> StreamEvent:
+        self.calls["copy_out"] += 1
+        return self.inner.copy_out(after, sources, hosts)
+
+    def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        self.calls["allocate"] += 1
+        return self.inner.allocate(shape, stride, dtype)
+
+    def copy_in(
+        self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
+    ) -> StreamEvent:
+        self.calls["copy_in"] += 1
+        return self.inner.copy_in(after, hosts, dests)
+
+    def wait(self, event: StreamEvent) -> None:
+        self.calls["wait"] += 1
+        self.inner.wait(event)
+
+    def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
+        self.calls["use_on_compute" if ready is None else "use_on_compute_after_wait"] += 1
+        self.inner.use_on_compute(data, ready)
+
+    def hold(self, key: int, nbytes: int) -> None:
+        self.inner.hold(key, nbytes)
+
+    def release(self, key: int) -> None:
+        self.inner.release(key)
+
+    def release_host(self, host: torch.Tensor) -> None:
+        self.inner.release_host(host)
+
+    def collect_wait_seconds(self) -> float:
+        return self.inner.collect_wait_seconds()
+
+
+def _synchronised(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _runtime_calls(device: torch.device, layers: int) -> dict[str, dict[str, int]]:
+    runtimes = {variant: CountingRuntime(make_runtime(device)) for variant in VARIANTS}
+    passes = EnginePasses.deep_narrow(device, layers=layers, runtimes=dict(runtimes))
+    try:
+        counted = {}
+        for variant in VARIANTS:
+            calls = runtimes[variant].calls
+            calls.clear()
+            passes.run(variant)
+            counted[variant] = {name: calls[name] for name in sorted(calls)}
+            counted[variant].setdefault("copy_out", 0)
+        return counted
+    finally:
+        passes.close()
+
+
+def _by_function(profiler: cProfile.Profile) -> dict[str, tuple[int, float]]:
+    """Calls and own seconds per function (``file:function``)."""
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    return {f"{Path(key[0]).name}:{key[2]}": (value[1], value[2]) for key, value in stats.items()}
+
+
+def profile_host(
+    device: torch.device, layers: int = 333, passes: int = 10, profiled: int = 5
+) -> dict[str, Any]:
+    """The figures of the module docstring for ``device``, as plain data."""
+    sync = _synchronised(device)
+    engine_passes = EnginePasses.deep_narrow(device, layers=layers)
+    try:
+        seconds: dict[str, list[float | None]] = {variant: [] for variant in VARIANTS}
+        storages = 0
+        for _ in range(passes):
+            for variant in VARIANTS:
+                sync()
+                start = time.perf_counter()
+                stats = engine_passes.run(variant)
+                sync()
+                seconds[variant].append(time.perf_counter() - start)
+                if variant == "half":
+                    storages = stats.storages_swapped_out
+        functions = {}
+        for variant in VARIANTS:
+            profiler = cProfile.Profile()
+            sync()
+            profiler.enable()
+            for _ in range(profiled):
+                engine_passes.run(variant)
+            sync()
+            profiler.disable()
+            functions[variant] = _by_function(profiler)
+    finally:
+        engine_passes.close()
+    per_storage = profiled * storages
+    rows: list[dict[str, Any]] = []
+    for name, (calls, own) in functions["half"].items():
+        kept_calls, kept_own = functions["keep"].get(name, (0, 0.0))
+        rows.append(
+            {
+                "function": name,
+                "us_per_swapped_storage": round((own - kept_own) * 1e6 / per_storage, 3),
+                "calls_per_swapped_storage": round((calls - kept_calls) / per_storage, 3),
+            }
+        )
+    rows.sort(key=lambda row: -row["us_per_swapped_storage"])
+    medians = {variant: Spread.of(values) for variant, values in seconds.items()}
+    keep, half = medians["keep"], medians["half"]
+    assert keep is not None and half is not None
+    return {
+        "kind": "bench.overhead.hostprofile",
+        "layers": layers,
+        "passes": passes,
+        "profiled_passes": profiled,
+        "swapped_storages": storages,
+        "pass_ms": {variant: spread.scaled(1e3).as_dict() for variant, spread in medians.items() if spread},
+        "us_per_swapped_storage": (half.median - keep.median) * 1e6 / storages,
+        "runtime_calls_per_pass": _runtime_calls(device, layers),
+        "profile_us_per_swapped_storage_total": round(sum(row["us_per_swapped_storage"] for row in rows), 2),
+        "profile_by_function": rows[:TOP_FUNCTIONS],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help='"cpu" (default), "cuda" or "cuda:N"')
+    parser.add_argument("--layers", type=int, default=333)
+    parser.add_argument("--passes", type=int, default=10, help="timed passes of each variant")
+    parser.add_argument("--profiled", type=int, default=5, help="passes of each variant under cProfile")
+    parser.add_argument("--results-dir", type=Path, default=None, help="also write JSON under DIR/<device>/")
+    parser.add_argument("--name", default="hostprofile")
+    args = parser.parse_args(argv)
+    device = resolve_device(args.device)
+    result = profile_host(device, args.layers, args.passes, args.profiled)
+    keep, half = result["pass_ms"]["keep"], result["pass_ms"]["half"]
+    print(
+        f"{device}: median pass {keep['median']:.1f} ms keeping everything, {half['median']:.1f} ms half "
+        f"swapped ({result['swapped_storages']} storages): {result['us_per_swapped_storage']:.1f} µs per "
+        f"swapped storage (wall clock)"
+    )
+    print(f"runtime calls per pass: {result['runtime_calls_per_pass']}")
+    print("cProfile, µs per swapped storage (half swapped less keeping), calls per swapped storage:")
+    for row in result["profile_by_function"]:
+        us, calls = row["us_per_swapped_storage"], row["calls_per_swapped_storage"]
+        print(f"  {us:8.2f}  {calls:6.2f}  {row['function']}")
+    print(f"  total {result['profile_us_per_swapped_storage_total']}")
+    if args.results_dir is not None:
+        stem = output_stem(args.results_dir, device_slug(device), args.name)
+        record = {"environment": environment(device), **result}
+        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {stem.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

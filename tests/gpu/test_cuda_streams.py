@@ -3,7 +3,8 @@
 ``torch.cuda._sleep`` stalls the compute stream (before each recorded event) or the copy
 stream (before each copy), so the CPU issues whole layers before the device runs them. The
 gradients must stay bitwise equal, the allocator must never free-and-retry or run out of
-memory, and the reserved peak must not depend on the stall (memory in GPU order)."""
+memory, and neither the peak of the bytes the program holds nor, within one small segment,
+what the allocator reserves may depend on the stall (memory in GPU order)."""
 
 import copy
 

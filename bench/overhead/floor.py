@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bench.measure import synchronize
 from bench.overhead.models import count_step
 from bench.overhead.spread import Spread
 from bench.workloads import Workload
@@ -53,11 +54,6 @@ def _copy_in(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
     return back
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 HookPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
 
 
@@ -71,7 +67,7 @@ def _median_step(
     batch = (inputs.to(device), targets.to(device))
     seconds = []
     for index in range(warmup + steps):
-        _synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         if hooks is None:
             loss = workload.loss(model, batch)
@@ -81,7 +77,7 @@ def _median_step(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _synchronize(device)
+        synchronize(device)
         if index >= warmup:
             seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)

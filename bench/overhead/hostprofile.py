@@ -31,13 +31,14 @@ import cProfile
 import json
 import pstats
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.environment import device_slug, environment, resolve_device
+from bench.measure import synchronize
 from bench.overhead.engine_passes import VARIANTS, EnginePasses
 from bench.overhead.spread import Spread
 from bench.report import output_stem
@@ -112,10 +113,6 @@ class CountingRuntime:
         return self.inner.collect_wait_seconds()
 
 
-def _synchronised(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
 def _runtime_calls(device: torch.device, layers: int) -> dict[str, dict[str, int]]:
     runtimes = {variant: CountingRuntime(make_runtime(device)) for variant in VARIANTS}
     passes = EnginePasses.deep_narrow(device, layers=layers, runtimes=dict(runtimes))
@@ -142,28 +139,27 @@ def profile_host(
     device: torch.device, layers: int = 333, passes: int = 10, profiled: int = 5
 ) -> dict[str, Any]:
     """The figures of the module docstring for ``device``, as plain data."""
-    sync = _synchronised(device)
     engine_passes = EnginePasses.deep_narrow(device, layers=layers)
     try:
         seconds: dict[str, list[float | None]] = {variant: [] for variant in VARIANTS}
         storages = 0
         for _ in range(passes):
             for variant in VARIANTS:
-                sync()
+                synchronize(device)
                 start = time.perf_counter()
                 stats = engine_passes.run(variant)
-                sync()
+                synchronize(device)
                 seconds[variant].append(time.perf_counter() - start)
                 if variant == "half":
                     storages = stats.storages_swapped_out
         functions = {}
         for variant in VARIANTS:
             profiler = cProfile.Profile()
-            sync()
+            synchronize(device)
             profiler.enable()
             for _ in range(profiled):
                 engine_passes.run(variant)
-            sync()
+            synchronize(device)
             profiler.disable()
             functions[variant] = _by_function(profiler)
     finally:

@@ -45,7 +45,7 @@ from lightning_accudnn.ops.layers import (
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
 from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
-from lightning_accudnn.ops.runtime import Runtime, make_runtime
+from lightning_accudnn.ops.runtime import Runtime, StreamEvent, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
     DeviceBlock,
@@ -919,8 +919,8 @@ class OffloadEngine:
             ready = record.fetched_ready
             if ready is not None:
                 record.fetched_ready = None
-                if ready is self._compute_waited_on:
-                    ready = None  # compute waited on this group's copy in already
+                if ready is self._compute_waited_on:  # _wait_once's test: the read needs no wait
+                    ready = None
                 else:
                     self._compute_waited_on = ready
             self.runtime.use_on_compute(fetched, ready)
@@ -1167,10 +1167,14 @@ class OffloadEngine:
             if record.copy_out is _NOT_ISSUED:
                 self._issue_copies_out()
             record.copy_out_waited = True
-            done = record.copy_out
-            if done is not self._compute_waited_on:  # else waited on for another record of its group
-                self._compute_waited_on = done
-                self.runtime.wait(done)
+            self._wait_once(record.copy_out)
+
+    def _wait_once(self, event: StreamEvent) -> None:
+        """Compute waits on ``event``, unless it is the event compute waited on last (the records
+        of a group of copies share one: a second wait would order nothing more)."""
+        if event is not self._compute_waited_on:
+            self._compute_waited_on = event
+            self.runtime.wait(event)
 
     def _issue_copies_out(self) -> None:
         """Issue the copies out not issued yet as one group on the copy stream, after the compute
@@ -1194,12 +1198,9 @@ class OffloadEngine:
         block = record.fetched_block
         if record.fetched is None or block is None:
             return
-        ready = record.fetched_ready
-        if ready is not None:  # never read: still order the free after the copy
+        if record.fetched_ready is not None:  # never read: still order the free after the copy
+            self._wait_once(record.fetched_ready)
             record.fetched_ready = None
-            if ready is not self._compute_waited_on:
-                self._compute_waited_on = ready
-                self.runtime.wait(ready)
         record.fetched = None
         record.fetched_block = None
         block.unhold()

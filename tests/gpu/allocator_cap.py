@@ -1,4 +1,4 @@
-"""The plain reference of a GPU comparison trains under the same allocator cap as the strategy.
+"""An allocator cap for GPU tests; a plain reference trains under the strategy's own cap.
 
 The cap changes the numbers, not the swapping: cuDNN picks each convolution's algorithm by the
 workspace it can get, and under a cap a larger workspace fails (the allocator counts an

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lightning_accudnn.ops import CudaRuntime, OffloadEngine, SwapSchedule
+from tests.gpu.allocator_cap import allocator_capped
 from tests.models import loss_of, make_batch, make_model
 
 pytestmark = pytest.mark.cuda
@@ -150,16 +151,11 @@ def test_reserved_memory_within_a_capped_budget_with_the_cpu_ahead():
     With cuDNN, which fits its workspace to what the cap leaves: with PyTorch's own convolutions,
     whose buffers do not shrink, the stalled run ran out of memory under this cap on the H100
     (2026-11-23)."""
-    device = torch.device("cuda", torch.cuda.current_device())  # the memory fraction needs an index
     schedule = SCHEDULES["one in flight"]
     unstalled_reserved = _steps("cnn", CudaRuntime, schedule)[2]
-    total = torch.cuda.get_device_properties(device).total_memory
     budget = unstalled_reserved + 2**21  # the peak includes the models, made before the reset
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
-    try:
+    with allocator_capped(budget):
         expected, actual, reserved, counters = _steps("cnn", StalledCompute, schedule)
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
     assert (counters["num_alloc_retries"], counters["num_ooms"]) == (0, 0)
     assert reserved <= budget
     for want, got in zip(expected, actual, strict=True):

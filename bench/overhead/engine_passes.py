@@ -36,10 +36,16 @@ class EnginePasses:
 
     @classmethod
     def deep_narrow(
-        cls, device: torch.device, layers: int = 333, runtimes: dict[str, Runtime] | None = None
+        cls,
+        device: torch.device,
+        layers: int = 333,
+        runtimes: dict[str, Runtime] | None = None,
+        *,
+        tight: bool = False,
     ) -> EnginePasses:
         """Profile the deep narrow model on ``device`` once per variant (``runtimes``: each
-        variant's runtime, else the device's own), then run each variant twice: the steady state."""
+        variant's runtime, else the device's own), then run each variant twice: the steady state.
+        ``tight``: the half-swapped schedule's window and copy-out limit are one layer's bytes."""
         torch.manual_seed(0)
         workload = deep_narrow(layers=layers)
         model = workload.build().to(device)
@@ -54,10 +60,13 @@ class EnginePasses:
             stats = engine.end_step()
             assert stats is not None
             engines[variant], profiles[variant] = engine, stats
-        names = [layer.name for layer in profiles["half"].layers]
+        swapped = profiles["half"].layers[: len(profiles["half"].layers) // 2]
+        names = [layer.name for layer in swapped]
+        layer_bytes = max(layer.swappable_bytes for layer in swapped)
+        window, copying_out = (layer_bytes, layer_bytes) if tight else (2**30, 64 * 1024)
         schedules = {
             "keep": SwapSchedule.keep_everything(),
-            "half": SwapSchedule.swap_layers_named(names[: len(names) // 2], 2**30, 64 * 1024),
+            "half": SwapSchedule.swap_layers_named(names, window, copying_out),
         }
         passes = cls(model, batch, engines, profiles, schedules)
         for _ in range(2):

@@ -2,10 +2,15 @@
 
     python -m bench.overhead.hostprofile                  # CPU: the engine's Python alone
     python -m bench.overhead.hostprofile --device cuda    # a GPU host: the engine and CudaRuntime
+    python -m bench.overhead.hostprofile --window layer   # prefetch rounds of one layer, as planned
 
 Two engine-only passes of the deep narrow model (:class:`~bench.overhead.engine_passes.EnginePasses`:
 no Lightning), one keeping everything and one with the first half of its saving layers swapped,
-are run interleaved, each synchronised at its start and end. The result gives:
+are run interleaved, each synchronised at its start and end. The half-swapped pass prefetches
+through a wide window (every swapped storage copied in as one group at the start of backward) or,
+with ``--window layer``, through a window of one layer: what the planner chooses for this model at
+``bench.overhead``'s half budget, where each swapped storage comes back in a round of its own (a
+placement, an event and a copy each) as it does through Lightning there. The result gives:
 
 - each pass's median time, and the wall-clock µs per swapped storage (the difference, over the
   storages the half-swapped pass swaps);
@@ -113,9 +118,9 @@ class CountingRuntime:
         return self.inner.collect_wait_seconds()
 
 
-def _runtime_calls(device: torch.device, layers: int) -> dict[str, dict[str, int]]:
+def _runtime_calls(device: torch.device, layers: int, tight: bool) -> dict[str, dict[str, int]]:
     runtimes = {variant: CountingRuntime(make_runtime(device)) for variant in VARIANTS}
-    passes = EnginePasses.deep_narrow(device, layers=layers, runtimes=dict(runtimes))
+    passes = EnginePasses.deep_narrow(device, layers=layers, runtimes=dict(runtimes), tight=tight)
     try:
         counted = {}
         for variant in VARIANTS:
@@ -136,10 +141,11 @@ def _by_function(profiler: cProfile.Profile) -> dict[str, tuple[int, float]]:
 
 
 def profile_host(
-    device: torch.device, layers: int = 333, passes: int = 10, profiled: int = 5
+    device: torch.device, layers: int = 333, passes: int = 10, profiled: int = 5, *, tight: bool = False
 ) -> dict[str, Any]:
-    """The figures of the module docstring for ``device``, as plain data."""
-    engine_passes = EnginePasses.deep_narrow(device, layers=layers)
+    """The figures of the module docstring for ``device``, as plain data; ``tight``: the
+    half-swapped schedule has the planner's window of one layer (see :class:`EnginePasses`)."""
+    engine_passes = EnginePasses.deep_narrow(device, layers=layers, tight=tight)
     try:
         seconds: dict[str, list[float | None]] = {variant: [] for variant in VARIANTS}
         storages = 0
@@ -182,12 +188,13 @@ def profile_host(
     return {
         "kind": "bench.overhead.hostprofile",
         "layers": layers,
+        "prefetch_window": "one layer" if tight else "wide",
         "passes": passes,
         "profiled_passes": profiled,
         "swapped_storages": storages,
         "pass_ms": {variant: spread.scaled(1e3).as_dict() for variant, spread in medians.items() if spread},
         "us_per_swapped_storage": (half.median - keep.median) * 1e6 / storages,
-        "runtime_calls_per_pass": _runtime_calls(device, layers),
+        "runtime_calls_per_pass": _runtime_calls(device, layers, tight),
         "profile_us_per_swapped_storage_total": round(sum(row["us_per_swapped_storage"] for row in rows), 2),
         "profile_by_function": rows[:TOP_FUNCTIONS],
     }
@@ -200,13 +207,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=10, help="timed passes of each variant")
     parser.add_argument("--profiled", type=int, default=5, help="passes of each variant under cProfile")
     parser.add_argument("--results-dir", type=Path, default=None, help="also write JSON under DIR/<device>/")
+    parser.add_argument(
+        "--window",
+        choices=("wide", "layer"),
+        default="wide",
+        help="the half-swapped pass's prefetch window: wide (one copy-in group) or one layer's bytes "
+        "(what the planner chooses at bench.overhead's half budget: a prefetch round per storage)",
+    )
     parser.add_argument("--name", default="hostprofile")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
-    result = profile_host(device, args.layers, args.passes, args.profiled)
+    result = profile_host(device, args.layers, args.passes, args.profiled, tight=args.window == "layer")
     keep, half = result["pass_ms"]["keep"], result["pass_ms"]["half"]
     print(
-        f"{device}: median pass {keep['median']:.1f} ms keeping everything, {half['median']:.1f} ms half "
+        f"{device}, prefetch window {result['prefetch_window']}: median pass {keep['median']:.1f} ms keeping "
+        f"everything, {half['median']:.1f} ms half "
         f"swapped ({result['swapped_storages']} storages): {result['us_per_swapped_storage']:.1f} µs per "
         f"swapped storage (wall clock)"
     )

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.overhead import cli
 from bench.overhead.spread import Spread
@@ -154,3 +155,14 @@ def test_host_profile_writes_its_figures(tmp_path: Path) -> None:
     assert calls["keep"]["copy_out"] == 0 < calls["half"]["copy_out"] <= calls["half"]["record_compute"]
     functions = [row["function"] for row in data["profile_by_function"]]
     assert any(name.startswith("engine.py:") for name in functions)  # the engine's own functions profiled
+
+
+def test_a_window_of_one_layer_brings_each_swapped_storage_back_in_a_round_of_its_own():
+    from bench.overhead.hostprofile import profile_host
+
+    wide = profile_host(torch.device("cpu"), layers=80, passes=1, profiled=1)
+    tight = profile_host(torch.device("cpu"), layers=80, passes=1, profiled=1, tight=True)
+    assert wide["prefetch_window"] == "wide" and tight["prefetch_window"] == "one layer"
+    assert wide["swapped_storages"] == tight["swapped_storages"] > 1
+    assert wide["runtime_calls_per_pass"]["half"]["copy_in"] == 1  # one group at the start of backward
+    assert tight["runtime_calls_per_pass"]["half"]["copy_in"] > 1

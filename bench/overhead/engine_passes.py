@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,10 @@ from bench.overhead.models import deep_narrow
 from lightning_accudnn.ops import OffloadEngine, Runtime, StepStats, SwapSchedule
 
 VARIANTS = ("keep", "half")
+#: The phases of a pass :meth:`EnginePasses.run_phases` times: the forward pass (the pack hooks),
+#: the end of the forward block (hooks removed, the first prefetch round), the backward pass (the
+#: unpack hooks and the prefetch rounds they start) and :meth:`~OffloadEngine.end_step`.
+PHASES = ("forward", "forward_end", "backward", "end_step")
 
 
 @dataclass
@@ -76,13 +81,27 @@ class EnginePasses:
 
     def run(self, variant: str) -> StepStats:
         """One replayed pass of ``variant`` (forward, backward, end of step)."""
+        return self.run_phases(variant)[0]
+
+    def run_phases(self, variant: str) -> tuple[StepStats, dict[str, float]]:
+        """One replayed pass of ``variant`` and the host seconds of its phases (see :data:`PHASES`).
+
+        The host's clock only: on a GPU the device is not synchronised between phases, so a
+        phase's figure is the time the host spent issuing it."""
         engine = self.engines[variant]
+        clock = time.perf_counter
+        start = clock()
         with engine.offload(self.model, self.schedules[variant], sequence=self.profiles[variant].sequence):
             loss = self.model(self.batch).sum()
+            forward_done = clock()
+        backward_start = clock()
         loss.backward()
+        backward_done = clock()
         result = engine.end_step()
+        ended = clock()
         assert result is not None
-        return result
+        seconds = (forward_done - start, backward_start - forward_done, backward_done - backward_start)
+        return result, dict(zip(PHASES, (*seconds, ended - backward_done), strict=True))
 
     def close(self) -> None:
         for engine in self.engines.values():

@@ -13,7 +13,9 @@ with ``--window layer``, through a window of one layer: what the planner chooses
 placement, an event and a copy each) as it does through Lightning there. The result gives:
 
 - each pass's median time, and the wall-clock µs per swapped storage (the difference, over the
-  storages the half-swapped pass swaps);
+  storages the half-swapped pass swaps), and the same split by phase of the pass (host clock
+  only: the forward pass, the end of the forward block with the first prefetch round, the
+  backward pass, the end of the step; :data:`~bench.overhead.engine_passes.PHASES`);
 - the runtime calls per pass (events recorded on compute, groups of copies out and in, compute
   waits on an event), counted in separate passes through a counting runtime;
 - cProfile's µs per swapped storage by function (half-swapped passes less keeping ones): on a GPU
@@ -44,7 +46,7 @@ import torch
 
 from bench.environment import device_slug, environment, resolve_device
 from bench.measure import synchronize
-from bench.overhead.engine_passes import VARIANTS, EnginePasses
+from bench.overhead.engine_passes import PHASES, VARIANTS, EnginePasses
 from bench.overhead.spread import Spread
 from bench.report import output_stem
 from lightning_accudnn.ops import Runtime, StreamEvent, make_runtime
@@ -148,14 +150,19 @@ def profile_host(
     engine_passes = EnginePasses.deep_narrow(device, layers=layers, tight=tight)
     try:
         seconds: dict[str, list[float | None]] = {variant: [] for variant in VARIANTS}
+        phase_seconds: dict[str, dict[str, list[float | None]]] = {
+            variant: {phase: [] for phase in PHASES} for variant in VARIANTS
+        }
         storages = 0
         for _ in range(passes):
             for variant in VARIANTS:
                 synchronize(device)
                 start = time.perf_counter()
-                stats = engine_passes.run(variant)
+                stats, phases = engine_passes.run_phases(variant)
                 synchronize(device)
                 seconds[variant].append(time.perf_counter() - start)
+                for phase, value in phases.items():
+                    phase_seconds[variant][phase].append(value)
                 if variant == "half":
                     storages = stats.storages_swapped_out
         functions = {}
@@ -185,6 +192,11 @@ def profile_host(
     medians = {variant: Spread.of(values) for variant, values in seconds.items()}
     keep, half = medians["keep"], medians["half"]
     assert keep is not None and half is not None
+    by_phase = {}
+    for phase in PHASES:
+        kept_phase, half_phase = (Spread.of(phase_seconds[variant][phase]) for variant in VARIANTS)
+        assert kept_phase is not None and half_phase is not None
+        by_phase[phase] = round((half_phase.median - kept_phase.median) * 1e6 / storages, 2)
     return {
         "kind": "bench.overhead.hostprofile",
         "layers": layers,
@@ -194,6 +206,7 @@ def profile_host(
         "swapped_storages": storages,
         "pass_ms": {variant: spread.scaled(1e3).as_dict() for variant, spread in medians.items() if spread},
         "us_per_swapped_storage": (half.median - keep.median) * 1e6 / storages,
+        "us_per_swapped_storage_by_phase": by_phase,
         "runtime_calls_per_pass": _runtime_calls(device, layers, tight),
         "profile_us_per_swapped_storage_total": round(sum(row["us_per_swapped_storage"] for row in rows), 2),
         "profile_by_function": rows[:TOP_FUNCTIONS],
@@ -225,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"swapped ({result['swapped_storages']} storages): {result['us_per_swapped_storage']:.1f} µs per "
         f"swapped storage (wall clock)"
     )
+    phases = ", ".join(f"{phase} {us:.1f}" for phase, us in result["us_per_swapped_storage_by_phase"].items())
+    print(f"host µs per swapped storage by phase (medians, half swapped less keeping): {phases}")
     print(f"runtime calls per pass: {result['runtime_calls_per_pass']}")
     print("cProfile, µs per swapped storage (half swapped less keeping), calls per swapped storage:")
     for row in result["profile_by_function"]:

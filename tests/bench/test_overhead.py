@@ -166,3 +166,15 @@ def test_a_window_of_one_layer_brings_each_swapped_storage_back_in_a_round_of_it
     assert wide["swapped_storages"] == tight["swapped_storages"] > 1
     assert wide["runtime_calls_per_pass"]["half"]["copy_in"] == 1  # one group at the start of backward
     assert tight["runtime_calls_per_pass"]["half"]["copy_in"] > 1
+
+
+def test_engine_passes_time_each_phase_of_a_pass():
+    from bench.overhead.engine_passes import PHASES, EnginePasses
+
+    passes = EnginePasses.deep_narrow(torch.device("cpu"), layers=4)
+    try:
+        stats, phases = passes.run_phases("half")
+    finally:
+        passes.close()
+    assert stats.storages_swapped_out > 0
+    assert tuple(phases) == PHASES and all(seconds > 0 for seconds in phases.values())

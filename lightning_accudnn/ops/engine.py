@@ -702,21 +702,38 @@ class OffloadEngine:
         step = self._step
         if step is None or not self._in_forward:
             step = self._open_step()
+        # _start_copy_out's dense case, inline: the host buffer first (it may raise: nothing held
+        # yet), laid out like the tensor, which is the copy's source itself.
+        buffer = self.pool.acquire(nbytes)
+        dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
+        host = self.pool.typed_view(buffer, dtype, shape, stride)
         block = DeviceBlock(key, nbytes, self._found_released_callback)
+        block.holders, block.counted = 1, True  # held by the record from the start: _hold_found, inline
+        if self._tracks_blocks:
+            self.runtime.hold(key, nbytes)
+        ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
+        current = ledger.activation_bytes + nbytes
+        ledger.activation_bytes = current
+        if current > ledger.peak_activation_bytes:
+            ledger.peak_activation_bytes = current
         base = tensor._base  # lineage_root, inline: the hot path
         root = tensor if base is None else base
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
         record = StorageRecord(layer, 0, nbytes, ordinal + 1, True, True, root, block, ordinal, SWAPPABLE)
+        record.host_buffer, record.host_view = buffer, host
+        dense = record.dense = (dtype, shape, stride, 0)
         step.whole[ordinal] = record
         step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
         step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
         step.held_records += 1
         step.records.append(record)
-        self._start_copy_out(step, record, storage, tensor, dense=True, group_ends=group_ends)
+        if not step.watched:
+            self._watch(step)
+        self._enqueue_copy_out(step, record, storage, tensor, host, group_ends)
         index = len(step.handle_unpacked)  # _handle, inline: the hot path
         step.handle_unpacked.append(0)
         record.pending_unpacks = 1
-        return (record, None, tensor._version, index, step, record.dense)
+        return (record, None, tensor._version, index, step, dense)
 
     def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
         """A replayed save of a storage swapped whole, saved before in this step
@@ -1060,8 +1077,14 @@ class OffloadEngine:
         if record.swap:
             if record.source_storage is not None:
                 self._retire(step, record)
-            if record.fetched is not None:
-                self._drop_fetched(record)
+            block = record.fetched_block
+            if block is not None:  # the engine's reference to the copy brought back goes (views keep theirs)
+                if record.fetched_ready is not None:  # never read: still order the free after the copy
+                    self._wait_once(record.fetched_ready)
+                    record.fetched_ready = None
+                record.fetched = None
+                record.fetched_block = None
+                block.unhold()
         elif not record.released:
             record.source_block.unhold()
         if not record.released:
@@ -1107,13 +1130,10 @@ class OffloadEngine:
         tensor: torch.Tensor,
         *,
         dense: bool,
-        group_ends: bool = True,
     ) -> None:
         """Copy the record's bytes out: from ``tensor`` itself, typed, when ``dense`` (the tensor
         is the record whole, contiguous or channels-last: :attr:`.StorageRecord.dense`), else
-        from a byte view of ``storage``. The copy joins the group of copies not issued yet,
-        issued as one when ``group_ends`` (or when a wait on one of them needs it:
-        :meth:`_issue_copies_out`)."""
+        from a byte view of ``storage`` (:meth:`_pack_whole` does the dense case inline)."""
         nbytes = record.nbytes
         buffer = record.host_buffer = self.pool.acquire(nbytes)
         source: torch.Tensor
@@ -1130,6 +1150,21 @@ class OffloadEngine:
         if not step.watched:
             self._watch(step)
         self._hold_found(record.source_block)
+        self._enqueue_copy_out(step, record, storage, source, host, True)
+
+    def _enqueue_copy_out(
+        self,
+        step: _StepState,
+        record: StorageRecord,
+        storage: torch.UntypedStorage,
+        source: torch.Tensor,
+        host: torch.Tensor,
+        group_ends: bool,
+    ) -> None:
+        """The record's copy out (``source`` into ``host``) joins the group of copies not issued
+        yet, issued as one when ``group_ends`` (or when a wait on one of them needs it:
+        :meth:`_issue_copies_out`); the record enters the copy-out FIFO, whose oldest records
+        are retired while it holds more than the schedule's limit and more than one."""
         record.copy_out = _NOT_ISSUED
         self._copies_out.append(record)
         self._copy_sources.append(source)
@@ -1138,6 +1173,7 @@ class OffloadEngine:
             self._issue_copies_out()
         record.source_storage = storage
         step.swapped.append(record)  # prefetched from begin_backward on (its order set there)
+        nbytes = record.nbytes
         step.bytes_out += nbytes
         record.in_fifo = True
         step.copying_out.append(record)
@@ -1154,7 +1190,10 @@ class OffloadEngine:
         if record.source_storage is not None:  # else retired already (in the FIFO only with it)
             self._settle_copy_out(step, record)
             record.source_storage = None
-            record.source_block.unhold()
+            block = record.source_block  # DeviceBlock.unhold, inline: the hot path
+            block.holders -= 1
+            if block.holders == 0:
+                block.on_release(block)
 
     def _settle_copy_out(self, step: _StepState | None, record: StorageRecord) -> None:
         """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""
@@ -1167,7 +1206,10 @@ class OffloadEngine:
             if record.copy_out is _NOT_ISSUED:
                 self._issue_copies_out()
             record.copy_out_waited = True
-            self._wait_once(record.copy_out)
+            event = record.copy_out  # _wait_once, inline: the hot path
+            if event is not self._compute_waited_on:
+                self._compute_waited_on = event
+                self.runtime.wait(event)
 
     def _wait_once(self, event: StreamEvent) -> None:
         """Compute waits on ``event``, unless it is the event compute waited on last (the records
@@ -1192,18 +1234,6 @@ class OffloadEngine:
             if root is not None:  # alive: the source held till now is a view of it
                 record.version = root._version
         self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
-
-    def _drop_fetched(self, record: StorageRecord) -> None:
-        """The engine's reference to the copy brought back goes (the views handed out keep theirs)."""
-        block = record.fetched_block
-        if record.fetched is None or block is None:
-            return
-        if record.fetched_ready is not None:  # never read: still order the free after the copy
-            self._wait_once(record.fetched_ready)
-            record.fetched_ready = None
-        record.fetched = None
-        record.fetched_block = None
-        block.unhold()
 
     def _fetch(self, record: StorageRecord) -> None:
         """Make the record's bytes available on the device now (read in backward before its

@@ -162,6 +162,10 @@ def _plan_summary(plan: Any) -> dict[str, Any] | None:
         "swapped_bytes": plan.swapped_bytes,
         "budget_bytes": plan.budget_bytes,
         "min_budget_bytes": plan.min_budget_bytes,
+        "prefetch_window_bytes": plan.prefetch_window_bytes,
+        "max_copying_out_bytes": plan.max_copying_out_bytes,
+        "first_swapped_layer": next((index for index, swapped in enumerate(plan.swap) if swapped), None),
+        "last_swapped_layer": max((index for index, swapped in enumerate(plan.swap) if swapped), default=None),
     }
 
 

@@ -154,6 +154,7 @@ def _plan_summary(plan: Any) -> dict[str, Any] | None:
     if plan is None:
         return None
     profile = plan.profile
+    swapped = [index for index, swaps in enumerate(plan.swap) if swaps]
     return {
         "layers": len(profile.layers),
         "swapped_layers": len(plan.swapped_layers),
@@ -164,8 +165,8 @@ def _plan_summary(plan: Any) -> dict[str, Any] | None:
         "min_budget_bytes": plan.min_budget_bytes,
         "prefetch_window_bytes": plan.prefetch_window_bytes,
         "max_copying_out_bytes": plan.max_copying_out_bytes,
-        "first_swapped_layer": next((index for index, swapped in enumerate(plan.swap) if swapped), None),
-        "last_swapped_layer": max((index for index, swapped in enumerate(plan.swap) if swapped), default=None),
+        "first_swapped_layer": swapped[0] if swapped else None,
+        "last_swapped_layer": swapped[-1] if swapped else None,
     }
 
 

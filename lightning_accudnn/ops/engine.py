@@ -1222,12 +1222,21 @@ class OffloadEngine:
         """Issue the copies out not issued yet as one group on the copy stream, after the compute
         issued so far: one event for them all. A record whose lineage was written in place
         since its save now holds the bytes of that version: its saves no longer match it, as
-        plain autograd's would not (:meth:`_unpack_record` raises)."""
+        plain autograd's would not (:meth:`_unpack_record` raises).
+
+        The copies record no autograd history: a pack hook runs with grad mode off, but a group
+        is also issued outside one (a step aborted inside a group, a forward that ends with one
+        open), where copying a source that requires grad into a host view made in a hook is an
+        in-place write that autograd refuses."""
         records = self._copies_out
         if not records:
             return
         written = self.runtime.record_compute()
-        done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
+        else:  # inside a pack hook: the common case, without a context to enter
+            done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
         for record in records:
             record.copy_out = done
             root = record.root()

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule, keep_on_device
+from lightning_accudnn.ops.errors import HostMemoryExceeded
 from lightning_accudnn.ops.replay import SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
 from lightning_accudnn.testing import SimulatedGPU
 
@@ -225,7 +226,7 @@ def test_an_in_place_write_before_the_groups_copy_is_refused_as_plain_autograd_r
         loss.backward()
 
 
-@pytest.mark.parametrize("lag", [0, None])
+@pytest.mark.parametrize("lag", [-1, 0, None])
 def test_a_forward_failing_inside_a_group_leaves_nothing_held_and_the_next_step_is_exact(lag):
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(16, 16), WrittenAfterSave()), torch.randn(8, 16)
@@ -246,4 +247,32 @@ def test_a_forward_failing_inside_a_group_leaves_nothing_held_and_the_next_step_
     assert stats.bytes_swapped_out > 0 and not stats.graph_changed
     assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
     engine.close()
-    assert engine.runtime.violations == [] and engine.pool.in_use_bytes == 0
+    assert engine.pool.in_use_bytes == 0
+    if lag != -1:
+        assert engine.runtime.violations == []
+
+
+@pytest.mark.parametrize("lag", [-1, 0, None])
+def test_a_host_buffer_refused_on_the_whole_path_leaves_nothing_held_and_the_next_step_is_exact(lag):
+    model, x, engine, profiled, schedule = _profiled_blocks(lag)
+    plain = copy.deepcopy(model)
+    plain(x).backward()
+    route = ReplayRoute(profiled.sequence, schedule)
+    assert route.actions.count(SWAP_WHOLE) > 2  # the refusal comes on the whole path, past its first swaps
+    engine.pool.trim()
+    engine.pool.capacity_bytes = 2 * engine.pool.host_bytes(1)  # room for two buffers, then refused
+    with (
+        pytest.raises(HostMemoryExceeded, match="host_memory_limit"),
+        engine.offload(model, schedule, sequence=profiled.sequence),
+    ):
+        model(x)
+    assert not engine.step_open and engine.ledger.activation_bytes == 0
+    assert engine.pool.in_use_bytes == 0
+    engine.pool.capacity_bytes = 2**30
+    _, stats = _step(engine, model, x, schedule, profiled.sequence)
+    assert stats.bytes_swapped_out > 0 and not stats.graph_changed
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+    engine.close()
+    assert engine.pool.in_use_bytes == 0 and engine.ledger.activation_bytes == 0
+    if lag != -1:
+        assert engine.runtime.violations == []

@@ -703,19 +703,12 @@ class OffloadEngine:
         if step is None or not self._in_forward:
             step = self._open_step()
         # _start_copy_out's dense case, inline: the host buffer first (it may raise: nothing held
-        # yet), laid out like the tensor, which is the copy's source itself.
+        # yet), laid out like the tensor, which is the copy's source itself; then the block held.
         buffer = self.pool.acquire(nbytes)
         dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
         host = self.pool.typed_view(buffer, dtype, shape, stride)
         block = DeviceBlock(key, nbytes, self._found_released_callback)
-        block.holders, block.counted = 1, True  # held by the record from the start: _hold_found, inline
-        if self._tracks_blocks:
-            self.runtime.hold(key, nbytes)
-        ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
-        current = ledger.activation_bytes + nbytes
-        ledger.activation_bytes = current
-        if current > ledger.peak_activation_bytes:
-            ledger.peak_activation_bytes = current
+        self._hold_found(block)
         base = tensor._base  # lineage_root, inline: the hot path
         root = tensor if base is None else base
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
@@ -1190,10 +1183,7 @@ class OffloadEngine:
         if record.source_storage is not None:  # else retired already (in the FIFO only with it)
             self._settle_copy_out(step, record)
             record.source_storage = None
-            block = record.source_block  # DeviceBlock.unhold, inline: the hot path
-            block.holders -= 1
-            if block.holders == 0:
-                block.on_release(block)
+            record.source_block.unhold()
 
     def _settle_copy_out(self, step: _StepState | None, record: StorageRecord) -> None:
         """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""
@@ -1206,10 +1196,7 @@ class OffloadEngine:
             if record.copy_out is _NOT_ISSUED:
                 self._issue_copies_out()
             record.copy_out_waited = True
-            event = record.copy_out  # _wait_once, inline: the hot path
-            if event is not self._compute_waited_on:
-                self._compute_waited_on = event
-                self.runtime.wait(event)
+            self._wait_once(record.copy_out)
 
     def _wait_once(self, event: StreamEvent) -> None:
         """Compute waits on ``event``, unless it is the event compute waited on last (the records
@@ -1232,10 +1219,7 @@ class OffloadEngine:
         if not records:
             return
         written = self.runtime.record_compute()
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
-        else:  # inside a pack hook: the common case, without a context to enter
+        with torch.no_grad() if torch.is_grad_enabled() else nullcontext():
             done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
         for record in records:
             record.copy_out = done

@@ -49,6 +49,7 @@ from lightning_accudnn.ops.runtime import Runtime, StreamEvent, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
     DeviceBlock,
+    FetchedCopy,
     StorageRecord,
     byte_extent,
     lineage_root,
@@ -261,7 +262,7 @@ class OffloadEngine:
         self._unhook_after = -1  # a pass replayed unobserved: the hooks go after this ordinal
         self._in_forward = False
         self._static_bytes = 0
-        self._lingering: list[DeviceBlock] = []  # copies brought back, dropped: freed once their storage died
+        self._lingering: list[FetchedCopy] = []  # copies brought back, dropped: freed once their storage died
         # The event the compute stream waited on last: the records of one group of copies share
         # its event, and compute waits on it once (a wait on it again would order nothing more).
         self._compute_waited_on: object = _NOTHING_WAITED
@@ -272,7 +273,6 @@ class OffloadEngine:
         # The callbacks blocks and records hold, bound once: a bound method made per block or
         # record would be one more object per saved tensor for the garbage collector.
         self._found_released_callback = self._free_block  # a saved storage no longer needed goes at once
-        self._allocated_released_callback = self._on_allocated_block_released
         self._watches: set[weakref.ref[_StepState]] = set()  # steps whose host buffers are still out
 
     # -- the step -------------------------------------------------------------------
@@ -456,8 +456,9 @@ class OffloadEngine:
         return stats
 
     def _untimed_layers(self, step: _StepState) -> tuple[LayerProfile, ...]:
-        """Bytes per saving layer of a replayed pass: the records of its fast saves are those of
-        the profiled pass (:meth:`.ReplayRoute.layer_bytes`), the others counted now."""
+        """Bytes per saving layer of a replayed pass: the records of its fast saves and of its
+        storages swapped whole are those of the profiled pass (:meth:`.ReplayRoute.layer_bytes`),
+        the others counted now."""
         route = self._route
         assert route is not None
         end = self._departed if self._departed >= 0 else self._calls
@@ -546,9 +547,8 @@ class OffloadEngine:
 
     def _release_lingering(self) -> None:
         """The step is over: copies still referenced elsewhere are no longer the engine's."""
-        for block in self._lingering:
-            if block.holders == 0:
-                self._free_block(block)
+        for copy in self._lingering:
+            self._leave_device(copy.nbytes, copy.key, copy.in_prefetch_window)
         self._lingering = []
 
     def close(self) -> None:
@@ -715,9 +715,7 @@ class OffloadEngine:
         record = StorageRecord(layer, 0, nbytes, ordinal + 1, True, True, root, block, ordinal, SWAPPABLE)
         record.host_buffer, record.host_view = buffer, host
         dense = record.dense = (dtype, shape, stride, 0)
-        step.whole[ordinal] = record
-        step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
-        step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) + nbytes
+        step.whole[ordinal] = record  # its layer's bytes: ReplayRoute.layer_bytes
         step.held_records += 1
         step.records.append(record)
         if not step.watched:
@@ -924,8 +922,8 @@ class OffloadEngine:
         if tensor is None:
             if record.fetched is None:
                 self._fetch(record)
-            fetched, block = record.fetched, record.fetched_block
-            assert fetched is not None and block is not None
+            fetched = record.fetched
+            assert fetched is not None
             ready = record.fetched_ready
             if ready is not None:
                 record.fetched_ready = None
@@ -939,7 +937,7 @@ class OffloadEngine:
                 tensor = fetched  # the tensor saved, brought back whole or read where it was saved
             else:  # a view: of the bytes where they were saved, or of the copy from record.start
                 assert geometry is not None
-                start = 0 if block is record.source_block else record.start
+                start = 0 if record.fetched_copy is None else record.start
                 tensor = saved_view(fetched, start, *geometry)
         if not step.handle_unpacked[index]:
             step.handle_unpacked[index] = 1
@@ -956,8 +954,9 @@ class OffloadEngine:
         step = self._step
         if step is not None:
             step.layers_read_in_forward.add(record.layer)
-            if record.swappable:
-                step.layer_swappable[record.layer] -= record.nbytes
+            if record.swappable:  # (a record swapped whole in a replayed pass is counted by its route)
+                layer = record.layer
+                step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) - record.nbytes
 
     # -- filter and records -----------------------------------------------------------
 
@@ -1024,43 +1023,40 @@ class OffloadEngine:
             if current > ledger.peak_activation_bytes:
                 ledger.peak_activation_bytes = current
 
-    def _on_allocated_block_released(self, block: DeviceBlock) -> None:
-        """A copy brought back lingers until its storage dies (after the backward op that read it):
-        :meth:`_reap` frees it then, before anything more is counted (it runs ahead of every
-        prefetch in backward, and at the end of the step)."""
-        self._lingering.append(block)
-
     def _reap(self) -> None:
-        """Free the lingering copies whose storage has died."""
+        """Free the lingering copies whose storage has died (after the backward op that read
+        it): it runs ahead of every prefetch in backward, and the step's end frees the rest."""
         if not self._lingering:
             return
         alive = []
-        for block in self._lingering:
-            if block.holders > 0 or not block.counted:
-                continue
-            storage = block.storage
-            if storage is None or storage.expired():
-                self._free_block(block)
+        for copy in self._lingering:
+            if copy.storage.expired():
+                self._leave_device(copy.nbytes, copy.key, copy.in_prefetch_window)
             else:
-                alive.append(block)
+                alive.append(copy)
         self._lingering = alive
 
     def _free_block(self, block: DeviceBlock) -> None:
-        """A block the engine no longer needs (a saved storage, at once; a copy brought back,
-        once its storage died): out of the count, in compute order."""
+        """A saved storage the engine no longer needs: out of the count at once, in compute order."""
         if not block.counted:
             return
         block.counted = False
-        self.ledger.activation_bytes -= block.nbytes  # DeviceLedger.release, inline: the hot path
+        self._leave_device(block.nbytes, block.key, block.in_prefetch_window)
+        block.in_prefetch_window = False
+
+    def _leave_device(self, nbytes: int, key: int, in_prefetch_window: bool) -> None:
+        """``nbytes`` at ``key`` leave the count (and the runtime's blocks), in compute order: a
+        saved storage the engine no longer needs, or a copy brought back whose storage died or
+        whose step ended."""
+        self.ledger.activation_bytes -= nbytes  # DeviceLedger.release, inline: the hot path
         if self._tracks_blocks:
-            self.runtime.release(block.key)
+            self.runtime.release(key)
         # A prefetched block leaves the window when its last device reference dies (after
         # the backward op that used it), not when it is handed over: the window bounds memory.
-        if block.in_prefetch_window:
-            block.in_prefetch_window = False
+        if in_prefetch_window:
             step = self._step
             if step is not None:
-                step.window_used -= block.nbytes
+                step.window_used -= nbytes
                 step.window_full = False
 
     def _release_device(self, step: _StepState | None, record: StorageRecord) -> None:
@@ -1070,14 +1066,20 @@ class OffloadEngine:
         if record.swap:
             if record.source_storage is not None:
                 self._retire(step, record)
-            block = record.fetched_block
-            if block is not None:  # the engine's reference to the copy brought back goes (views keep theirs)
+            if record.fetched is not None:  # the engine's reference to the bytes goes (views keep theirs)
                 if record.fetched_ready is not None:  # never read: still order the free after the copy
                     self._wait_once(record.fetched_ready)
                     record.fetched_ready = None
                 record.fetched = None
-                record.fetched_block = None
-                block.unhold()
+                block = record.fetched_block
+                if block is not None:  # read where it was saved
+                    record.fetched_block = None
+                    block.unhold()
+                else:  # a copy brought back lingers until its storage dies
+                    copy = record.fetched_copy
+                    assert copy is not None
+                    record.fetched_copy = None
+                    self._lingering.append(copy)
         elif not record.released:
             record.source_block.unhold()
         if not record.released:
@@ -1252,7 +1254,11 @@ class OffloadEngine:
             )
             record.fetched, record.fetched_ready = whole, None
             record.fetched_block = block = record.source_block
-            copy = False
+            nbytes = block.nbytes
+            counts = block.hold()
+            in_window = step is not None and not block.in_prefetch_window and not self._in_forward
+            if in_window:
+                block.in_prefetch_window = True
         else:
             dense = record.dense
             destination = (
@@ -1260,24 +1266,26 @@ class OffloadEngine:
                 if dense is None
                 else self.runtime.allocate(dense[1], dense[2], dense[0])
             )
-            block = DeviceBlock(
-                destination.data_ptr(),
-                record.nbytes,
-                self._allocated_released_callback,
+            nbytes = record.nbytes
+            counts = True
+            in_window = step is not None and not self._in_forward
+            record.fetched = destination
+            record.fetched_copy = FetchedCopy(
                 StorageWeakReference(destination.untyped_storage()),
+                nbytes,
+                destination.data_ptr() if self._tracks_blocks else 0,
+                in_window,
             )
-            record.fetched, record.fetched_block = destination, block
-            copy = True
-        if block.hold():
+        if counts:
             ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
-            current = ledger.activation_bytes + block.nbytes
+            current = ledger.activation_bytes + nbytes
             ledger.activation_bytes = current
             if current > ledger.peak_activation_bytes:
                 ledger.peak_activation_bytes = current
-        if step is not None and not block.in_prefetch_window and not self._in_forward:
-            step.window_used += block.nbytes
-            block.in_prefetch_window = True
-        return copy
+        if in_window:
+            assert step is not None
+            step.window_used += nbytes
+        return storage is None
 
     def _copy_in(self, records: list[StorageRecord]) -> None:
         """Copy the host copies of ``records`` into the blocks :meth:`_place` allocated them, as

@@ -109,9 +109,10 @@ class ReplayRoute:
         return sequence is self.sequence and schedule == self.schedule
 
     def layer_bytes(self, end: int) -> tuple[dict[str, int], dict[str, int]]:
-        """Saved and swappable bytes per layer of the records the fast saves before ordinal
-        ``end`` opened in the profiled pass (what the engine's records would have counted).
-        Shared: not to be changed by the caller."""
+        """Saved and swappable bytes per layer of the records that the fast saves and the
+        storages swapped whole (:data:`SWAP_WHOLE`) before ordinal ``end`` opened in the
+        profiled pass (what the engine's records would have counted; a save that does not
+        match what was profiled ends the replay there). Shared: not to be changed by the caller."""
         if end == len(self) and self._totals is not None:
             return self._totals
         saved: dict[str, int] = {}
@@ -119,7 +120,7 @@ class ReplayRoute:
         sequence = self.sequence
         for ordinal in range(end):
             kind = sequence.kinds[ordinal]
-            if not self.fast[ordinal] or kind in (REUSED, FILTERED):
+            if not (self.fast[ordinal] or self.actions[ordinal] == SWAP_WHOLE) or kind in (REUSED, FILTERED):
                 continue
             layer, nbytes = sequence.layers[ordinal], sequence.record_bytes[ordinal]
             saved[layer] = saved.get(layer, 0) + nbytes

@@ -7,15 +7,16 @@ the same version as when the copy was taken, and an extent inside the copied one
 written in place since, or another lineage over the same storage (``unsafe_chunk`` outputs
 of a GRU cell's gates, which do not share a version counter), gets a record of its own.
 
-Device memory is counted by :class:`DeviceBlock`: one per device storage the engine knows
-(however many records copy parts of it) and one per copy brought back, each counted in the
-ledger once while anything holds it.
+Device memory is counted by :class:`DeviceBlock`, one per saved storage the engine knows
+(however many records copy parts of it), counted in the ledger once while anything holds it,
+and by :class:`FetchedCopy`, one per copy brought back, counted until its storage dies.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -26,13 +27,12 @@ _ALIGN = 16  # bytes: extents start here so that every element type stays aligne
 
 
 class DeviceBlock:
-    """A device allocation the engine accounts for, counted from its first holder on.
+    """A saved storage the engine accounts for, counted from its first holder on (the records
+    of its parts, the copy-out FIFO, a read where it was saved).
 
     ``key`` is its address. :meth:`hold` says whether a hold starts its count (the engine then
     counts it in its ledger); when its last holder lets go (:meth:`unhold`), ``on_release``
-    decides whether it is freed now or lingers (a copy brought back stays until its storage
-    dies: autograd may still read views of it). ``storage`` watches that storage for blocks
-    the engine allocated; ``None`` for saved storages the engine found.
+    frees it.
 
     Example:
         >>> released = []
@@ -45,18 +45,11 @@ class DeviceBlock:
         True
     """
 
-    __slots__ = ("key", "nbytes", "storage", "holders", "counted", "on_release", "in_prefetch_window")
+    __slots__ = ("key", "nbytes", "holders", "counted", "on_release", "in_prefetch_window")
 
-    def __init__(
-        self,
-        key: int,
-        nbytes: int,
-        on_release: Callable[[DeviceBlock], None],
-        storage: StorageWeakReference | None = None,
-    ) -> None:
+    def __init__(self, key: int, nbytes: int, on_release: Callable[[DeviceBlock], None]) -> None:
         self.key = key
         self.nbytes = nbytes
-        self.storage = storage
         self.holders = 0
         self.counted = False
         self.on_release = on_release
@@ -74,6 +67,26 @@ class DeviceBlock:
         self.holders -= 1
         if self.holders == 0:
             self.on_release(self)
+
+
+class FetchedCopy(NamedTuple):
+    """A record's bytes brought back into a block the engine allocated on the compute stream,
+    counted from its allocation until its storage dies (autograd may still read views of it
+    after the engine let go): ``storage`` watches it; ``key`` is its address for a runtime
+    that tracks blocks (0 otherwise); ``in_prefetch_window`` says whether it counts in the
+    step's prefetch window (allocated in backward).
+
+    Example:
+        >>> copy = torch.zeros(4)
+        >>> fetched = FetchedCopy(StorageWeakReference(copy.untyped_storage()), 16, 0, True)
+        >>> fetched.storage.expired(), fetched.nbytes
+        (False, 16)
+    """
+
+    storage: StorageWeakReference
+    nbytes: int
+    key: int
+    in_prefetch_window: bool
 
 
 def byte_extent(tensor: torch.Tensor) -> tuple[int, int]:
@@ -141,6 +154,7 @@ class StorageRecord:
         "in_fifo",
         "fetched",
         "fetched_block",
+        "fetched_copy",
         "fetched_ready",
         "host_view",
         "pending_unpacks",
@@ -185,7 +199,11 @@ class StorageRecord:
         self.copy_out_waited = False  # compute has waited on it: the source may be dropped
         self.in_fifo = False  # counted in the engine's copy-out FIFO
         self.fetched: torch.Tensor | None = None  # the bytes on the device in backward
+        # Where ``fetched`` lives: the saved storage's block when read where it was saved (still
+        # in the copy-out FIFO), or a copy brought back into a block the engine allocated
+        # (:class:`FetchedCopy`); the other one is ``None``
         self.fetched_block: DeviceBlock | None = None
+        self.fetched_copy: FetchedCopy | None = None
         self.fetched_ready: StreamEvent | None = None  # copy-in event compute has not waited on yet
         self.host_view: torch.Tensor | None = None  # ``host_buffer``'s first ``nbytes``, typed: the copy
         self.pending_unpacks = 0  # saves through it not unpacked yet

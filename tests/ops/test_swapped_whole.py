@@ -276,3 +276,45 @@ def test_a_host_buffer_refused_on_the_whole_path_leaves_nothing_held_and_the_nex
     assert engine.pool.in_use_bytes == 0 and engine.ledger.activation_bytes == 0
     if lag != -1:
         assert engine.runtime.violations == []
+
+
+class Penalised(nn.Module):
+    """Two Linear/ReLU layers and a gradient penalty: a backward inside the forward reads the
+    saves of the squares and of the second ReLU."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(width, width), nn.ReLU())
+        self.second = nn.Sequential(nn.Linear(width, width), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        out = self.second(h)
+        (grad,) = torch.autograd.grad(out.square().sum(), h, create_graph=True)
+        return out.square().sum() + grad.square().sum()
+
+
+@pytest.mark.parametrize("lag", [-1, 0, 3])
+def test_a_whole_storage_read_by_a_backward_inside_a_replayed_forward_is_reported_kept(lag):
+    torch.manual_seed(0)
+    model, x = Penalised(), torch.randn(8, 16)
+    plain = copy.deepcopy(model)
+    plain(x).backward()
+    engine = _engine(lag)
+    profiled = _profile(engine, model, x)
+    names = [layer.name for layer in profiled.layers]
+    schedule = SwapSchedule.swap_layers_named(names, prefetch_window_bytes=256, max_copying_out_bytes=0)
+    assert SWAP_WHOLE in ReplayRoute(profiled.sequence, schedule).actions
+    for _ in range(2):
+        loss, stats = _step(engine, model, x, schedule, profiled.sequence)
+        assert not stats.graph_changed and stats.bytes_swapped_out > 0
+        assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+        # What the penalty read stays on the device all step: reported not swappable, as profiled.
+        assert [(layer.name, layer.saved_bytes, layer.swappable_bytes) for layer in stats.layers] == [
+            (layer.name, layer.saved_bytes, layer.swappable_bytes) for layer in profiled.layers
+        ]
+        assert engine.ledger.activation_bytes == 0
+        model.zero_grad(set_to_none=True)
+    assert any(layer.swappable_bytes < layer.saved_bytes for layer in profiled.layers)
+    engine.close()
+    assert engine.pool.in_use_bytes == 0

@@ -1321,7 +1321,7 @@ class OffloadEngine:
             if record.fetched is None and record.pending_unpacks and record.host_buffer is not None:
                 used = step.window_used  # _place adds to it
                 if used > 0 and used + record.nbytes > window:
-                    step.window_full = True  # until a block leaves the window (_free_block)
+                    step.window_full = True  # until a block leaves the window (_leave_device)
                     break
                 if self._place(record):
                     copied.append(record)

@@ -30,17 +30,21 @@ log = logging.getLogger("bench")
 
 
 def output_stem(results_dir: Path, device_slug: str, name: str, date: datetime.date | None = None) -> Path:
-    """``<results_dir>/<device_slug>/<date>-<name>``, with ``-2``, ``-3``... if already taken.
+    """``<results_dir>/<device_slug>/<date>-<name>``, with ``-2``, ``-3``... if already taken
+    (a ``name`` that starts with the date already is not given it twice).
 
     Example:
         >>> import tempfile
         >>> root = Path(tempfile.mkdtemp())
         >>> output_stem(root, "cpu", "tiny", datetime.date(2025, 1, 2)).name
         '2025-01-02-tiny'
+        >>> output_stem(root, "cpu", "2025-01-02-tiny", datetime.date(2025, 1, 2)).name
+        '2025-01-02-tiny'
     """
     day = (date or datetime.datetime.now(datetime.timezone.utc).date()).isoformat()
     folder = results_dir / device_slug
     folder.mkdir(parents=True, exist_ok=True)
+    name = name.removeprefix(f"{day}-")
     stem = folder / f"{day}-{name}"
     counter = 2
     while any(stem.with_name(stem.name + suffix).exists() for suffix in (".json", ".log")):

@@ -178,3 +178,26 @@ def test_engine_passes_time_each_phase_of_a_pass():
         passes.close()
     assert stats.storages_swapped_out > 0
     assert tuple(phases) == PHASES and all(seconds > 0 for seconds in phases.values())
+
+
+def test_the_lean_floor_swaps_what_the_engine_swaps_in_fewer_bytecodes(tmp_path: Path) -> None:
+    from bench.overhead import lean
+
+    assert lean.main(["--layers", "6", "--rounds", "2", "--results-dir", str(tmp_path)]) == 0
+    (written,) = (tmp_path / "cpu").glob("*-lean.json")
+    data = json.loads(written.read_text())
+    assert data["kind"] == "bench.overhead.lean" and data["environment"]["device"] == "cpu"
+    assert data["swapped_storages"]["lean"] == data["swapped_storages"]["engine"] > 0
+    assert 0 < data["lean"]["bytecodes_per_swap"] < data["engine"]["bytecodes_per_swap"]
+
+
+def test_the_lean_hooks_refuse_a_save_that_is_not_the_one_profiled() -> None:
+    from bench.overhead.engine_passes import EnginePasses
+    from bench.overhead.lean import LeanSwaps, run_pass
+    from lightning_accudnn.ops.replay import ReplayRoute
+
+    passes = EnginePasses.deep_narrow(torch.device("cpu"), layers=4, tight=True)
+    route = ReplayRoute(passes.profiles["half"].sequence, passes.schedules["half"])
+    passes.batch = torch.cat([passes.batch, passes.batch])  # every activation twice the bytes
+    with pytest.raises(RuntimeError, match="not what was profiled"):
+        run_pass(passes, LeanSwaps(route))

@@ -28,7 +28,7 @@ import argparse
 import collections
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,7 +40,14 @@ from bench.overhead.engine_passes import EnginePasses
 from bench.report import output_stem
 
 
-def _counted(run: Any) -> tuple[collections.Counter[str], Any]:
+def count_opcodes(run: Callable[[], Any]) -> tuple[collections.Counter[str], Any]:
+    """The bytecodes ``run()`` executes, by ``file:function``, and what it returned.
+
+    Example:
+        >>> counts, value = count_opcodes(lambda: sum(range(3)))
+        >>> value, sum(counts.values()) > 0
+        (3, True)
+    """
     counts: collections.Counter[str] = collections.Counter()
 
     def trace(frame: FrameType, event: str, arg: object) -> Any:
@@ -62,8 +69,8 @@ def count_bytecodes(layers: int = 333, *, tight: bool = False) -> dict[str, Any]
     """Bytecodes of a half-swapped pass less those of a pass that keeps everything, per swapped
     storage; ``tight``: with the planner's window of one layer (see :class:`EnginePasses`)."""
     passes = EnginePasses.deep_narrow(torch.device("cpu"), layers=layers, tight=tight)
-    kept, _ = _counted(lambda: passes.run("keep"))
-    swapped, stats = _counted(lambda: passes.run("half"))
+    kept, _ = count_opcodes(lambda: passes.run("keep"))
+    swapped, stats = count_opcodes(lambda: passes.run("half"))
     storages = stats.storages_swapped_out
     extra = collections.Counter(swapped)
     extra.subtract(kept)

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from bench.environment import environment
-from bench.overhead.bytecodes import _counted
+from bench.overhead.bytecodes import count_opcodes
 from bench.overhead.engine_passes import EnginePasses
 from bench.report import output_stem
 from lightning_accudnn.ops.replay import SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
@@ -73,7 +73,14 @@ class _Step:
 
 
 class KeepHooks:
-    """The baseline: hooks that count the saves by ordinal and keep every tensor."""
+    """The baseline: hooks that count the saves by ordinal and keep every tensor.
+
+    Example:
+        >>> hooks = KeepHooks()
+        >>> saved = torch.ones(2)
+        >>> hooks.unpack(hooks.pack(saved)) is saved, hooks.calls
+        (True, 1)
+    """
 
     def __init__(self) -> None:
         self.calls = 0
@@ -276,7 +283,7 @@ def _gradients(passes: EnginePasses, hooks: KeepHooks | None) -> list[torch.Tens
 
 
 def _bytecodes(run: Callable[[], object]) -> int:
-    counts, _ = _counted(run)
+    counts, _ = count_opcodes(run)
     return sum(counts.values())
 
 

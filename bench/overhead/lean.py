@@ -25,9 +25,11 @@ raise), host buffers shared under a cap across steps, the layer figures a pass r
 figures are a floor under the engine's, not an alternative to it.
 
 For the engine and for the lean hooks, it reports the Python bytecodes per swapped storage
-(counted as :mod:`bench.overhead.bytecodes` counts them) and the wall-clock µs per swapped
-storage (the half-swapped pass less the pass that keeps everything, medians and fastest of
-interleaved passes), once the lean pass's gradients are checked equal to plain autograd's.
+(counted as :mod:`bench.overhead.bytecodes` counts them) and the µs per swapped storage (the
+half-swapped pass less the pass that keeps everything, over interleaved passes): wall clock,
+medians and fastest, and the median of the thread's CPU time, which leaves out the time the
+thread waits for the CPU while other work on a shared machine runs (everything here runs on
+the calling thread). The lean pass's gradients are first checked equal to plain autograd's.
 
 Example:
     >>> result = measure(layers=4, rounds=2)
@@ -303,19 +305,25 @@ def measure(layers: int = 333, rounds: int = 40) -> dict[str, Any]:
         "lean half": lambda: run_pass(passes, LeanSwaps(route)),
     }
     bytecodes = {name: _bytecodes(run) for name, run in variants.items()}
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    seconds: dict[str, list[float]] = {name: [] for name in variants}  # wall clock
+    thread_seconds: dict[str, list[float]] = {name: [] for name in variants}  # this thread's CPU time
     for _ in range(rounds):
         for name, run in variants.items():
-            start = time.perf_counter()
+            start, thread_start = time.perf_counter(), time.thread_time()
             run()
+            thread_seconds[name].append(time.thread_time() - thread_start)
             seconds[name].append(time.perf_counter() - start)
 
     def per_swap(kind: str, count: int) -> dict[str, float]:
         half, keep = seconds[f"{kind} half"], seconds[f"{kind} keep"]
+        thread_half, thread_keep = thread_seconds[f"{kind} half"], thread_seconds[f"{kind} keep"]
         return {
             "bytecodes_per_swap": (bytecodes[f"{kind} half"] - bytecodes[f"{kind} keep"]) / count,
             "us_per_swap_median": (statistics.median(half) - statistics.median(keep)) * 1e6 / count,
             "us_per_swap_fastest": (min(half) - min(keep)) * 1e6 / count,
+            "thread_us_per_swap_median": (statistics.median(thread_half) - statistics.median(thread_keep))
+            * 1e6
+            / count,
         }
 
     return {
@@ -335,19 +343,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=None, help="also write JSON under DIR/cpu/")
     parser.add_argument("--name", default="lean")
     args = parser.parse_args(argv)
-    result = measure(args.layers, args.rounds)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # every operation on the calling thread, whose CPU time is measured
+    try:
+        result = measure(args.layers, args.rounds)
+    finally:
+        torch.set_num_threads(threads)
     print(f"CPU, deep narrow model ({args.layers} layers), half swapped, window of one layer:")
     for kind in ("engine", "lean"):
         figures = result[kind]
         print(
             f"  {kind:6} {result['swapped_storages'][kind]} storages: {figures['bytecodes_per_swap']:.1f} "
             f"bytecodes, {figures['us_per_swap_median']:.1f} µs (median passes), "
-            f"{figures['us_per_swap_fastest']:.1f} µs (fastest passes) per swapped storage"
+            f"{figures['us_per_swap_fastest']:.1f} µs (fastest passes), "
+            f"{figures['thread_us_per_swap_median']:.1f} µs of the thread's CPU time (median passes) "
+            "per swapped storage"
         )
     if args.results_dir is not None:
         stem = output_stem(args.results_dir, "cpu", args.name)
         record = {
             "kind": "bench.overhead.lean",
+            "torch_threads": 1,
             "label": "CPU: wall-clock times of this CPU (a shared machine), and bytecodes; not GPU figures",
             "environment": environment(torch.device("cpu")),
             **result,

@@ -274,14 +274,8 @@ def run_pass(passes: EnginePasses, hooks: KeepHooks | None) -> torch.Tensor:
 
 def _gradients(passes: EnginePasses, hooks: KeepHooks | None) -> list[torch.Tensor]:
     passes.model.zero_grad(set_to_none=True)
-    model, batch = passes.model, passes.batch
-    if hooks is None:
-        model(batch).sum().backward()
-    else:
-        with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
-            loss = model(batch).sum()
-        loss.backward()
-    return [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
+    run_pass(passes, hooks)
+    return [parameter.grad.clone() for parameter in passes.model.parameters() if parameter.grad is not None]
 
 
 def _bytecodes(run: Callable[[], object]) -> int:
@@ -293,10 +287,11 @@ def measure(layers: int = 333, rounds: int = 40) -> dict[str, Any]:
     """The engine's and the lean hooks' cost per swapped storage on the deep narrow model."""
     passes = EnginePasses.deep_narrow(torch.device("cpu"), layers=layers, tight=True)
     route = ReplayRoute(passes.profiles["half"].sequence, passes.schedules["half"])
-    lean, plain = _gradients(passes, LeanSwaps(route)), _gradients(passes, None)
+    checked = LeanSwaps(route)
+    lean, plain = _gradients(passes, checked), _gradients(passes, None)
     if len(lean) != len(plain) or not all(torch.equal(a, b) for a, b in zip(lean, plain, strict=True)):
         raise AssertionError("the lean hooks' gradients differ from plain autograd's")
-    swaps = len(LeanSwaps(route).sizes)
+    swaps = len(checked.sizes)
     swapped = passes.run("half").storages_swapped_out
     variants: dict[str, Callable[[], object]] = {
         "engine keep": lambda: passes.run("keep"),

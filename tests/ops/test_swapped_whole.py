@@ -294,7 +294,7 @@ class Penalised(nn.Module):
         return out.square().sum() + grad.square().sum()
 
 
-@pytest.mark.parametrize("lag", [-1, 0, 3])
+@pytest.mark.parametrize("lag", [-1, 0, 3, None])
 def test_a_whole_storage_read_by_a_backward_inside_a_replayed_forward_is_reported_kept(lag):
     torch.manual_seed(0)
     model, x = Penalised(), torch.randn(8, 16)
@@ -316,5 +316,7 @@ def test_a_whole_storage_read_by_a_backward_inside_a_replayed_forward_is_reporte
         assert engine.ledger.activation_bytes == 0
         model.zero_grad(set_to_none=True)
     assert any(layer.swappable_bytes < layer.saved_bytes for layer in profiled.layers)
+    if lag != -1:
+        assert engine.runtime.violations == [] and engine.runtime.num_ooms == 0
     engine.close()
     assert engine.pool.in_use_bytes == 0

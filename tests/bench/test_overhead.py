@@ -201,3 +201,35 @@ def test_the_lean_hooks_refuse_a_save_that_is_not_the_one_profiled() -> None:
     passes.batch = torch.cat([passes.batch, passes.batch])  # every activation twice the bytes
     with pytest.raises(RuntimeError, match="not what was profiled"):
         run_pass(passes, LeanSwaps(route))
+
+
+def test_instruction_counts_without_valgrind_say_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from bench.overhead import instructions
+
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    assert instructions.main(["--results-dir", str(tmp_path)]) == 2
+    assert "needs valgrind" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_the_counted_regions_run_every_variant_and_note_their_dumps(tmp_path: Path) -> None:
+    from bench.overhead import instructions
+
+    # Outside callgrind the regions run and no dump is written: what the parent reads is noted.
+    assert instructions.main(["--child", str(tmp_path), "--layers", "4", "--passes", "1"]) == 0
+    regions = json.loads((tmp_path / "regions.json").read_text())
+    assert regions["swapped_storages"]["engine"] == regions["swapped_storages"]["lean"] > 0
+    assert regions["saved_tensors"] > regions["swapped_storages"]["engine"]
+    assert regions["dumps"] == {name: [] for name in instructions.VARIANTS}
+
+
+def test_a_counted_region_raises_what_its_run_raised() -> None:
+    from bench.overhead.instructions import run_in_region
+
+    def fails() -> None:
+        raise ValueError("inside the region")
+
+    with pytest.raises(ValueError, match="inside the region"):
+        run_in_region(fails)

@@ -270,9 +270,6 @@ class OffloadEngine:
         self._copies_out: list[StorageRecord] = []
         self._copy_sources: list[torch.Tensor] = []
         self._copy_hosts: list[torch.Tensor] = []
-        # The callbacks blocks and records hold, bound once: a bound method made per block or
-        # record would be one more object per saved tensor for the garbage collector.
-        self._found_released_callback = self._free_block  # a saved storage no longer needed goes at once
         self._watches: set[weakref.ref[_StepState]] = set()  # steps whose host buffers are still out
 
     # -- the step -------------------------------------------------------------------
@@ -707,8 +704,14 @@ class OffloadEngine:
         buffer = self.pool.acquire(nbytes)
         dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
         host = self.pool.typed_view(buffer, dtype, shape, stride)
-        block = DeviceBlock(key, nbytes, self._found_released_callback)
-        self._hold_found(block)
+        block = DeviceBlock(key, nbytes, held=True)  # _hold_found, inline: a new block, counted now
+        if self._tracks_blocks:
+            self.runtime.hold(key, nbytes)
+        ledger = self.ledger  # DeviceLedger.acquire, inline: the hot path
+        current = ledger.activation_bytes + nbytes
+        ledger.activation_bytes = current
+        if current > ledger.peak_activation_bytes:
+            ledger.peak_activation_bytes = current
         base = tensor._base  # lineage_root, inline: the hot path
         root = tensor if base is None else base
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
@@ -795,7 +798,7 @@ class OffloadEngine:
         (:attr:`_StepState.handle_unpacked`)."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():
-            block = DeviceBlock(key, storage_nbytes, self._found_released_callback)
+            block = DeviceBlock(key, storage_nbytes)
             entry = _StorageEntry(StorageWeakReference(storage), block, ordinal)
             step.by_storage[key] = entry
         root = lineage_root(tensor)
@@ -857,7 +860,12 @@ class OffloadEngine:
         return resaved
 
     def _unpack(self, packed: object) -> torch.Tensor:
-        if type(packed) is tuple and len(packed) == 5:
+        """Give autograd back a save: the tensor itself (no activation), a fast-kept save checked
+        (a 5-tuple), or a save through the records (a 6-tuple: see :meth:`_handle`)."""
+        if type(packed) is not tuple:
+            assert isinstance(packed, torch.Tensor)
+            return packed
+        if len(packed) == 5:
             # A fast-kept save: checked for in-place changes, uncounted at its storage's last read.
             tensor: torch.Tensor
             step: _StepState
@@ -885,21 +893,10 @@ class OffloadEngine:
             if tensor._version != version:
                 raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
             return tensor
-        if type(packed) is tuple:
-            return self._unpack_record(*packed)
-        assert isinstance(packed, torch.Tensor)
-        return packed
-
-    def _unpack_record(
-        self,
-        record: StorageRecord,
-        tensor: torch.Tensor | None,
-        version: int,
-        index: int,
-        step: _StepState,
-        geometry: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None,
-    ) -> torch.Tensor:
-        """Unpack a save through the records: the fields of its handle (see :meth:`_handle`)."""
+        # A save through the records, its handle's fields (inline, not a call: the hot path).
+        record: StorageRecord
+        kept: torch.Tensor | None
+        record, kept, version, index, step, geometry = packed
         if step.aborted:
             raise _stale_error()
         if self._lingering:
@@ -907,9 +904,10 @@ class OffloadEngine:
         current = self._step
         if current is not None and current.next_prefetch >= 0 and not current.window_full:
             self._prefetch()
-        if tensor is not None:
-            if tensor._version != version:
-                raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
+        if kept is not None:
+            if kept._version != version:
+                raise modified_in_place_error(kept.dtype, kept.shape, kept._version, version)
+            tensor = kept
         else:
             assert geometry is not None
             if version != record.version:  # the copy holds a later version (see _issue_copies_out)
@@ -919,7 +917,7 @@ class OffloadEngine:
                 raise modified_in_place_error(geometry[0], geometry[1], root._version, version)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
-        if tensor is None:
+        if kept is None:
             if record.fetched is None:
                 self._fetch(record)
             fetched = record.fetched
@@ -1037,7 +1035,8 @@ class OffloadEngine:
         self._lingering = alive
 
     def _free_block(self, block: DeviceBlock) -> None:
-        """A saved storage the engine no longer needs: out of the count at once, in compute order."""
+        """A saved storage the engine no longer needs (its last holder let go): out of the count at
+        once, in compute order."""
         if not block.counted:
             return
         block.counted = False
@@ -1074,14 +1073,15 @@ class OffloadEngine:
                 block = record.fetched_block
                 if block is not None:  # read where it was saved
                     record.fetched_block = None
-                    block.unhold()
+                    if block.unhold():
+                        self._free_block(block)
                 else:  # a copy brought back lingers until its storage dies
                     copy = record.fetched_copy
                     assert copy is not None
                     record.fetched_copy = None
                     self._lingering.append(copy)
-        elif not record.released:
-            record.source_block.unhold()
+        elif not record.released and record.source_block.unhold():
+            self._free_block(record.source_block)
         if not record.released:
             record.released = True
             if step is not None:
@@ -1185,7 +1185,9 @@ class OffloadEngine:
         if record.source_storage is not None:  # else retired already (in the FIFO only with it)
             self._settle_copy_out(step, record)
             record.source_storage = None
-            record.source_block.unhold()
+            block = record.source_block
+            if block.unhold():
+                self._free_block(block)
 
     def _settle_copy_out(self, step: _StepState | None, record: StorageRecord) -> None:
         """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""
@@ -1198,7 +1200,10 @@ class OffloadEngine:
             if record.copy_out is _NOT_ISSUED:
                 self._issue_copies_out()
             record.copy_out_waited = True
-            self._wait_once(record.copy_out)
+            event = record.copy_out  # _wait_once, inline: the hot path (once per swapped storage)
+            if event is not self._compute_waited_on:
+                self._compute_waited_on = event
+                self.runtime.wait(event)
 
     def _wait_once(self, event: StreamEvent) -> None:
         """Compute waits on ``event``, unless it is the event compute waited on last (the records
@@ -1211,7 +1216,7 @@ class OffloadEngine:
         """Issue the copies out not issued yet as one group on the copy stream, after the compute
         issued so far: one event for them all. A record whose lineage was written in place
         since its save now holds the bytes of that version: its saves no longer match it, as
-        plain autograd's would not (:meth:`_unpack_record` raises).
+        plain autograd's would not (:meth:`_unpack` raises).
 
         The copies record no autograd history: a pack hook runs with grad mode off, but a group
         is also issued outside one (a step aborted inside a group, a forward that ends with one

@@ -15,7 +15,6 @@ and by :class:`FetchedCopy`, one per copy brought back, counted until its storag
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -31,28 +30,26 @@ class DeviceBlock:
     of its parts, the copy-out FIFO, a read where it was saved).
 
     ``key`` is its address. :meth:`hold` says whether a hold starts its count (the engine then
-    counts it in its ledger); when its last holder lets go (:meth:`unhold`), ``on_release``
-    frees it.
+    counts it in its ledger); :meth:`unhold` whether its last holder let go (the engine then
+    frees it). ``held=True`` makes a block with its first holder, counted.
 
     Example:
-        >>> released = []
-        >>> block = DeviceBlock(1234, 64, on_release=released.append)
+        >>> block = DeviceBlock(1234, 64)
         >>> block.hold(), block.hold(), block.counted
         (True, False, True)
-        >>> block.unhold(); released
-        []
-        >>> block.unhold(); released == [block]
-        True
+        >>> block.unhold(), block.unhold()
+        (False, True)
+        >>> DeviceBlock(1234, 64, held=True).holders
+        1
     """
 
-    __slots__ = ("key", "nbytes", "holders", "counted", "on_release", "in_prefetch_window")
+    __slots__ = ("key", "nbytes", "holders", "counted", "in_prefetch_window")
 
-    def __init__(self, key: int, nbytes: int, on_release: Callable[[DeviceBlock], None]) -> None:
+    def __init__(self, key: int, nbytes: int, held: bool = False) -> None:
         self.key = key
         self.nbytes = nbytes
-        self.holders = 0
-        self.counted = False
-        self.on_release = on_release
+        self.holders = 1 if held else 0
+        self.counted = held
         self.in_prefetch_window = False
 
     def hold(self) -> bool:
@@ -63,10 +60,10 @@ class DeviceBlock:
         self.counted = True
         return True
 
-    def unhold(self) -> None:
-        self.holders -= 1
-        if self.holders == 0:
-            self.on_release(self)
+    def unhold(self) -> bool:
+        """One holder fewer; ``True`` when it was the last one (the block is to be freed)."""
+        holders = self.holders = self.holders - 1
+        return holders == 0
 
 
 class FetchedCopy(NamedTuple):
@@ -128,7 +125,7 @@ class StorageRecord:
 
     Example:
         >>> saved = torch.ones(4)
-        >>> block = DeviceBlock(saved.untyped_storage().data_ptr(), 16, on_release=print)
+        >>> block = DeviceBlock(saved.untyped_storage().data_ptr(), 16)
         >>> record = StorageRecord("fc1", 0, 16, 3, True, True, saved, block, 2, 0)
         >>> record.nbytes, record.serves(saved, 0, 16), record.serves(saved, 0, 32)
         (16, True, False)

@@ -26,8 +26,9 @@ imports or the set-up. The result gives per pass the instructions of each varian
 The counts are of a short model (``--layers``, 40 by default: under callgrind a pass runs about
 fifty times slower, and importing torch alone takes minutes), and depend on the CPU's
 instruction set and the libraries' builds, not on the machine's load: two runs of the same code
-on the same machine agree to within a few instructions per swap (Python's hash seed is fixed).
-They measure work, not time: an instruction that misses the cache costs more than one that hits.
+on this machine agreed to within 1% per swap (the engine's to 16 instructions in 97 thousand;
+Python's hash seed is fixed). They measure work, not time: an instruction that misses the cache
+costs more than one that hits.
 
 Needs ``valgrind`` on the path (exit status 2 and a message without it). Writes
 ``<results-dir>/cpu/<date>-<name>.json`` with the environment.

@@ -134,6 +134,24 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def write_result(results_dir: Path, device_slug: str, name: str, record: dict[str, Any]) -> Path:
+    """Write ``record`` as ``<results_dir>/<device_slug>/<date>-<name>.json`` (:func:`output_stem`,
+    :func:`write_json`), print where, and return the path.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> path = write_result(root, "cpu", "demo", {"kind": "demo"})  # doctest: +ELLIPSIS
+        wrote .../cpu/...-demo.json
+        >>> json.loads(path.read_text())
+        {'kind': 'demo'}
+    """
+    path = output_stem(results_dir, device_slug, name).with_suffix(".json")
+    write_json(path, record)
+    print(f"wrote {path}")
+    return path
+
+
 # -- markdown ---------------------------------------------------------------------------------
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 
 from bench.environment import environment
 from bench.overhead.engine_passes import EnginePasses
-from bench.report import output_stem
+from bench.report import write_result
 
 
 def count_opcodes(run: Callable[[], Any]) -> tuple[collections.Counter[str], Any]:
@@ -104,10 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, per in list(figures["per_swapped_storage_by_function"].items())[:15]:
             print(f"  {per:7.1f}  {name}")
     if args.results_dir is not None:
-        stem = output_stem(args.results_dir, "cpu", args.name)
         record = {"environment": environment(torch.device("cpu")), **counts, "tight_window": tight}
-        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {stem.with_suffix('.json')}")
+        write_result(args.results_dir, "cpu", args.name, record)
     return 0
 
 

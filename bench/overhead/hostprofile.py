@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
-import json
 import pstats
 import time
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from bench.environment import device_slug, environment, resolve_device
 from bench.measure import synchronize
 from bench.overhead.engine_passes import PHASES, VARIANTS, EnginePasses
 from bench.overhead.spread import Spread
-from bench.report import output_stem
+from bench.report import write_result
 from lightning_accudnn.ops import Runtime, StreamEvent, make_runtime
 
 TOP_FUNCTIONS = 30
@@ -247,10 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {us:8.2f}  {calls:6.2f}  {row['function']}")
     print(f"  total {result['profile_us_per_swapped_storage_total']}")
     if args.results_dir is not None:
-        stem = output_stem(args.results_dir, device_slug(device), args.name)
         record = {"environment": environment(device), **result}
-        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {stem.with_suffix('.json')}")
+        write_result(args.results_dir, device_slug(device), args.name, record)
     return 0
 
 

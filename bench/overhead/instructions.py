@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from bench.environment import environment
-from bench.report import output_stem
+from bench.report import write_result
 
 #: What each counted region runs, in this order (``lean`` and ``engine`` as in bench.overhead.lean).
 VARIANTS = ("plain", "lean keep", "lean half", "engine keep", "engine half")
@@ -231,15 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['hook_floor_instructions_per_saved_tensor']:.0f} per saved tensor"
     )
     if args.results_dir is not None:
-        stem = output_stem(args.results_dir, "cpu", args.name)
         record = {
             "kind": "bench.overhead.instructions",
             "label": "CPU instructions counted by callgrind: work, not time; not GPU figures",
             "environment": environment(torch.device("cpu")),
             **result,
         }
-        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {stem.with_suffix('.json')}")
+        write_result(args.results_dir, "cpu", args.name, record)
     return 0
 
 

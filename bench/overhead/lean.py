@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import time
 import weakref
@@ -56,7 +55,7 @@ import torch
 from bench.environment import environment
 from bench.overhead.bytecodes import count_opcodes
 from bench.overhead.engine_passes import EnginePasses
-from bench.report import output_stem
+from bench.report import write_result
 from lightning_accudnn.ops.replay import SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
 
 
@@ -368,7 +367,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "per swapped storage"
         )
     if args.results_dir is not None:
-        stem = output_stem(args.results_dir, "cpu", args.name)
         record = {
             "kind": "bench.overhead.lean",
             "torch_threads": 1,
@@ -376,8 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "environment": environment(torch.device("cpu")),
             **result,
         }
-        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {stem.with_suffix('.json')}")
+        write_result(args.results_dir, "cpu", args.name, record)
     return 0
 
 

@@ -123,7 +123,6 @@ def _child(layers: int, passes: int, out: Path) -> None:
     from bench.overhead.lean import KeepHooks, LeanSwaps, run_pass
     from lightning_accudnn.ops.replay import ReplayRoute
 
-    torch.set_num_threads(1)
     engine = EnginePasses.deep_narrow(torch.device("cpu"), layers=layers, tight=True)
     lean = LeanSwaps(ReplayRoute(engine.profiles["half"].sequence, engine.schedules["half"]))
     keep = KeepHooks()
@@ -212,7 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        _child(args.layers, args.passes, args.child)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # every operation on the calling thread, inside its region
+        try:
+            _child(args.layers, args.passes, args.child)
+        finally:
+            torch.set_num_threads(threads)
         return 0
     valgrind = shutil.which("valgrind")
     if valgrind is None:

@@ -218,7 +218,9 @@ def test_the_counted_regions_run_every_variant_and_note_their_dumps(tmp_path: Pa
     from bench.overhead import instructions
 
     # Outside callgrind the regions run and no dump is written: what the parent reads is noted.
+    threads = torch.get_num_threads()
     assert instructions.main(["--child", str(tmp_path), "--layers", "4", "--passes", "1"]) == 0
+    assert torch.get_num_threads() == threads  # one thread while counting, given back after
     regions = json.loads((tmp_path / "regions.json").read_text())
     assert regions["swapped_storages"]["engine"] == regions["swapped_storages"]["lean"] > 0
     assert regions["saved_tensors"] > regions["swapped_storages"]["engine"]

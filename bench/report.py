@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
+from bench.environment import device_slug, environment
 from lightning_accudnn.planner import format_bytes
 
 log = logging.getLogger("bench")
@@ -134,20 +137,22 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def write_result(results_dir: Path, device_slug: str, name: str, record: dict[str, Any]) -> Path:
-    """Write ``record`` as ``<results_dir>/<device_slug>/<date>-<name>.json`` (:func:`output_stem`,
-    :func:`write_json`), print where, and return the path.
+def write_result(results_dir: Path, device: torch.device, name: str, record: dict[str, Any]) -> Path:
+    """Write ``record``, with the :func:`~bench.environment.environment` of ``device`` it was
+    measured on, as ``<results_dir>/<device slug>/<date>-<name>.json`` (:func:`output_stem`,
+    :func:`write_json`); print where, and return the path.
 
     Example:
         >>> import tempfile
         >>> root = Path(tempfile.mkdtemp())
-        >>> path = write_result(root, "cpu", "demo", {"kind": "demo"})  # doctest: +ELLIPSIS
+        >>> path = write_result(root, torch.device("cpu"), "demo", {"kind": "demo"})  # doctest: +ELLIPSIS
         wrote .../cpu/...-demo.json
-        >>> json.loads(path.read_text())
-        {'kind': 'demo'}
+        >>> written = json.loads(path.read_text())
+        >>> written["kind"], written["environment"]["device"]
+        ('demo', 'cpu')
     """
-    path = output_stem(results_dir, device_slug, name).with_suffix(".json")
-    write_json(path, record)
+    path = output_stem(results_dir, device_slug(device), name).with_suffix(".json")
+    write_json(path, {**record, "environment": environment(device)})
     print(f"wrote {path}")
     return path
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from bench.environment import device_slug, environment, resolve_device
+from bench.environment import resolve_device
 from bench.measure import synchronize
 from bench.overhead.engine_passes import PHASES, VARIANTS, EnginePasses
 from bench.overhead.spread import Spread
@@ -246,8 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {us:8.2f}  {calls:6.2f}  {row['function']}")
     print(f"  total {result['profile_us_per_swapped_storage_total']}")
     if args.results_dir is not None:
-        record = {"environment": environment(device), **result}
-        write_result(args.results_dir, device_slug(device), args.name, record)
+        write_result(args.results_dir, device, args.name, result)
     return 0
 
 

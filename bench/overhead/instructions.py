@@ -56,7 +56,6 @@ from typing import Any
 
 import torch
 
-from bench.environment import environment
 from bench.report import write_result
 
 #: What each counted region runs, in this order (``lean`` and ``engine`` as in bench.overhead.lean).
@@ -235,13 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['hook_floor_instructions_per_saved_tensor']:.0f} per saved tensor"
     )
     if args.results_dir is not None:
-        record = {
-            "kind": "bench.overhead.instructions",
-            "label": "CPU instructions counted by callgrind: work, not time; not GPU figures",
-            "environment": environment(torch.device("cpu")),
-            **result,
-        }
-        write_result(args.results_dir, "cpu", args.name, record)
+        label = "CPU instructions counted by callgrind: work, not time; not GPU figures"
+        record = {"kind": "bench.overhead.instructions", "label": label, **result}
+        write_result(args.results_dir, torch.device("cpu"), args.name, record)
     return 0
 
 

@@ -52,7 +52,6 @@ from typing import Any
 
 import torch
 
-from bench.environment import environment
 from bench.overhead.bytecodes import count_opcodes
 from bench.overhead.engine_passes import EnginePasses
 from bench.report import write_result
@@ -367,14 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "per swapped storage"
         )
     if args.results_dir is not None:
-        record = {
-            "kind": "bench.overhead.lean",
-            "torch_threads": 1,
-            "label": "CPU: wall-clock times of this CPU (a shared machine), and bytecodes; not GPU figures",
-            "environment": environment(torch.device("cpu")),
-            **result,
-        }
-        write_result(args.results_dir, "cpu", args.name, record)
+        label = "CPU: wall-clock times of this CPU (a shared machine), and bytecodes; not GPU figures"
+        record = {"kind": "bench.overhead.lean", "torch_threads": 1, "label": label, **result}
+        write_result(args.results_dir, torch.device("cpu"), args.name, record)
     return 0
 
 

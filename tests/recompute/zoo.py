@@ -256,7 +256,9 @@ def _llama_like(config_name: str, model_name: str, **options: Any) -> Callable[[
     )
 
 
-#: Each Hugging Face family -> a small model of it and the keyword arguments of its batches.
+#: Each Hugging Face family -> a small model of it and the kind of its batches. GPT-2 keeps the
+#: library's default key/value cache in training (its blocks are then excluded, with the reason);
+#: the others train with ``use_cache=False``, as is usual, and recompute their blocks.
 HUGGING_FACE: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "gpt2": (
         _decoder("GPT2Config", "GPT2LMHeadModel", n_embd=_HIDDEN, n_layer=2, n_head=4, vocab_size=_VOCAB),
@@ -266,11 +268,17 @@ HUGGING_FACE: dict[str, tuple[Callable[[], nn.Module], str]] = {
     "llama": (_llama_like("LlamaConfig", "LlamaForCausalLM"), "causal"),
     "mistral": (_llama_like("MistralConfig", "MistralForCausalLM", sliding_window=8), "causal"),
     "qwen2": (_llama_like("Qwen2Config", "Qwen2ForCausalLM"), "causal"),
-    "gpt_neox": (_decoder("GPTNeoXConfig", "GPTNeoXForCausalLM", num_hidden_layers=2, **_SMALL), "causal"),
+    "gpt_neox": (
+        _decoder("GPTNeoXConfig", "GPTNeoXForCausalLM", use_cache=False, num_hidden_layers=2, **_SMALL),
+        "causal",
+    ),
     "t5": (
         _decoder(
             "T5Config",
             "T5ForConditionalGeneration",
+            use_cache=False,
+            decoder_start_token_id=0,
+            pad_token_id=0,
             d_model=_HIDDEN,
             d_kv=8,
             d_ff=64,
@@ -284,6 +292,7 @@ HUGGING_FACE: dict[str, tuple[Callable[[], nn.Module], str]] = {
         _decoder(
             "BartConfig",
             "BartForConditionalGeneration",
+            use_cache=False,
             d_model=_HIDDEN,
             encoder_layers=2,
             decoder_layers=2,
@@ -300,6 +309,7 @@ HUGGING_FACE: dict[str, tuple[Callable[[], nn.Module], str]] = {
         _decoder(
             "WhisperConfig",
             "WhisperForConditionalGeneration",
+            use_cache=False,
             d_model=_HIDDEN,
             encoder_layers=2,
             decoder_layers=2,

@@ -100,7 +100,8 @@ class Attention(nn.Module):
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         batch, length, dim = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = (
-            t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in qkv.split(dim, dim=-1)
+            t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2)
+            for t in qkv.split(dim, dim=-1)
         )
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout, is_causal=True)
         return attended.transpose(1, 2).reshape(batch, length, dim)

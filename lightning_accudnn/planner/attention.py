@@ -116,7 +116,11 @@ def _can_efficient(
 ) -> bool:
     if capability < (5, 0):
         return False
-    dtypes = (torch.float32, torch.float16, torch.bfloat16) if capability >= (8, 0) else (torch.float32, torch.float16)
+    dtypes = (
+        (torch.float32, torch.float16, torch.bfloat16)
+        if capability >= (8, 0)
+        else (torch.float32, torch.float16)
+    )
     if query.dtype not in dtypes or not _dense_4d(query, key, value):
         return False
     if not (query.shape[1] == key.shape[1] == value.shape[1]):
@@ -203,23 +207,24 @@ def run_attention(
             query, key, value = (F.pad(t, (0, pad)) for t in (query, key, value))
         if scale is None:
             scale = 1 / math.sqrt(head_dim)  # of the unpadded head dimension
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
+        out: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale
         )[0]
         return out[..., :head_dim] if pad else out
     if kernel == EFFICIENT:
         grads = any(t.requires_grad for t in (query, key, value))
         bias = _as_bias(attn_mask, query.dtype)
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
+        efficient: torch.Tensor = torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, grads, dropout_p, is_causal, scale=scale
         )[0]
+        return efficient
     if kernel == MATH:
         dtype = query.dtype
         if dtype in _HALF:  # CUDA's math path computes 16-bit inputs in fp32 (saving fp32 probabilities)
             query, key, value = query.float(), key.float(), value.float()
             if attn_mask is not None and attn_mask.is_floating_point():
                 attn_mask = attn_mask.float()
-        return torch.ops.aten._scaled_dot_product_attention_math(
+        math_out: torch.Tensor = torch.ops.aten._scaled_dot_product_attention_math(
             query,
             key,
             value,
@@ -229,5 +234,6 @@ def run_attention(
             None,
             scale=scale,
             enable_gqa=enable_gqa,
-        )[0].to(dtype)
+        )[0]
+        return math_out.to(dtype)
     raise ValueError(f"unknown attention kernel {kernel!r}; choose one of: {', '.join(ATTENTION_KERNELS)}")

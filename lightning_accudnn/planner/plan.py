@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.recompute import RecomputedProfile, SegmentSpan, candidate_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import (
+    RecomputedProfile,
+    SegmentSpan,
+    candidate_spans,
+    recomputed_profile,
+)
 from lightning_accudnn.planner.search import (
     check_policy,
     fewest_bytes_swapped,

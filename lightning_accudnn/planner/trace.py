@@ -408,7 +408,9 @@ def _target_attention(
         query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(dtype)
-    kernel = attention_kernel(recorder.capability, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    kernel = attention_kernel(
+        recorder.capability, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa
+    )
     recorder.kernels["scaled_dot_product_attention", kernel] += 1
     with torch.autocast("cpu", enabled=False):
         return run_attention(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

@@ -52,7 +52,10 @@ def test_cpu_kernels_would_save_the_attention_matrix_with_dropout() -> None:
 
 def test_fp32_attention_saves_what_cuda_memory_efficient_attention_saves() -> None:
     trace = trace_step(
-        lambda: SelfAttention(DIM, HEADS, 0.1), (BATCH, LENGTH, DIM), tracker=LayerTracker(), gpu=get_gpu("a100")
+        lambda: SelfAttention(DIM, HEADS, 0.1),
+        (BATCH, LENGTH, DIM),
+        tracker=LayerTracker(),
+        gpu=get_gpu("a100"),
     )
     qkv, output = BATCH * LENGTH * 3 * DIM * 4, BATCH * LENGTH * DIM * 4
     logsumexp = BATCH * HEADS * LENGTH * 4  # LENGTH is a multiple of the kernel's 32
@@ -63,7 +66,11 @@ def test_fp32_attention_saves_what_cuda_memory_efficient_attention_saves() -> No
 
 def test_a_gpu_without_fused_kernels_keeps_the_math_path() -> None:
     trace = trace_step(
-        lambda: SelfAttention(DIM, HEADS), (BATCH, LENGTH, DIM), tracker=LayerTracker(), dtype="bf16", gpu=get_gpu("v100")
+        lambda: SelfAttention(DIM, HEADS),
+        (BATCH, LENGTH, DIM),
+        tracker=LayerTracker(),
+        dtype="bf16",
+        gpu=get_gpu("v100"),
     )
     assert attention_saved(trace) >= BATCH * HEADS * LENGTH * LENGTH * 4  # fp32 probabilities
     assert trace.kernels == (("scaled_dot_product_attention", "math", 1),)
@@ -93,7 +100,12 @@ def test_hugging_face_gpt2_attention_saves_what_flash_saves() -> None:
         return GPT2LMHeadModel(config)
 
     trace = trace_step(
-        build, (BATCH, LENGTH), tracker=LayerTracker(), input_dtype=torch.long, dtype="bf16", gpu=get_gpu("h100")
+        build,
+        (BATCH, LENGTH),
+        tracker=LayerTracker(),
+        input_dtype=torch.long,
+        dtype="bf16",
+        gpu=get_gpu("h100"),
     )
     # The cache (the library's default) concatenates key and value into tensors of their own.
     qkv_and_cache = BATCH * LENGTH * 3 * dim * 2 + 2 * BATCH * LENGTH * dim * 2
@@ -103,3 +115,26 @@ def test_hugging_face_gpt2_attention_saves_what_flash_saves() -> None:
     kernels = {(op, kernel): calls for op, kernel, calls in trace.kernels}
     assert kernels[("scaled_dot_product_attention", "flash")] == layers
     assert kernels[("dropout", "fused (bool mask)")] == 1 + 2 * layers  # embeddings, then two a block
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
+def test_gpt2_medium_traced_for_an_h100_saves_at_most_16_gb() -> None:
+    """GPT-2 medium, 8 x 1024 tokens, bf16, library defaults (dropout 0.1): about 14 GB, where the
+    CPU's math attention would save the attention matrices (over 50 GB)."""
+    from bench.planner.models import gpt2_medium
+
+    trace = trace_step(
+        gpt2_medium,
+        (8, 1024),
+        tracker=LayerTracker(),
+        input_dtype=torch.long,
+        dtype="bf16",
+        gpu=get_gpu("h100"),
+    )
+    assert trace.saved_bytes <= 16e9
+    assert (
+        dict(((op, kernel), calls) for op, kernel, calls in trace.kernels)[
+            ("scaled_dot_product_attention", "flash")
+        ]
+        == 24
+    )

@@ -18,7 +18,9 @@ H100, A100, L4, V100 = (9, 0), (8, 0), (8, 9), (7, 0)
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
-def qkv(heads: int = 8, kv_heads: int = 8, length: int = 128, kv_length: int = 128, dim: int = 64, dtype=BF16):
+def qkv(
+    heads: int = 8, kv_heads: int = 8, length: int = 128, kv_length: int = 128, dim: int = 64, dtype=BF16
+):
     q = torch.zeros(2, heads, length, dim, dtype=dtype)
     k = torch.zeros(2, kv_heads, kv_length, dim, dtype=dtype)
     return q, k, k.clone()

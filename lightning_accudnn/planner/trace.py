@@ -23,7 +23,10 @@ storages but no data) and runs one forward and backward. Three observers watch i
   ``F.scaled_dot_product_attention`` becomes the flash, memory-efficient or math kernel that
   GPU runs for the call (:mod:`.attention`): flash and memory-efficient attention save the
   output and log-sum-exp (and the RNG seed and offset with dropout), not the ``s x s``
-  attention matrix of the CPU's math path. :attr:`StepTrace.kernels` lists what was assumed.
+  attention matrix of the CPU's math path; under mixed precision, the ops CUDA autocast runs
+  in float32 and the CPU's in 16 bits (``pow``, ``exp``, ``layer_norm``, ``softmax``...) get
+  float32 inputs, and those only CUDA runs in 16 bits (``einsum``...) 16-bit ones
+  (:mod:`.cuda_autocast`). :attr:`StepTrace.kernels` lists what was assumed.
 
 The trace runs on CPU fake tensors (the autograd engine cannot run backward on fake CUDA
 tensors without a GPU). What departs from a real CUDA step:
@@ -38,9 +41,10 @@ tensors without a GPU). What departs from a real CUDA step:
   attention does; with dropout (or a mask the flash kernel refuses) the math path, which
   saves the attention matrix. Causal attention FLOPs count the full square (as
   :mod:`torch.utils.flop_counter` does).
-* the CPU autocast policy decides the dtypes of other ops (see above); ops the CUDA policy
-  runs in fp32 and the CPU one in 16 bits (``layer_norm``, ``softmax`` of a 16-bit input)
-  save 16-bit tensors here.
+* without a target ``gpu`` the CPU autocast policy alone decides the dtypes: ops the CUDA
+  policy runs in fp32 and the CPU one in 16 bits (``layer_norm``, ``softmax``, ``pow`` of a
+  16-bit input) save 16-bit tensors. Torch functions called inside another torch function
+  (the internals of ``F.multi_head_attention_forward``) are not rewritten.
 * the dropout of ``nn.MultiheadAttention`` and other ops' internal dropout (not through
   ``F.dropout``) keep the CPU's float mask.
 * times come from a roofline per kernel (:meth:`.roofline.StepTrace.to_profile`), with no
@@ -86,6 +90,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from lightning_accudnn.planner.attention import attention_kernel, run_attention
+from lightning_accudnn.planner.cuda_autocast import cuda_autocast_args
 from lightning_accudnn.planner.gpus import GpuSpec
 from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
 from lightning_accudnn.profile import ROOT_LAYER, SegmentProfile
@@ -368,6 +373,12 @@ class _FunctionMode(TorchFunctionMode):
         kwargs: dict[str, object] | None = None,
     ) -> object:
         kwargs = kwargs or {}
+        recorder = self.recorder
+        if recorder.capability is not None and not recorder.backward and torch.is_autocast_enabled("cpu"):
+            dtype = torch.get_autocast_dtype("cpu")
+            args, kwargs, policy = cuda_autocast_args(func, args, kwargs, dtype)
+            if policy is not None:
+                recorder.kernels["autocast", f"CUDA policy: {policy}"] += 1
         call: Callable[..., object] = func
         if func is F.dropout:
             call = _cuda_like_dropout

@@ -118,23 +118,61 @@ def test_hugging_face_gpt2_attention_saves_what_flash_saves() -> None:
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
-def test_gpt2_medium_traced_for_an_h100_saves_at_most_16_gb() -> None:
-    """GPT-2 medium, 8 x 1024 tokens, bf16, library defaults (dropout 0.1): about 14 GB, where the
-    CPU's math attention would save the attention matrices (over 50 GB)."""
+def test_gpt2_medium_traced_for_an_h100() -> None:
+    """GPT-2 medium, 8 x 1024 tokens, bf16, library defaults (dropout 0.1). Attention saves what
+    flash attention saves (the CPU's math path would save the s x s matrices: 53 GB in all); the
+    tanh GELU runs ``torch.pow`` in float32 under CUDA autocast, so its saves are mostly float32."""
     from bench.planner.models import gpt2_medium
 
+    batch, length, dim, heads, layers = 8, 1024, 1024, 16, 24
     trace = trace_step(
         gpt2_medium,
-        (8, 1024),
+        (batch, length),
         tracker=LayerTracker(),
         input_dtype=torch.long,
         dtype="bf16",
         gpu=get_gpu("h100"),
     )
-    assert trace.saved_bytes <= 16e9
-    assert (
-        dict(((op, kernel), calls) for op, kernel, calls in trace.kernels)[
-            ("scaled_dot_product_attention", "flash")
-        ]
-        == 24
+    kernels = {(op, kernel): calls for op, kernel, calls in trace.kernels}
+    assert kernels[("scaled_dot_product_attention", "flash")] == layers
+    assert kernels[("autocast", "CUDA policy: float32")] == layers  # one torch.pow a block
+    tokens = batch * length
+    attention = tokens * 3 * dim * 2 + 2 * tokens * dim * 2 + tokens * dim * 2 + batch * heads * length * 4
+    # pow's float32 input copy, tanh's float32 output, 0.5 x (bf16) and 1 + tanh (float32): the
+    # product saves the last two
+    gelu = tokens * 4 * dim * (4 + 4 + 2 + 4)
+    saved = {layer.name: layer.saved_bytes for layer in trace.layers}
+    for block in range(layers):
+        assert attention <= saved[f"transformer.h.{block}.attn"] <= attention + RNG_BYTES
+        assert saved[f"transformer.h.{block}.mlp.act"] == gelu
+    assert 17e9 < trace.saved_bytes < 20e9
+
+
+class _Float32Ops(torch.nn.Module):
+    """A 16-bit activation into ops CUDA autocast runs in float32 and CPU autocast does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+        self.norm = torch.nn.LayerNorm(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)  # bf16 under autocast
+        return self.norm(h) + torch.pow(h, 3.0)
+
+
+@pytest.mark.parametrize(("gpu", "element_bytes"), [(None, 2), ("h100", 4)])
+def test_ops_cuda_autocast_runs_in_float32_save_float32_copies(gpu, element_bytes) -> None:
+    trace = trace_step(
+        _Float32Ops,
+        (128, 64),
+        tracker=LayerTracker(),
+        dtype="bf16",
+        gpu=None if gpu is None else get_gpu(gpu),
     )
+    saved = {layer.name: layer.saved_bytes for layer in trace.layers}
+    # layer_norm saves its input (a float32 copy under CUDA autocast) and its 2 x 128 statistics
+    assert saved["norm"] == (128 * 64 + 2 * 128) * element_bytes
+    # pow saves its input: the linear's bf16 output, or its float32 copy
+    expected_root = 0 if gpu is None else 128 * 64 * 4
+    assert saved.get("(root)", 0) == expected_root

@@ -45,8 +45,10 @@ tensors without a GPU). What departs from a real CUDA step:
   policy runs in fp32 and the CPU one in 16 bits (``layer_norm``, ``softmax``, ``pow`` of a
   16-bit input) save 16-bit tensors. Torch functions called inside another torch function
   (the internals of ``F.multi_head_attention_forward``) are not rewritten.
-* the dropout of ``nn.MultiheadAttention`` and other ops' internal dropout (not through
-  ``F.dropout``) keep the CPU's float mask.
+* the attention and dropout inside ``F.multi_head_attention_forward``
+  (``nn.MultiheadAttention``) run the CPU's kernels (the math path and a float mask with
+  dropout), as does dropout not called through ``F.dropout``; :attr:`StepTrace.kernels`
+  lists each such call under ``multi_head_attention_forward``.
 * times come from a roofline per kernel (:meth:`.roofline.StepTrace.to_profile`), with no
   launch overhead and no overlap between kernels.
 
@@ -385,6 +387,9 @@ class _FunctionMode(TorchFunctionMode):
             self.recorder.kernels["dropout", "fused (bool mask)"] += 1
         elif func is F.scaled_dot_product_attention and self.recorder.capability is not None:
             call = partial(_target_attention, self.recorder)
+        elif func is F.multi_head_attention_forward and self.recorder.capability is not None:
+            # Its attention and dropout run inside it, out of this mode's reach: the CPU's kernels.
+            self.recorder.kernels["multi_head_attention_forward", "CPU kernels (not rewritten)"] += 1
         out = call(*args, **kwargs)
         if not self.recorder.backward:
             self.recorder.map_nodes(out)

@@ -176,3 +176,12 @@ def test_ops_cuda_autocast_runs_in_float32_save_float32_copies(gpu, element_byte
     # pow saves its input: the linear's bf16 output, or its float32 copy
     expected_root = 0 if gpu is None else 128 * 64 * 4
     assert saved.get("(root)", 0) == expected_root
+
+
+def test_multi_head_attention_is_reported_as_traced_on_cpu_kernels() -> None:
+    def build() -> torch.nn.Module:
+        return torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+
+    trace = trace_step(build, (2, 32, 64), tracker=LayerTracker(), gpu=get_gpu("h100"))
+    kernels = {(op, kernel): calls for op, kernel, calls in trace.kernels}
+    assert kernels[("multi_head_attention_forward", "CPU kernels (not rewritten)")] == 1

@@ -364,9 +364,9 @@ def assumed_kernels(trace: StepTrace) -> dict[str, dict[str, int]]:
 
     Example:
         >>> from lightning_accudnn.planner.roofline import StepTrace
-        >>> trace = StepTrace((), (), 0, 0, 0, kernels=(("scaled_dot_product_attention", "flash", 24),))
+        >>> trace = StepTrace((), (), 0, 0, 0, kernels=(("scaled_dot_product_attention", "cudnn", 24),))
         >>> assumed_kernels(trace)
-        {'scaled_dot_product_attention': {'flash': 24}}
+        {'scaled_dot_product_attention': {'cudnn': 24}}
     """
     kernels: dict[str, dict[str, int]] = {}
     for op, kernel, calls in trace.kernels:

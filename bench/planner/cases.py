@@ -6,7 +6,7 @@ Example:
     >>> traced.profile.saved_bytes == traced.trace.saved_bytes > 0
     True
     >>> traced.kernels["scaled_dot_product_attention"]
-    {'flash': 4}
+    {'cudnn': 4}
 """
 
 from __future__ import annotations

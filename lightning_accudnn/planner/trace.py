@@ -20,8 +20,8 @@ storages but no data) and runs one forward and backward. Three observers watch i
   CUDA GPU would where the CPU's save other tensors: ``F.dropout`` becomes
   ``torch.native_dropout`` (CUDA's fused dropout saves a ``bool`` mask; the CPU kernel a mask
   in the activation's dtype), and, given the target ``gpu``,
-  ``F.scaled_dot_product_attention`` becomes the flash, memory-efficient or math kernel that
-  GPU runs for the call (:mod:`.attention`): flash and memory-efficient attention save the
+  ``F.scaled_dot_product_attention`` becomes the cuDNN, flash, memory-efficient or math kernel
+  that GPU runs for the call (:mod:`.attention`): the fused kernels save the
   output and log-sum-exp (and the RNG seed and offset with dropout), not the ``s x s``
   attention matrix of the CPU's math path; under mixed precision, the ops CUDA autocast runs
   in float32 and the CPU's in 16 bits (``pow``, ``exp``, ``layer_norm``, ``softmax``...) get

@@ -39,7 +39,7 @@ def test_budgets_are_static_bytes_plus_a_share_of_the_activations(tiny) -> None:
     (case,) = record["cases"]
     for name, fraction in FRACTIONS:
         assert case["budgets"][name] == case["static_bytes"] + round(fraction * case["saved_bytes"])
-    assert case["assumed_kernels"]["scaled_dot_product_attention"] == {"flash": 4}
+    assert case["assumed_kernels"]["scaled_dot_product_attention"] == {"cudnn": 4}
 
 
 def test_planned_cells_fit_and_lie_between_the_bound_and_the_step(tiny) -> None:

@@ -25,20 +25,21 @@ def attention_saved(trace, name: str = "attention") -> int:
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_bf16_attention_saves_what_cuda_flash_saves(dropout) -> None:
+@pytest.mark.parametrize(("gpu", "kernel"), [("h100", "cudnn"), ("a100", "flash")])
+def test_bf16_attention_saves_what_cuda_fused_attention_saves(gpu, kernel, dropout) -> None:
     trace = trace_step(
         lambda: SelfAttention(DIM, HEADS, dropout),
         (BATCH, LENGTH, DIM),
         tracker=LayerTracker(),
         dtype="bf16",
-        gpu=get_gpu("h100"),
+        gpu=get_gpu(gpu),
     )
     qkv = BATCH * LENGTH * 3 * DIM * 2  # the projection's output, bf16: q, k and v are views of it
     output = BATCH * LENGTH * DIM * 2
     logsumexp = BATCH * HEADS * LENGTH * 4  # fp32, one per query and head
     saved = attention_saved(trace)
     assert qkv + output + logsumexp <= saved <= qkv + output + logsumexp + RNG_BYTES
-    assert trace.kernels == (("scaled_dot_product_attention", "flash", 1),)
+    assert trace.kernels == (("scaled_dot_product_attention", kernel, 1),)
 
 
 def test_cpu_kernels_would_save_the_attention_matrix_with_dropout() -> None:
@@ -81,13 +82,13 @@ def test_cli_reports_the_kernels_it_assumed(capsys) -> None:
     args += ["--batch-size", str(BATCH), "--budget", "80GB", "--gpu", "h100", "--dtype", "bf16"]
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["assumed_kernels"] == {"scaled_dot_product_attention": {"flash": 1}}
+    assert report["assumed_kernels"] == {"scaled_dot_product_attention": {"cudnn": 1}}
     assert main(args) == 0
-    assert "kernels assumed    scaled_dot_product_attention: flash x1" in capsys.readouterr().out
+    assert "kernels assumed    scaled_dot_product_attention: cudnn x1" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
-def test_hugging_face_gpt2_attention_saves_what_flash_saves() -> None:
+def test_hugging_face_gpt2_attention_saves_what_fused_attention_saves() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     layers, dim, heads = 2, 128, 4
@@ -113,14 +114,14 @@ def test_hugging_face_gpt2_attention_saves_what_flash_saves() -> None:
     for block in range(layers):
         assert hand <= attention_saved(trace, f"transformer.h.{block}.attn") <= hand + RNG_BYTES
     kernels = {(op, kernel): calls for op, kernel, calls in trace.kernels}
-    assert kernels[("scaled_dot_product_attention", "flash")] == layers
+    assert kernels[("scaled_dot_product_attention", "cudnn")] == layers
     assert kernels[("dropout", "fused (bool mask)")] == 1 + 2 * layers  # embeddings, then two a block
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
 def test_gpt2_medium_traced_for_an_h100() -> None:
     """GPT-2 medium, 8 x 1024 tokens, bf16, library defaults (dropout 0.1). Attention saves what
-    flash attention saves (the CPU's math path would save the s x s matrices: 53 GB in all); the
+    cuDNN attention saves (the CPU's math path would save the s x s matrices: 53 GB in all); the
     tanh GELU runs ``torch.pow`` in float32 under CUDA autocast, so its saves are mostly float32."""
     from bench.planner.models import gpt2_medium
 
@@ -134,7 +135,7 @@ def test_gpt2_medium_traced_for_an_h100() -> None:
         gpu=get_gpu("h100"),
     )
     kernels = {(op, kernel): calls for op, kernel, calls in trace.kernels}
-    assert kernels[("scaled_dot_product_attention", "flash")] == layers
+    assert kernels[("scaled_dot_product_attention", "cudnn")] == layers
     assert kernels[("autocast", "CUDA policy: float32")] == layers  # one torch.pow a block
     tokens = batch * length
     attention = tokens * 3 * dim * 2 + 2 * tokens * dim * 2 + tokens * dim * 2 + batch * heads * length * 4

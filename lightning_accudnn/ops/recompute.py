@@ -236,7 +236,7 @@ class _Replay:
         args, kwargs = self.inputs.rebuild(tensors)
         try:
             return self.forward(*args, **kwargs)
-        except STOP_RECOMPUTATION:
+        except (STOP_RECOMPUTATION, torch.OutOfMemoryError):  # control flow; memory, not safety
             raise
         except Exception as error:
             raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error

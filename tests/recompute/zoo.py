@@ -210,7 +210,7 @@ TORCHVISION: dict[str, Callable[[], nn.Module]] = {
 }
 
 #: Input side per builder that needs more than 32 pixels.
-_IMAGE_SIDE = {"alexnet": 64, "googlenet": 64, "inception_v3": 75, "squeezenet1_0": 48, "squeezenet1_1": 48}
+_IMAGE_SIDE = {"alexnet": 64, "googlenet": 64, "inception_v3": 75, "mobilenet_v2": 64, "squeezenet1_0": 48, "squeezenet1_1": 48}
 
 
 def torchvision_workload(name: str) -> Workload:

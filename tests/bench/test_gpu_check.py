@@ -109,11 +109,13 @@ def test_a_headline_command_runs_every_row_at_cpu_sizes(name: str, tmp_path: Pat
         if row["name"] == "torchtune" and row["status"] == "not_installed":
             continue
         assert row["status"] == "ok", (row["name"], row["error"])
-        assert row["median_step_seconds"] > 0 and row["peak_allocated_bytes"] > 0
+        # On a CPU a peak is an RSS delta (it may be 0) or the engine's ledger (AccUDNN rows).
+        assert row["median_step_seconds"] > 0 and row["peak_allocated_bytes"] >= 0
     static, peak = result["oracle_static_bytes"], result["oracle_peak_bytes"]
     assert 0 < static < peak
     for fraction, text in ((1 / 2, "1/2"), (1 / 3, "1/3")):
         row = rows[f"accudnn-static+{text}act"]
         assert row["budget_bytes"] == static + int((peak - static) * fraction)
         assert row["predicted_step_seconds"] > 0 and row["predicted_peak_bytes"] > 0
+        assert 0 < row["peak_allocated_bytes"] <= row["budget_bytes"]
     assert (tmp_path / "cpu").is_dir() and any(path.suffix == ".md" for path in (tmp_path / "cpu").iterdir())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -201,7 +202,8 @@ class SegmentProbe:
     compiled block is observed at its eager boundary (an in-place compiled block through its
     wrapped call: a hook on it would be traced into its graph). Its ``input_bytes``
     are the distinct storages of its tensor arguments, its ``output_bytes`` those of its
-    tensor outputs (top level, or in a tuple or list) that are not inputs.
+    tensor outputs (top level, or in a tuple or list) that are not inputs, its
+    ``input_sources`` the input bytes per earlier segment whose outputs (still alive) they are.
 
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
@@ -222,6 +224,8 @@ class SegmentProbe:
         "_output_bytes",
         "_foreign",
         "_parents",
+        "_outputs",
+        "_sources",
     )
 
     def __init__(self) -> None:
@@ -233,13 +237,16 @@ class SegmentProbe:
         self._output_bytes: dict[str, int] = {}
         self._foreign: set[str] = set()
         self._parents: set[str] = set()
+        # storage address -> (segments whose outputs it is, a weak reference to one such output)
+        self._outputs: dict[int, tuple[list[str], weakref.ref[torch.Tensor]]] = {}
+        self._sources: dict[str, dict[str, int]] = {}  # per segment: earlier segment -> input bytes
 
     def attach(self, model: nn.Module) -> None:
         """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw)."""
         self.detach()
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
-        self._inputs, self._output_bytes = {}, {}
+        self._inputs, self._output_bytes, self._outputs, self._sources = {}, {}, {}, {}
         for name, module, compiled in modules_outside_compiled_code(model):
             if not name:
                 continue
@@ -276,6 +283,13 @@ class SegmentProbe:
             storages = _storages((*args, *kwargs.values()))
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
+            sources: dict[str, int] = {}
+            for address, nbytes in storages.items():
+                known = self._outputs.get(address)
+                if known is not None and known[1]() is not None:  # alive: the address is that storage
+                    for source in known[0]:
+                        sources[source] = sources.get(source, 0) + nbytes
+            self._sources[name] = sources
 
     def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         inputs = self._inputs.pop(name, None)
@@ -283,6 +297,14 @@ class SegmentProbe:
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _storages(outputs)
             self._output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
+            for value in outputs:
+                if isinstance(value, torch.Tensor):
+                    address = value.untyped_storage().data_ptr()
+                    known = self._outputs.get(address)
+                    if known is None or known[1]() is None:
+                        self._outputs[address] = ([name], weakref.ref(value))
+                    elif name not in known[0]:
+                        known[0].append(name)
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """The segments of the last pass, in the order they were first called."""
@@ -296,7 +318,8 @@ class SegmentProbe:
                 other == name or other.startswith(prefix) or name.startswith(other + ".") for other in foreign
             ):
                 continue
-            result.append(SegmentProfile(name, nbytes, self._output_bytes.get(name, 0)))
+            sources = tuple(self._sources.get(name, {}).items())
+            result.append(SegmentProfile(name, nbytes, self._output_bytes.get(name, 0), sources))
         return tuple(result)
 
 

@@ -331,6 +331,32 @@ class Plan:
         return unconstrained_seconds(self.profile)
 
     @property
+    def predicted_ledger_peak_bytes(self) -> int:
+        """The predicted peak as the engine's ledger counts it: ``predicted_peak_bytes`` less the
+        recomputed segments' saves while their backward runs, which go to the checkpoint and never
+        pass the engine's hooks (the same when nothing is recomputed).
+
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
+            >>> layers = (LayerProfile("b.x", 100, 100, 1.0, 1.0), LayerProfile("b.y", 100, 100, 1.0, 1.0),
+            ...           LayerProfile("c", 30, 30, 1.0, 1.0))
+            >>> profile = StepProfile(layers, static_bytes=0, segments=(SegmentProfile("b", 10),))
+            >>> plan = plan_swaps(profile, budget_bytes=220, policy="recompute")
+            >>> plan.recomputed, plan.predicted_peak_bytes, plan.predicted_ledger_peak_bytes
+            (('b',), 210, 40)
+        """
+        if self.step is None or not self.step.recomputed:
+            return self.predicted_peak_bytes
+        choice = PlanChoice(
+            tuple(self.timeline.swap)
+            if self.timeline is not None
+            else (False,) * len(self.step.profile.layers),
+            self.prefetch_window_bytes,
+            self.max_copying_out_bytes,
+        )
+        return Simulator(self.step.profile).memory(choice).peak_bytes
+
+    @property
     def compute_wait_seconds(self) -> float:
         """Predicted time the compute stream waits for copies in."""
         return self.timeline.compute_wait_seconds if self.timeline is not None else 0.0

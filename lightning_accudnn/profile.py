@@ -141,12 +141,28 @@ class SegmentProfile:
 
 
 @dataclass(frozen=True)
+class ExcludedSegment:
+    """A module invocation that is not recomputed, because a recomputation would not replay it
+    exactly: its qualified name and why (a call that changes module state, an argument written
+    in place after the call, a recomputation that failed in an earlier step).
+
+    Example:
+        >>> ExcludedSegment("layers.0.attn", "calling it changes its arguments")
+        ExcludedSegment(name='layers.0.attn', reason='calling it changes its arguments')
+    """
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class StepProfile:
     """A whole training step: the layers, the static memory and the host link.
 
     ``static_bytes`` is everything that is not a saved activation: parameters, gradients,
     optimizer state and buffers. Bandwidths are bytes per second over pinned memory.
-    ``segments`` lists the module invocations a plan may recompute (empty: none).
+    ``segments`` lists the module invocations a plan may recompute (empty: none), and
+    ``excluded_segments`` those found unsafe to recompute, with why.
     ``resaves_listed`` says that the layers' ``resaved_by`` list every storage of swappable
     bytes saved again by a later layer (a profile the engine measured); without it (a trace,
     a hand-written profile) recomputation is accounted on the safe side: a segment's outputs
@@ -167,6 +183,7 @@ class StepProfile:
     h2d_bytes_per_second: float = float("inf")
     segments: tuple[SegmentProfile, ...] = field(default=(), repr=False)
     resaves_listed: bool = field(default=False, repr=False)
+    excluded_segments: tuple[ExcludedSegment, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "STOP_RECOMPUTATION",
     "CurrentCudaStream",
     "StorageWeakReference",
     "copy_each",
@@ -13,6 +15,11 @@ __all__ = [
     "tracks_running_statistics",
     "top_saved_tensor_hooks",
 ]
+
+
+#: What non-reentrant checkpointing raises inside a recomputation to end it early, once every
+#: saved tensor it needs is rebuilt: control flow, not a failure.
+STOP_RECOMPUTATION: type[BaseException] = torch.utils.checkpoint._StopRecomputationError
 
 
 class StorageWeakReference:

@@ -37,14 +37,21 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
-from lightning_accudnn.ops._torch_internals import top_saved_tensor_hooks, tracks_running_statistics
+from lightning_accudnn.ops._torch_internals import (
+    STOP_RECOMPUTATION,
+    top_saved_tensor_hooks,
+    tracks_running_statistics,
+)
 from lightning_accudnn.ops.compiled_blocks import (
     CallWrapHandle,
     compiled_in_place,
     modules_outside_compiled_code,
     wrap_compiled_call,
 )
-from lightning_accudnn.profile import SegmentProfile
+from lightning_accudnn.ops.errors import RecomputationError
+from lightning_accudnn.ops.recompute_safety import CallAudit
+from lightning_accudnn.ops.segment_inputs import SegmentInputs
+from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
 
@@ -124,10 +131,16 @@ class SegmentRecomputer:
         False
     """
 
-    __slots__ = ("enabled", "_model", "_wrapped")
+    __slots__ = ("enabled", "failures", "last_recomputed", "_model", "_wrapped")
 
     def __init__(self) -> None:
         self.enabled = False
+        self.failures: dict[str, str] = {}
+        """Segments whose recomputation failed (a forward that raised, or inputs written in
+        place since the call), with why, until the owner takes them."""
+        self.last_recomputed: str | None = None
+        """The segment recomputed last (what a ``CheckpointError`` raised right after its
+        recomputation is about)."""
         self._model: nn.Module | None = None
         # name -> (module, its own forward before, or the handle of its wrapped compiled call)
         self._wrapped: dict[str, tuple[nn.Module, object]] = {}
@@ -146,10 +159,10 @@ class SegmentRecomputer:
         for name in wanted:
             module = model.get_submodule(name)
             if compiled_in_place(module):
-                self._wrapped[name] = (module, wrap_compiled_call(module, partial(_run, self, module)))
+                self._wrapped[name] = (module, wrap_compiled_call(module, partial(_run, self, name, module)))
                 continue
             previous = vars(module).get("forward", _NOTHING)
-            module.forward = partial(_run, self, module, module.forward)
+            module.forward = partial(_run, self, name, module, module.forward)
             self._wrapped[name] = (module, previous)
 
     def remove(self) -> None:
@@ -179,18 +192,62 @@ _NOTHING = object()
 
 
 def _run(
-    recomputer: SegmentRecomputer, module: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any
+    recomputer: SegmentRecomputer,
+    name: str,
+    module: nn.Module,
+    forward: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
     if not recomputer.enabled or not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    inputs, tensors = SegmentInputs.record(args, kwargs)
     return checkpoint(
-        forward,
-        *args,
+        _Replay(recomputer, name, forward, inputs, args, kwargs),
+        *tensors,
         use_reentrant=False,
         preserve_rng_state=True,
         context_fn=partial(_contexts, module),
-        **kwargs,
     )
+
+
+class _Replay:
+    """What checkpointing runs: the segment's call as it was made, then each recomputation from
+    the arguments recorded at the call (new containers, the same tensor in the same places)."""
+
+    __slots__ = ("recomputer", "name", "forward", "inputs", "call")
+
+    def __init__(
+        self,
+        recomputer: SegmentRecomputer,
+        name: str,
+        forward: Callable[..., Any],
+        inputs: SegmentInputs,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.recomputer, self.name, self.forward, self.inputs = recomputer, name, forward, inputs
+        self.call: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
+
+    def __call__(self, *tensors: torch.Tensor) -> Any:
+        call, self.call = self.call, None  # the call's own objects are held no longer than it runs
+        if call is not None:
+            return self.forward(*call[0], **call[1])
+        self.recomputer.last_recomputed = self.name
+        changed = self.inputs.changed_since_call()
+        if changed is not None:
+            raise self._failed(changed)
+        args, kwargs = self.inputs.rebuild(tensors)
+        try:
+            return self.forward(*args, **kwargs)
+        except STOP_RECOMPUTATION:
+            raise
+        except Exception as error:
+            raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error
+
+    def _failed(self, reason: str) -> RecomputationError:
+        self.recomputer.failures[self.name] = reason
+        return RecomputationError(self.name, reason)
 
 
 class SegmentProbe:
@@ -226,6 +283,8 @@ class SegmentProbe:
         "_parents",
         "_outputs",
         "_sources",
+        "_audits",
+        "_unsafe",
     )
 
     def __init__(self) -> None:
@@ -240,6 +299,8 @@ class SegmentProbe:
         # storage address -> (segments whose outputs it is, a weak reference to one such output)
         self._outputs: dict[int, tuple[list[str], weakref.ref[torch.Tensor]]] = {}
         self._sources: dict[str, dict[str, int]] = {}  # per segment: earlier segment -> input bytes
+        self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
+        self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
 
     def attach(self, model: nn.Module) -> None:
         """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw)."""
@@ -247,6 +308,7 @@ class SegmentProbe:
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
         self._inputs, self._output_bytes, self._outputs, self._sources = {}, {}, {}, {}
+        self._audits, self._unsafe = {}, {}
         for name, module, compiled in modules_outside_compiled_code(model):
             if not name:
                 continue
@@ -280,7 +342,7 @@ class SegmentProbe:
         if top_saved_tensor_hooks() != self._reference:
             self._foreign.add(name)
         if name in self._parents and name not in self._input_bytes:
-            storages = _storages((*args, *kwargs.values()))
+            storages = _storages(SegmentInputs.record(args, kwargs)[1])
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
             sources: dict[str, int] = {}
@@ -290,6 +352,7 @@ class SegmentProbe:
                     for source in known[0]:
                         sources[source] = sources.get(source, 0) + nbytes
             self._sources[name] = sources
+            self._audits[name] = CallAudit(module, args, kwargs)
 
     def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         inputs = self._inputs.pop(name, None)
@@ -305,12 +368,44 @@ class SegmentProbe:
                         self._outputs[address] = ([name], weakref.ref(value))
                     elif name not in known[0]:
                         known[0].append(name)
+            audit = self._audits.get(name)
+            reason = None if audit is None else audit.after_call(output)
+            if reason is not None:
+                self._unsafe.setdefault(name, reason)
+
+    def finish_forward(self) -> None:
+        """The forward pass is over: check what happened after each candidate's call (its
+        module state, its arguments and outputs written in place since)."""
+        audits, self._audits = self._audits, {}
+        for name, audit in audits.items():
+            reason = audit.after_forward()
+            if reason is not None:
+                self._unsafe.setdefault(name, reason)
 
     def segments(self) -> tuple[SegmentProfile, ...]:
-        """The segments of the last pass, in the order they were first called."""
+        """The segments of the last pass that may be recomputed, in the order they were first called."""
+        return tuple(
+            SegmentProfile(
+                name,
+                self._input_bytes[name],
+                self._output_bytes.get(name, 0),
+                tuple(self._sources.get(name, {}).items()),
+            )
+            for name in self._candidates()
+            if name not in self._unsafe
+        )
+
+    def excluded(self) -> tuple[ExcludedSegment, ...]:
+        """The candidates of the last pass that a recomputation would not replay exactly, with why."""
+        return tuple(
+            ExcludedSegment(name, self._unsafe[name]) for name in self._candidates() if name in self._unsafe
+        )
+
+    def _candidates(self) -> list[str]:
+        """Modules called once, under the engine's hooks only, in the order they were first called."""
         foreign = self._foreign
         result = []
-        for name, nbytes in self._input_bytes.items():
+        for name in self._input_bytes:
             if self._calls.get(name) != 1:
                 continue
             prefix = name + "."
@@ -318,9 +413,8 @@ class SegmentProbe:
                 other == name or other.startswith(prefix) or name.startswith(other + ".") for other in foreign
             ):
                 continue
-            sources = tuple(self._sources.get(name, {}).items())
-            result.append(SegmentProfile(name, nbytes, self._output_bytes.get(name, 0), sources))
-        return tuple(result)
+            result.append(name)
+        return result
 
 
 def _storages(values: Iterable[object]) -> dict[int, int]:

@@ -430,6 +430,10 @@ class Plan:
             + (f" ({', '.join(self.recomputed)})" if self.recomputed else "")
             + f", adding {self.recompute_seconds * 1e3:.3f} ms to backward",
         ]
+        lines += [
+            f"not recomputed, unsafe: {excluded.name}: {excluded.reason}"
+            for excluded in self.profile.excluded_segments
+        ]
         if self.timeline is not None:
             lines.append(f"peak at {self.timeline.peak_cause}")
         return "\n".join(lines)
@@ -461,6 +465,9 @@ class Plan:
             "prefetch_window_bytes": self.prefetch_window_bytes,
             "swapped_bytes": self.swapped_bytes,
             "recomputed_segments": list(self.recomputed),
+            "excluded_segments": [
+                {"name": excluded.name, "reason": excluded.reason} for excluded in profile.excluded_segments
+            ],
             "recompute_seconds": self.recompute_seconds,
             "search": self.search,
             "route": self.route,
@@ -551,6 +558,7 @@ def plan_swaps(
     if max_copying_out_bytes is not None and max_copying_out_bytes < 0:
         raise ValueError(f"max_copying_out_bytes must be >= 0, got {max_copying_out_bytes}")
     check_policy(policy)
+    refuse_recompute_without_segments(profile, policy)
     cap = budget_bytes - reserve_bytes
     costs = _host_costs(profile, host_limit_bytes, host_bytes)
     floor = _profiling_floor(profile, profiling_peak_bytes)
@@ -609,6 +617,38 @@ def plan_swaps(
         policy=policy,
         step=step,
         profiling_peak_bytes=floor,
+    )
+
+
+class NothingToRecomputeError(ValueError):
+    """``policy="recompute"`` on a step with no segment that can be recomputed exactly."""
+
+
+def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None:
+    """Raise :class:`NothingToRecomputeError` when ``policy`` is ``"recompute"`` and ``profile``
+    found no segment to recompute; the message names why each candidate was excluded.
+
+    Example:
+        >>> from lightning_accudnn.profile import ExcludedSegment, LayerProfile, StepProfile
+        >>> profile = StepProfile((LayerProfile("a", 1, 1),), 0,
+        ...                       excluded_segments=(ExcludedSegment("a", "calling it changes a.calls"),))
+        >>> refuse_recompute_without_segments(profile, "auto")
+        >>> refuse_recompute_without_segments(profile, "recompute")
+        Traceback (most recent call last):
+        ...
+        lightning_accudnn.planner.plan.NothingToRecomputeError: policy='recompute' needs a segment ...
+    """
+    if policy != "recompute" or profile.segments:
+        return
+    reasons = "; ".join(f"{excluded.name}: {excluded.reason}" for excluded in profile.excluded_segments)
+    found = (
+        f"every candidate would not be replayed exactly ({reasons})"
+        if reasons
+        else "no module is called once per step with submodules under the engine's hooks"
+    )
+    raise NothingToRecomputeError(
+        f"policy='recompute' needs a segment that can be recomputed exactly, and this model has none: "
+        f"{found}. Use policy='auto' or policy='swap'."
     )
 
 

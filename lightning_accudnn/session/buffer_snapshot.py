@@ -1,4 +1,5 @@
-"""The model's buffers as they were before a step, so that a retried step starts from them."""
+"""The model's buffers and the random number generators as they were before a step, so that a
+retried step starts from them."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ __all__ = ["BufferSnapshot"]
 
 
 class BufferSnapshot:
-    """A copy of ``model``'s buffers (BatchNorm's running statistics and counters), on their device.
+    """A copy of ``model``'s buffers (BatchNorm's running statistics and counters), on their
+    device, and of the random number generators' states (CPU, and CUDA's once initialised).
 
-    A forward pass updates some buffers in place; a step retried after an out-of-memory
-    error would update them twice. :meth:`take` before the step, :meth:`restore` before
-    running it again, and the retried step is the step that would have run. The copy costs
-    the buffers' bytes once and one fused copy per step.
+    A forward pass updates some buffers in place and draws random numbers (dropout); a step
+    retried after an error would update them twice and draw others. :meth:`take` before the
+    step, :meth:`restore` before running it again, and the retried step is the step that would
+    have run. The copy costs the buffers' bytes once and one fused copy per step.
 
     Example:
         >>> model = nn.BatchNorm1d(4)
@@ -31,6 +33,8 @@ class BufferSnapshot:
     def __init__(self, model: nn.Module) -> None:
         self.buffers = [buffer for buffer in model.buffers() if buffer.device.type != "meta"]
         self.copies = [buffer.detach().clone() for buffer in self.buffers]
+        self._cpu_rng = torch.get_rng_state()
+        self._cuda_rng: list[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
@@ -40,7 +44,12 @@ class BufferSnapshot:
     def take(self) -> None:
         with torch.no_grad():
             copy_all(self.copies, self.buffers)
+        self._cpu_rng = torch.get_rng_state()
+        self._cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
 
     def restore(self) -> None:
         with torch.no_grad():
             copy_all(self.buffers, self.copies)
+        torch.set_rng_state(self._cpu_rng)
+        if self._cuda_rng:
+            torch.cuda.set_rng_state_all(self._cuda_rng)

@@ -125,6 +125,9 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
         d2h_bytes_per_second=min(p.d2h_bytes_per_second for p in profiles),
         h2d_bytes_per_second=min(p.h2d_bytes_per_second for p in profiles),
         segments=_merged_segments(profiles),
+        excluded_segments=tuple(
+            {entry.name: entry for p in reversed(profiles) for entry in p.excluded_segments}.values()
+        ),
     )
 
 

@@ -90,7 +90,7 @@ def profile_to_plan_from(plan: Plan | None, measured: StepProfile, graph_changed
         return measured
     if plan.recomputed and (graph_changed or not departs_from_plan(plan, measured)):
         return plan.profile
-    return replace(measured, segments=plan.profile.segments)
+    return replace(measured, segments=plan.profile.segments, excluded_segments=plan.profile.excluded_segments)
 
 
 def recomputable_segments(

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine, Runtime, StepStats, SwapSchedule
+from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
@@ -46,6 +47,7 @@ from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit
 from lightning_accudnn.session.patterns import check_keep_on_device
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
+from lightning_accudnn.session.recompute_failures import RecomputeFailures
 from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
 from lightning_accudnn.session.shapes import ShapePlanner, same_pass_other_shape
 from lightning_accudnn.session.stats import OffloadStats
@@ -213,6 +215,7 @@ class OffloadSession:
         self.recomputer = SegmentRecomputer()  # the plan's recomputed segments (ops/recompute.py)
         self._host_buffer_sizes: dict[PassKey, Counter[int]] = {}  # per planned kind, its host buffers
         self._probe = SegmentProbe()  # in profiling passes: which segments could be recomputed
+        self._recompute_failures = RecomputeFailures()  # segments whose recomputation failed in backward
         self._state_bytes_key: tuple[object, ...] | None = None
         self._state_bytes = 0
         self._closed = False
@@ -360,15 +363,50 @@ class OffloadSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def abort(self) -> None:
-        """A pass failed: drop its swapped activations and return their buffers."""
+    def abort(self, error: BaseException | None = None) -> RecomputationError | None:
+        """A pass failed: drop its swapped activations and return their buffers.
+
+        When the pass failed recomputing a segment (``error``, or a failure the recomputer
+        recorded, as when a plain loop's backward raised and the next step aborts the pass),
+        the segment is kept out of every later plan of the model, the plans that recompute it
+        are re-made (a warning names it and why) and the failure is returned as a
+        :class:`~lightning_accudnn.ops.errors.RecomputationError`: the step computed no
+        trustworthy gradient, and running it again under the new plan is exact.
+        """
         self._backward_end.remove()
         self.engine.abort_step()
         self._collector.resume()
         self.engine.weight_copies.take()  # the aborted pass's count
         self._probe.detach()
+        failed = RecomputeFailures.failed_in(error, self.recomputer)
+        recorded, self.recomputer.failures = self.recomputer.failures, {}
         self.recomputer.remove()  # the next pass installs its plan's segments again
         self._pass = None
+        failures = dict(recorded)
+        if failed is not None:
+            failures[failed.segment] = failed.reason
+        last = self._last_entered
+        if last is not None:
+            for segment, reason in failures.items():
+                self._exclude_segment(last.key.model, segment, reason)
+        return failed
+
+    def _exclude_segment(self, model: int, segment: str, reason: str) -> None:
+        """Keep ``segment`` of ``model`` out of its plans from now on; re-make those recomputing it."""
+        if not self._recompute_failures.exclude(model, segment, reason):
+            return
+        log.warning(
+            "accudnn: recomputing segment %r failed in backward (%s); the step was aborted, the segment "
+            "is no longer recomputed and the step is re-planned",
+            segment,
+            reason,
+        )
+        for key in self._book.passes():
+            plan = self._book.plan(key)
+            if key.model == model and plan is not None and segment in plan.recomputed:
+                self._book.replan(key, self._make_plan(plan.profile, key))
+                if self.plan is plan:
+                    self.plan = self._book.plan(key)
 
     def check_model(self, model: nn.Module, compiled_form: str | None = None) -> None:
         """Refuse what cannot train under the session, before training: ``keep_on_device``
@@ -553,6 +591,7 @@ class OffloadSession:
             schedule = self._steady.schedule(key, plan)
         self.recomputer.install(block.model, recomputed)
         self.recomputer.enabled = bool(recomputed)
+        self.recomputer.last_recomputed = None
         sequence = None if hooked else self._sequences[key]
         observe = hooked or bool(recomputed) or self._observation_due(key)
         context = self.engine.offload(
@@ -593,6 +632,8 @@ class OffloadSession:
         if block is None or block.engine_context is None:
             return
         context, block.engine_context = block.engine_context, None
+        if error is None:
+            self._probe.finish_forward()
         self._probe.detach()
         self.recomputer.enabled = False
         if error is None:
@@ -706,7 +747,7 @@ class OffloadSession:
         profile = self._profile_from(step, key, static_bytes)
         if plan is None:
             segments = recomputable_segments(self._probe.segments(), step.layers_read_in_forward)
-            profile = replace(profile, segments=segments)
+            profile = replace(profile, segments=segments, excluded_segments=self._probe.excluded())
             self._profiling_activation_peaks[key] = step.ledger_peak_bytes - self.engine.ledger.static_bytes
         profile = profile_to_plan_from(plan, profile, step.graph_changed)
         changed = known is not None and self._book.departs(key, profile)
@@ -797,6 +838,7 @@ class OffloadSession:
         everything is not its floor: a scaled plan may recompute below it. With no profiling
         pass known, the planner computes the floor."""
         budget = self.budget_bytes
+        profile = self._recompute_failures.applied(key.model, profile)
         profiling_peak = self._profiling_peak(key, profile.static_bytes)
         pool = self.engine.pool
         host_bytes = layer_host_bytes(

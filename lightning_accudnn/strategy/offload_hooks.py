@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_accudnn.ops import Runtime
+from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import Plan
@@ -50,7 +51,9 @@ class OffloadHooks:
     #: The offload session (budget, reserve, plan, stats); ``None`` until the Trainer sets up.
     offload: OffloadSession | None = None
     #: Whether a training step that runs out of device memory under a plan is re-planned with
-    #: a larger reserve and retried (:meth:`OffloadSession.recover_from_out_of_memory`).
+    #: a larger reserve and retried (:meth:`OffloadSession.recover_from_out_of_memory`), and one
+    #: whose recomputation of a segment failed in backward is re-planned without that segment
+    #: and retried (:meth:`OffloadSession.abort`).
     retries_out_of_memory: bool = True
     _buffers: BufferSnapshot | None = None
     #: Tells the other ranks about this rank's error and ends this rank on theirs (DDP only).
@@ -119,8 +122,9 @@ class OffloadHooks:
     def optimizer_step(
         self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
     ) -> Any:
-        """Lightning's optimizer step; a closure that runs out of device memory in backward is
-        re-planned and run again (training step, zero_grad, backward) when that is exact."""
+        """Lightning's optimizer step; a closure that runs out of device memory in backward, or
+        whose recomputation of a segment fails there, is re-planned and run again (training step,
+        zero_grad, backward) when that is exact."""
         retried = self._retrying(closure) if self._closure_can_rerun() else closure
         return super().optimizer_step(optimizer, retried, model, **kwargs)  # type: ignore[misc]
 
@@ -145,7 +149,10 @@ class OffloadHooks:
                 try:
                     return closure()
                 except BaseException as error:
-                    if not is_out_of_memory(error) or not session.recover_from_out_of_memory():
+                    recovered = isinstance(error, RecomputationError) or (
+                        is_out_of_memory(error) and session.recover_from_out_of_memory()
+                    )
+                    if not recovered:
                         raise
                 finally:
                     self._rerunning = False
@@ -167,10 +174,16 @@ class OffloadHooks:
             session.begin_backward()
             output: Tensor = super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]
         except BaseException as error:
-            session.abort()
-            if not (self.retries_out_of_memory and is_out_of_memory(error)):
-                self._report_failure(error)
-            raise
+            failed = session.abort(error)  # a failed recomputation: its segment is excluded, re-planned
+            if failed is None:
+                if not (self.retries_out_of_memory and is_out_of_memory(error)):
+                    self._report_failure(error)
+                raise
+            if not self._closure_can_rerun():  # else the optimizer step's closure runs the step again
+                self._report_failure(failed)
+            if failed is error:
+                raise
+            raise failed from error
         try:
             session.end_backward()
         except BaseException as error:

@@ -12,12 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.recompute import RecomputedProfile, candidate_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import (
+    RecomputedProfile,
+    SegmentSpan,
+    candidate_spans,
+    recomputed_profile,
+)
 from lightning_accudnn.planner.search import (
     check_policy,
     fewest_bytes_swapped,
     least_peak_choice,
-    recompute_sets,
+    planned_sets,
     search_mixed,
 )
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline, unconstrained_seconds
@@ -180,8 +185,10 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     if excess == 0:
         return forward + backward
 
+    spans = sorted(candidate_spans(profile), key=lambda span: span.forward_seconds / span.freed_bytes)
+
     def bound(swapped: float) -> float:
-        recompute = _least_recompute_seconds(profile, excess - swapped)
+        recompute = _least_recompute_seconds(spans, excess - swapped)
         return max(forward, swapped / profile.d2h_bytes_per_second) + max(
             backward + recompute, swapped / profile.h2d_bytes_per_second
         )
@@ -202,12 +209,11 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     return min(bound(low), bound(high), bound(0.0), bound(float(excess)))
 
 
-def _least_recompute_seconds(profile: StepProfile, freed: float) -> float:
-    """The least forward time run again that frees ``freed`` bytes (fractional segments;
-    ``inf`` when the segments cannot free that much)."""
+def _least_recompute_seconds(spans: Sequence[SegmentSpan], freed: float) -> float:
+    """The least forward time run again that frees ``freed`` bytes (``spans``, sorted by forward
+    seconds per byte freed, taken fractionally; ``inf`` when they cannot free that much)."""
     if freed <= 0:
         return 0.0
-    spans = sorted(candidate_spans(profile), key=lambda span: span.forward_seconds / span.freed_bytes)
     seconds = 0.0
     for span in spans:
         take = min(freed, span.freed_bytes)
@@ -725,7 +731,7 @@ def _least_peak(profile: StepProfile, policy: str) -> int:
     """The least peak of the plans :func:`plan_swaps` searches under ``policy``."""
     spans = candidate_spans(profile) if policy != "swap" else ()
     least = None
-    for chosen in recompute_sets(spans):
+    for chosen in planned_sets(profile, spans):
         step = recomputed_profile(profile, chosen, swappable=policy != "recompute")
         simulator = Simulator(step.profile, step.transient_bytes)
         peak = simulator.peak_bytes(least_peak_choice(simulator))

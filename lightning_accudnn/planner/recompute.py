@@ -179,10 +179,13 @@ def recomputed_profile(
     position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
     index = {layer.name: i for i, layer in enumerate(layers)}
     count = len(groups)
-    # Per profile layer: the segments of the profile (recomputed or not) it runs in.
-    around = [
-        [segment.name for segment in profile.segments if segment.covers(layer.name)] for layer in layers
-    ]
+    # Per profile layer that others save again: the segments of the profile (recomputed or not)
+    # it runs in.
+    around = {
+        i: [segment.name for segment in profile.segments if segment.covers(layer.name)]
+        for i, layer in enumerate(layers)
+        if layer.resaved_by
+    }
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
@@ -246,6 +249,14 @@ def recomputed_profile(
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0
             resaved = tuple(resaves[g].items()) if swap_bytes else ()
+            if (
+                swap_bytes == layer.swappable_bytes
+                and saved == layer.saved_bytes
+                and resaved == layer.resaved_by
+            ):
+                new_layers.append(layer)  # unchanged (most layers of a large profile)
+                transient.append(0)
+                continue
             new_layers.append(
                 LayerProfile(
                     name,

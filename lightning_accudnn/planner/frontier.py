@@ -85,8 +85,8 @@ def recompute_frontier(
         here, here_back = cost[p], back[p]
         if p > 0:  # the layers since the previous point are not recomputed
             before = cost[p - 1]
-            for q in range(top + 1):
-                if before[q] < here[q]:
+            for q in range(top + 1):  # on a tie, recompute nothing more
+                if before[q] <= here[q] and before[q] < math.inf:
                     here[q], here_back[q] = before[q], (q, -1)
         for q in range(top - 1, -1, -1):  # a set freeing q + 1 units frees q units too
             if here[q + 1] < here[q]:

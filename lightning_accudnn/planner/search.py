@@ -591,6 +591,8 @@ def _search_many(
     sets = _SetScores(profile, cap, swappable)
     bounding = planned_sets(profile, spans)
     least = min(sets.score(chosen).least_peak for chosen in bounding)
+    if cap < least:  # below the smallest budget named: refused, whatever else might fit
+        return MixedResult(None, None, least, "heuristic")
     for chosen in faster_recompute_sets(spans):
         sets.score(chosen)
     for frontier in _frontiers(profile, spans):

@@ -529,7 +529,9 @@ def plan_swaps(
     candidates and, for each recompute set, at most 10 swappable layers with
     ``2**swappable * layers <= 16384``: the result is then the exact optimum of the model.
     Beyond that it is a **heuristic** with a bounded number of simulations (see
-    :mod:`.search`); it always includes swapping everything and recomputing nothing.
+    :mod:`.search`): with many candidates, the recompute sets simulated are those of a frontier
+    (the cheapest set for each amount of bytes freed, :mod:`.frontier`); it always includes
+    swapping everything and recomputing nothing.
 
     No plan's budget is below the peak of the pass the session profiles with (the first pass
     of each new batch shape: every swappable activation swapped, nothing recomputed), since

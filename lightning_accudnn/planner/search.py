@@ -18,7 +18,11 @@ Facts the search relies on (they follow from the simulator's rules):
   one as fast.
 
 :func:`search_mixed` adds recomputation: for each recompute set it searches the keep/swap
-plan of the step the engine would then see (:mod:`.recompute`), and keeps the fastest.
+plan of the step the engine would then see (:mod:`.recompute`), and keeps the fastest. With
+few candidates every non-overlapping set is searched; with many, the sets come from the
+frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, by a dynamic
+program over the forward order), each simulated exactly, and only a few of those that still
+need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
 
 Choosing the swap set exactly is subset-sum-like, so small instances are searched
 exhaustively and large ones heuristically (forward prefixes, then a bounded greedy
@@ -437,7 +441,7 @@ SWAP_SEARCHED_SETS = 3
 #: The frontier is computed under at most this many limits on a recomputed segment's saves.
 TRANSIENT_LEVELS = 6
 #: On each frontier, the sets just before the first that fits with nothing swapped...
-FRONTIER_NEIGHBOURS = 3
+FRONTIER_NEIGHBOURS = 6
 #: ...and this many more spread below them are simulated.
 FRONTIER_SAMPLES = 8
 
@@ -545,7 +549,7 @@ def frontier_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tu
         >>> segments = (SegmentProfile("s", 10), SegmentProfile("s.b0", 10), SegmentProfile("s.b1", 10))
         >>> profile = StepProfile(layers, 0, segments=segments)
         >>> [[span.name for span in chosen] for chosen in frontier_sets(profile, candidate_spans(profile))]
-        [[], ['s.b0'], ['s.b1'], ['s.b0', 's.b1'], ['s']]
+        [[], ['s.b0'], ['s.b0', 's.b1'], ['s']]
     """
     sets: dict[tuple[str, ...], tuple[SegmentSpan, ...]] = {}
     for frontier in _frontiers(profile, spans):

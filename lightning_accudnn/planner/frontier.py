@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from lightning_accudnn.planner.recompute import SegmentSpan
 
-__all__ = ["DEFAULT_RESOLUTION", "freed_bytes", "recompute_frontier"]
+__all__ = ["DEFAULT_RESOLUTION", "freed_bytes", "recompute_cost_lines", "recompute_frontier"]
 
 #: Amounts of bytes freed the frontier tells apart (its step: the most freed / this).
 DEFAULT_RESOLUTION = 128
@@ -137,3 +137,69 @@ def _most_freed(spans: Sequence[SegmentSpan], layers: int, outputs_counted_again
             freed = freed_bytes(span, outputs_counted_again=outputs_counted_again)
             best[j + 1] = max(best[j + 1], best[span.first] + freed)
     return best[layers]
+
+
+def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[float, float], ...], int]:
+    """Lines whose maximum bounds from below the least forward seconds of a non-overlapping set
+    of ``spans`` that frees at least ``y`` bytes (``SegmentSpan.freed_bytes``), and the most
+    bytes any such set frees (beyond it, no set does).
+
+    Each line ``(l, c)`` is a Lagrangian bound: for ``l >= 0`` and any set ``S`` freeing at
+    least ``y``, ``seconds(S) >= l * y + seconds(S) - l * freed(S) >= l * y + c``, ``c`` being
+    the least of ``seconds - l * freed`` over every non-overlapping set (a weighted interval
+    schedule). The values of ``l`` are the breakpoints of that least (found by bisecting between
+    the sets it picks), so the maximum is the linear relaxation of choosing the set, a stage
+    never with its blocks; without that constraint (the fractional knapsack) it can only be
+    lower. It is convex and non-decreasing in ``y``.
+
+    Example:
+        >>> spans = [SegmentSpan("s", 0, 1, 0, 100, 2.0), SegmentSpan("s.b", 0, 0, 0, 60, 1.0)]
+        >>> lines, most = recompute_cost_lines(spans)
+        >>> most, round(max(slope * 80 + intercept for slope, intercept in lines), 9)
+        (100, 1.5)
+    """
+    useful = [span for span in spans if span.freed_bytes > 0]
+    if not useful:
+        return ((0.0, 0.0),), 0
+    points = sorted({span.first for span in useful} | {span.last + 1 for span in useful})
+    at = {point: p for p, point in enumerate(points)}
+    ending: list[list[SegmentSpan]] = [[] for _ in points]
+    for span in useful:
+        ending[at[span.last + 1]].append(span)
+
+    def schedule(slope: float) -> tuple[int, float]:
+        """(bytes freed, seconds) of a non-overlapping set with the least ``seconds - slope *
+        freed`` (on a tie, the one freeing more)."""
+        best: list[tuple[float, int, float]] = [(0.0, 0, 0.0)] * len(points)  # (-value, -freed, seconds)
+        for p in range(1, len(points)):
+            best[p] = best[p - 1]
+            for span in ending[p]:
+                value, freed, seconds = best[at[span.first]]
+                gain = slope * span.freed_bytes - span.forward_seconds
+                option = (value - gain, freed - span.freed_bytes, seconds + span.forward_seconds)
+                if option[:2] < best[p][:2]:
+                    best[p] = option
+        return -best[-1][1], best[-1][2]
+
+    top = sum(span.forward_seconds for span in useful) + 1.0  # a byte more outweighs every second
+    low, high = schedule(0.0), schedule(top)
+    slopes = {0.0, top}
+
+    def explore(first: tuple[int, float], last: tuple[int, float], depth: int) -> None:
+        if last[0] <= first[0] or depth > 64:
+            return
+        slope = (last[1] - first[1]) / (last[0] - first[0])
+        if slope <= 0:
+            return
+        slopes.add(slope)
+        middle = schedule(slope)
+        if middle[1] - slope * middle[0] < first[1] - slope * first[0] - 1e-12 * (1 + abs(first[1])):
+            explore(first, middle, depth + 1)
+            explore(middle, last, depth + 1)
+
+    explore(low, high, 0)
+    lines = []
+    for slope in sorted(slopes):
+        freed, seconds = schedule(slope)
+        lines.append((slope, seconds - slope * freed))
+    return tuple(lines), high[0]

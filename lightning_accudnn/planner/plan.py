@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
+from lightning_accudnn.planner.frontier import recompute_cost_lines
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
-    SegmentSpan,
     candidate_spans,
     recomputed_profile,
 )
@@ -164,8 +164,9 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
     ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
     (copies hidden perfectly behind compute); recomputing frees the rest, ``y = X - x``, at
-    the least forward time that frees ``y`` bytes, ``R(y)`` (the profile's segments by forward
-    seconds per freed byte, fractionally), added to the backward:
+    the least forward time that frees ``y`` bytes, ``R(y)`` (bounded from below by the
+    Lagrangian relaxation of choosing non-overlapping segments, a stage never with its blocks:
+    :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`), added to the backward:
     ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
     ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
     ``x = 0`` under ``"recompute"``. It ignores the transient a recomputed segment holds and
@@ -185,10 +186,10 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     if excess == 0:
         return forward + backward
 
-    spans = sorted(candidate_spans(profile), key=lambda span: span.forward_seconds / span.freed_bytes)
+    lines, most = recompute_cost_lines(candidate_spans(profile))
 
     def bound(swapped: float) -> float:
-        recompute = _least_recompute_seconds(spans, excess - swapped)
+        recompute = _least_recompute_seconds(lines, most, excess - swapped)
         return max(forward, swapped / profile.d2h_bytes_per_second) + max(
             backward + recompute, swapped / profile.h2d_bytes_per_second
         )
@@ -209,19 +210,15 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     return min(bound(low), bound(high), bound(0.0), bound(float(excess)))
 
 
-def _least_recompute_seconds(spans: Sequence[SegmentSpan], freed: float) -> float:
-    """The least forward time run again that frees ``freed`` bytes (``spans``, sorted by forward
-    seconds per byte freed, taken fractionally; ``inf`` when they cannot free that much)."""
+def _least_recompute_seconds(lines: Sequence[tuple[float, float]], most: int, freed: float) -> float:
+    """A lower bound on the forward time run again that frees ``freed`` bytes: the maximum of
+    :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`' lines, ``inf`` beyond the
+    most bytes any set of non-overlapping segments frees."""
     if freed <= 0:
         return 0.0
-    seconds = 0.0
-    for span in spans:
-        take = min(freed, span.freed_bytes)
-        seconds += span.forward_seconds * take / span.freed_bytes
-        freed -= take
-        if freed <= 0:
-            return seconds
-    return math.inf
+    if freed > most:
+        return math.inf
+    return max(slope * freed + intercept for slope, intercept in lines)
 
 
 #: Which route a model's plan is applied by (``Plan.route``): hooks per layer, per compiled block, or

@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_accudnn.planner.frontier import freed_bytes, recompute_frontier
+from lightning_accudnn.planner.frontier import freed_bytes, recompute_cost_lines, recompute_frontier
 from lightning_accudnn.planner.recompute import SegmentSpan
 
 
@@ -77,3 +77,41 @@ def test_each_amount_gets_the_cheapest_set_written_without_the_dp(case, resoluti
     assert sum(_units(span, unit) for span in frontier[-1]) >= min(
         top, max(sum(_units(span, unit) for span in chosen) for chosen in sets)
     )
+
+
+def _fractional(spans: list[SegmentSpan], freed: float) -> float:
+    """The fractional knapsack without the overlap constraint (the bound's former form)."""
+    seconds = 0.0
+    for span in sorted(spans, key=lambda span: span.forward_seconds / span.freed_bytes):
+        take = min(freed, span.freed_bytes)
+        seconds += span.forward_seconds * take / span.freed_bytes
+        freed -= take
+        if freed <= 0:
+            return seconds
+    return math.inf
+
+
+@settings(max_examples=80, deadline=None)
+@given(nested_spans(), st.lists(st.integers(1, 1200), min_size=1, max_size=6))
+def test_the_recompute_cost_bound_lies_between_the_relaxation_and_every_set(case, amounts):
+    spans, _ = case
+    useful = [span for span in spans if span.freed_bytes > 0]
+    lines, most = recompute_cost_lines(spans)
+    sets = [
+        chosen
+        for size in range(len(useful) + 1)
+        for chosen in itertools.combinations(useful, size)
+        if all(not a.overlaps(b) for a, b in itertools.combinations(chosen, 2))
+    ]
+    assert most == max(sum(span.freed_bytes for span in chosen) for chosen in sets)
+    for amount in amounts:
+        if amount > most:
+            continue
+        bound = max(slope * amount + intercept for slope, intercept in lines)
+        least = min(
+            sum(span.forward_seconds for span in chosen)
+            for chosen in sets
+            if sum(span.freed_bytes for span in chosen) >= amount
+        )
+        assert bound <= least + 1e-9
+        assert bound >= _fractional(useful, amount) - 1e-9

@@ -363,9 +363,9 @@ class MixedResult:
 
     ``step`` is the step the engine sees under the best plan's recomputed segments (see
     :mod:`~lightning_accudnn.planner.recompute`); ``best`` is scored on it.
-    ``min_peak_bytes`` is the least peak over the recompute sets searched, each with
-    everything swappable swapped at limit and window 0; the set searched depends on the
-    profile only, so any cap of at least that much finds a plan.
+    ``min_peak_bytes`` is the least peak over the recompute sets of :func:`planned_sets`, each
+    with everything swappable swapped at limit and window 0; those sets depend on the profile
+    only, so any cap of at least that much finds a plan (and a smaller one none).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile

@@ -290,6 +290,7 @@ def plan_command(args: argparse.Namespace) -> int:
             tracker=LayerTracker(),
             input_dtype=INPUT_DTYPES[args.input_dtype],
             dtype=args.dtype,
+            gpu=gpu,
         )
     except Exception as error:  # a model that cannot be traced: say which and why
         batch_shape = (args.batch_size, *shape)
@@ -327,6 +328,7 @@ def plan_command(args: argparse.Namespace) -> int:
         "backward_flops": trace.backward_flops,
         "host_link_bytes_per_second": gpu.host_link_bytes_per_second,
         "trace_seconds": trace_seconds,
+        "assumed_kernels": assumed_kernels(trace),
     }
     try:
         plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve, policy=args.policy)
@@ -354,6 +356,31 @@ def plan_command(args: argparse.Namespace) -> int:
     else:
         print(_text_report(plan, report, gpu, trace))
     return EXIT_OK
+
+
+def assumed_kernels(trace: StepTrace) -> dict[str, dict[str, int]]:
+    """The kernels the trace assumed where the CPU's would save other tensors than the GPU's:
+    op, then kernel, then calls (what ``--json`` reports as ``assumed_kernels``).
+
+    Example:
+        >>> from lightning_accudnn.planner.roofline import StepTrace
+        >>> trace = StepTrace((), (), 0, 0, 0, kernels=(("scaled_dot_product_attention", "cudnn", 24),))
+        >>> assumed_kernels(trace)
+        {'scaled_dot_product_attention': {'cudnn': 24}}
+    """
+    kernels: dict[str, dict[str, int]] = {}
+    for op, kernel, calls in trace.kernels:
+        kernels.setdefault(op, {})[kernel] = calls
+    return kernels
+
+
+def _kernels_text(kernels: dict[str, dict[str, int]]) -> str:
+    if not kernels:
+        return "none to choose (no attention or dropout)"
+    return "; ".join(
+        f"{op}: " + ", ".join(f"{kernel} x{calls}" for kernel, calls in by_kernel.items())
+        for op, by_kernel in kernels.items()
+    )
 
 
 def _flops(count: int) -> str:
@@ -404,6 +431,7 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
             f"{gb('min_budget_bytes')} (the profiling pass, every activation swapped and none "
             f"recomputed, peaks at {gb('profiling_peak_bytes')}; no budget below it works)",
         ),
+        ("kernels assumed", _kernels_text(report["assumed_kernels"])),
         (
             "traced in",
             f"{report['trace_seconds']:.1f} s ({_flops(trace.forward_flops)} forward, "

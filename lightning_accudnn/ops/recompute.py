@@ -49,7 +49,7 @@ from lightning_accudnn.ops.compiled_blocks import (
     wrap_compiled_call,
 )
 from lightning_accudnn.ops.errors import RecomputationError
-from lightning_accudnn.ops.recompute_safety import CallAudit
+from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS, CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
@@ -66,9 +66,6 @@ def is_recomputing() -> bool:
         False
     """
     return bool(getattr(_recomputing, "depth", 0))
-
-
-_BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 class _Recomputation:
@@ -88,7 +85,7 @@ class _Recomputation:
         swapped: list[tuple[nn.Module, str, torch.Tensor]] = []
         for inner in self.module.modules():
             if tracks_running_statistics(inner):
-                for name in _BATCH_NORM_STATISTICS:
+                for name in BATCH_NORM_STATISTICS:
                     buffer = getattr(inner, name, None)
                     if isinstance(buffer, torch.Tensor):
                         swapped.append((inner, name, buffer))
@@ -240,7 +237,7 @@ class _Replay:
         args, kwargs = self.inputs.rebuild(tensors)
         try:
             return self.forward(*args, **kwargs)
-        except STOP_RECOMPUTATION:
+        except (STOP_RECOMPUTATION, torch.OutOfMemoryError):  # control flow; memory, not safety
             raise
         except Exception as error:
             raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error
@@ -339,6 +336,7 @@ class SegmentProbe:
 
     def _enter(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._calls[name] = self._calls.get(name, 0) + 1
+        self._check_returned()
         if top_saved_tensor_hooks() != self._reference:
             self._foreign.add(name)
         if name in self._parents and name not in self._input_bytes:
@@ -372,6 +370,15 @@ class SegmentProbe:
             reason = None if audit is None else audit.after_call(output)
             if reason is not None:
                 self._unsafe.setdefault(name, reason)
+
+    def _check_returned(self) -> None:
+        """Whether a returned candidate's arguments or outputs were written in place since its call."""
+        for name, audit in self._audits.items():
+            if name in self._unsafe or name in self._inputs:  # unsafe already, or still running
+                continue
+            reason = audit.tensors_written()
+            if reason is not None:
+                self._unsafe[name] = reason
 
     def finish_forward(self) -> None:
         """The forward pass is over: check what happened after each candidate's call (its

@@ -28,13 +28,19 @@ from torch import nn
 from lightning_accudnn.ops._torch_internals import tracks_running_statistics
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 
-__all__ = ["CallAudit"]
+__all__ = ["BATCH_NORM_STATISTICS", "CallAudit"]
 
 # Module attributes that are not state a forward could change: the registries nn.Module
 # keeps (parameters, buffers and submodules are compared by their own rules) and its hooks.
 _MODULE_REGISTRIES = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
-_BATCH_NORM_STATISTICS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
-_DEPTH = 4  # how deep objects are walked (a cache object, its list of layers, a layer, its tensors)
+#: The buffers a training BatchNorm updates in forward (a recomputation updates scratch copies).
+BATCH_NORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+# How deep a call's arguments and its modules' attributes are walked: far enough to see a
+# key/value cache passed as an argument grow (the keyword arguments, the cache, its list of
+# layers, a layer, its tensors). State changed after the call is compared one level deep (a
+# module's own attributes, and which objects they are): objects shared beyond the segment,
+# such as a configuration the loss writes to, are not the segment's state.
+_DEPTH = 8
 _PLAIN = (bool, int, str, bytes, complex, torch.dtype, torch.device, enum.Enum, type(None))
 
 
@@ -63,35 +69,44 @@ class CallAudit:
         (True, True)
     """
 
-    __slots__ = ("module", "inputs", "_tensors", "_modules_before", "_arguments_before", "_outputs")
+    __slots__ = (
+        "module",
+        "inputs",
+        "_tensors",
+        "_modules_before",
+        "_own_state_after",
+        "_arguments_before",
+        "_outputs",
+    )
 
     def __init__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.module = module
         self.inputs, self._tensors = SegmentInputs.record(args, kwargs)  # the tensors until it returns
-        self._modules_before = _module_state(module)
-        self._arguments_before = _fingerprint((args, kwargs), _DEPTH, set())
+        self._modules_before = _module_state(module, _DEPTH)
+        self._own_state_after: dict[str, object] = {}
+        self._arguments_before = _argument_state(args, kwargs)
         self._outputs: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
     def after_call(self, output: Any) -> str | None:
         """Why the call just ended changed what a replay would see, or ``None``."""
-        changed = _changed_module(self._modules_before, _module_state(self.module))
+        changed = _changed_module(self._modules_before, _module_state(self.module, _DEPTH))
         if changed is not None:
             return f"calling it changes {changed}"
-        arguments, self._tensors = self.inputs.rebuild(self._tensors), ()
-        if _fingerprint(arguments, _DEPTH, set()) != self._arguments_before:
+        (args, kwargs), self._tensors = self.inputs.rebuild(self._tensors), ()
+        changed = _changed_module(self._arguments_before, _argument_state(args, kwargs))
+        if changed is not None:
             return (
-                "calling it changes its arguments (a tensor written in place, or an object such as "
-                "a cache or a counter updated)"
+                f"calling it changes its {changed} (a tensor written in place, or an object such as a "
+                "cache or a counter updated; a key/value cache in training: pass use_cache=False)"
             )
         self._outputs = [(weakref.ref(tensor), tensor._version) for tensor in _tensors_in(output)]
+        self._own_state_after = _module_state(self.module, 1)
         return None
 
-    def after_forward(self) -> str | None:
-        """Why what happened after the call (to the end of the forward pass) makes a replay
-        differ, or ``None``: its module state or a still-alive argument or output changed."""
-        changed = _changed_module(self._modules_before, _module_state(self.module))
-        if changed is not None:
-            return f"{changed} changes after the call"
+    def tensors_written(self) -> str | None:
+        """Why a replay would differ because an argument or an output of the call, still alive,
+        was written in place since, or ``None``. Cheap: the probe asks at every module call
+        of the pass, while what the call took and gave is likely still referenced."""
         changed_input = self.inputs.changed_since_call()
         if changed_input is not None:
             return changed_input
@@ -100,6 +115,14 @@ class CallAudit:
             if tensor is not None and tensor._version != version:
                 return f"its output {index} is written in place after the call"
         return None
+
+    def after_forward(self) -> str | None:
+        """Why what happened after the call (to the end of the forward pass) makes a replay
+        differ, or ``None``: its modules' own state or a still-alive argument or output changed."""
+        changed = _changed_module(self._own_state_after, _module_state(self.module, 1))
+        if changed is not None:
+            return f"{changed} changes after the call"
+        return self.tensors_written()
 
 
 def _tensors_in(output: Any) -> list[torch.Tensor]:
@@ -112,21 +135,32 @@ def _tensors_in(output: Any) -> list[torch.Tensor]:
     return []
 
 
-def _module_state(module: nn.Module) -> dict[str, object]:
-    """Per module of ``module``'s tree, qualified by its class and name: its plain attributes'
-    fingerprints and its buffers' identities and versions (BatchNorm's running statistics
-    excepted: a recomputation updates scratch copies of them)."""
+def _module_state(module: nn.Module, depth: int) -> dict[str, object]:
+    """Per module of ``module``'s tree, qualified by its class and name: its attributes'
+    fingerprints, ``depth`` levels deep, and its buffers' identities and versions (BatchNorm's
+    running statistics excepted: a recomputation updates scratch copies of them)."""
     state: dict[str, object] = {}
     for name, inner in module.named_modules():
         label = f"{type(module).__name__}{'.' + name if name else ''}"
-        skip = _BATCH_NORM_STATISTICS if tracks_running_statistics(inner) else frozenset()
+        skip = BATCH_NORM_STATISTICS if tracks_running_statistics(inner) else ()
         for key, value in vars(inner).items():
             if key in _MODULE_REGISTRIES or "hooks" in key or key == "forward":
                 continue
-            state[f"{label}.{key}"] = _fingerprint(value, _DEPTH, set())
+            state[f"{label}.{key}"] = _fingerprint(value, depth, set())
         for key, buffer in inner._buffers.items():
             if key not in skip and buffer is not None:
                 state[f"{label}.{key}"] = (id(buffer), buffer._version)
+    return state
+
+
+def _argument_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, object]:
+    """Per argument, labelled for a message, its fingerprint."""
+    state: dict[str, object] = {
+        f"argument {index} ({type(value).__name__})": _fingerprint(value, _DEPTH, set())
+        for index, value in enumerate(args)
+    }
+    for key, value in kwargs.items():
+        state[f"argument {key!r} ({type(value).__name__})"] = _fingerprint(value, _DEPTH, set())
     return state
 
 

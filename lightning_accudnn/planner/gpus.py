@@ -45,7 +45,8 @@ class GpuSpec:
     runs fp32 convolutions on it by default (``torch.backends.cudnn.allow_tf32`` is true)
     but fp32 matmuls at ``fp32_flops`` (``torch.backends.cuda.matmul.allow_tf32`` is
     false). ``bf16_flops`` / ``fp16_flops`` are dense tensor-core rates with fp32
-    accumulation (``None`` where the GPU has no such unit).
+    accumulation (``None`` where the GPU has no such unit). ``compute_capability`` (NVIDIA's
+    "CUDA GPUs" table) decides which fused kernels PyTorch runs on it (flash attention from 8.0).
 
     Example:
         >>> spec = get_gpu("h100")
@@ -67,6 +68,7 @@ class GpuSpec:
     memory_bytes_per_second: float
     pcie_gen: int
     datasheet: str
+    compute_capability: tuple[int, int]
     pcie_lanes: int = 16
     efficiency: float = DEFAULT_EFFICIENCY
 
@@ -112,6 +114,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=3.35e12,
         pcie_gen=5,
         datasheet=_H100_DS + " (SXM column)",
+        compute_capability=(9, 0),
     ),
     # H100 PCIe: FP32 51 TF; TF32 756*; BF16/FP16 1,513*; 80GB HBM2e 2 TB/s; PCIe Gen5 128 GB/s.
     GpuSpec(
@@ -125,6 +128,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=2.0e12,
         pcie_gen=5,
         datasheet=_H100_DS + " (PCIe column)",
+        compute_capability=(9, 0),
     ),
     # H200 SXM: FP32 67 TF; TF32 989*; BF16/FP16 1,979*; 141GB HBM3e 4.8 TB/s; PCIe Gen5 128 GB/s.
     GpuSpec(
@@ -138,6 +142,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=4.8e12,
         pcie_gen=5,
         datasheet="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column)",
+        compute_capability=(9, 0),
     ),
     # A100 SXM4 40GB: FP32 19.5 TF; TF32 156 (312*); BF16/FP16 312 (624*); HBM2 1,555 GB/s;
     # PCIe Gen4 64 GB/s.
@@ -152,6 +157,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=1.555e12,
         pcie_gen=4,
         datasheet=_A100_DS + " (A100 40GB SXM column)",
+        compute_capability=(8, 0),
     ),
     # A100 SXM4 80GB: as the 40GB, with HBM2e at 2,039 GB/s.
     GpuSpec(
@@ -165,6 +171,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=2.039e12,
         pcie_gen=4,
         datasheet=_A100_DS + " (A100 80GB SXM column)",
+        compute_capability=(8, 0),
     ),
     # L4: FP32 30.3 TF; TF32 120*; BF16/FP16 242*; 24GB GDDR6 300 GB/s; PCIe Gen4 x16 64 GB/s.
     GpuSpec(
@@ -178,6 +185,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=300e9,
         pcie_gen=4,
         datasheet="NVIDIA L4 Tensor Core GPU datasheet",
+        compute_capability=(8, 9),
     ),
     # RTX 4090: FP32 82.6 TF; TF32 82.6 (165.2*); FP16/BF16 with FP32 accumulate 165.2 (330.4*);
     # 24GB GDDR6X 1,008 GB/s; PCIe Gen4 x16.
@@ -192,6 +200,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=1008e9,
         pcie_gen=4,
         datasheet="NVIDIA Ada Lovelace GPU architecture whitepaper, Appendix A (GeForce RTX 4090)",
+        compute_capability=(8, 9),
     ),
     # V100 SXM2: FP32 15.7 TF; Tensor (FP16 mixed) 125 TF; no TF32/BF16 units; HBM2 900 GB/s;
     # host link PCIe Gen3 x16 32 GB/s.
@@ -206,6 +215,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=900e9,
         pcie_gen=3,
         datasheet="NVIDIA Tesla V100 GPU datasheet (SXM2 column)",
+        compute_capability=(7, 0),
     ),
     GpuSpec(
         name="V100 SXM2 32GB",
@@ -218,6 +228,7 @@ GPUS: tuple[GpuSpec, ...] = (
         memory_bytes_per_second=900e9,
         pcie_gen=3,
         datasheet="NVIDIA Tesla V100 GPU datasheet (SXM2 column)",
+        compute_capability=(7, 0),
     ),
 )
 

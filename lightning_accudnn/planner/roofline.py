@@ -89,7 +89,9 @@ class StepTrace:
 
     Layers are in forward order of their first kernel (a container's own work, such as a
     residual add, comes after its children's). ``segments`` are the module invocations a
-    plan may recompute (see :class:`~lightning_accudnn.profile.SegmentProfile`).
+    plan may recompute (see :class:`~lightning_accudnn.profile.SegmentProfile`). ``kernels``
+    lists the kernels the trace assumed where the CPU's would save other tensors than the
+    GPU's: ``(op, kernel, calls)``, e.g. ``("scaled_dot_product_attention", "flash", 24)``.
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -106,6 +108,7 @@ class StepTrace:
     dtype: str = "fp32"
     notes: tuple[str, ...] = ()
     segments: tuple[SegmentProfile, ...] = ()
+    kernels: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:

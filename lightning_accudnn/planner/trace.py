@@ -16,9 +16,17 @@ storages but no data) and runs one forward and backward. Three observers watch i
   formulas, plus the CPU flash attention kernels) and bytes moved (tensor bytes read and
   written). Forward kernels belong to the running layer; backward kernels to the layer whose
   forward created the autograd node that runs them.
-* a function mode maps each autograd node to the layer that created it, and replaces
-  ``F.dropout`` by ``torch.native_dropout`` so the saved mask is a ``bool`` tensor as on a
-  CUDA device (the CPU kernel saves a mask in the activation's dtype).
+* a function mode maps each autograd node to the layer that created it and runs the kernels a
+  CUDA GPU would where the CPU's save other tensors: ``F.dropout`` becomes
+  ``torch.native_dropout`` (CUDA's fused dropout saves a ``bool`` mask; the CPU kernel a mask
+  in the activation's dtype), and, given the target ``gpu``,
+  ``F.scaled_dot_product_attention`` becomes the cuDNN, flash, memory-efficient or math kernel
+  that GPU runs for the call (:mod:`.attention`): the fused kernels save the
+  output and log-sum-exp (and the RNG seed and offset with dropout), not the ``s x s``
+  attention matrix of the CPU's math path; under mixed precision, the ops CUDA autocast runs
+  in float32 and the CPU's in 16 bits (``pow``, ``exp``, ``layer_norm``, ``softmax``...) get
+  float32 inputs, and those only CUDA runs in 16 bits (``einsum``...) 16-bit ones
+  (:mod:`.cuda_autocast`). :attr:`StepTrace.kernels` lists what was assumed.
 
 The trace runs on CPU fake tensors (the autograd engine cannot run backward on fake CUDA
 tensors without a GPU). What departs from a real CUDA step:
@@ -28,11 +36,19 @@ tensors without a GPU). What departs from a real CUDA step:
   the same ops as the CUDA one for convolutions, linear layers, matmuls and norms (checked on
   ResNet and ``nn.TransformerEncoderLayer``); batch-norm statistics (a few bytes per channel)
   differ in dtype.
-* ``scaled_dot_product_attention`` runs PyTorch's CPU kernels: without dropout the CPU flash
-  kernel, which saves the output and log-sum-exp as GPU flash attention does; with dropout
-  (or a mask the flash kernel refuses) the math path, which saves the attention matrix, so
-  such attention layers are over-estimated against a GPU's flash kernels. Causal attention
-  FLOPs count the full square (as :mod:`torch.utils.flop_counter` does).
+* without a target ``gpu``, ``scaled_dot_product_attention`` runs PyTorch's CPU kernels:
+  without dropout the CPU flash kernel, which saves the output and log-sum-exp as GPU flash
+  attention does; with dropout (or a mask the flash kernel refuses) the math path, which
+  saves the attention matrix. Causal attention FLOPs count the full square (as
+  :mod:`torch.utils.flop_counter` does).
+* without a target ``gpu`` the CPU autocast policy alone decides the dtypes: ops the CUDA
+  policy runs in fp32 and the CPU one in 16 bits (``layer_norm``, ``softmax``, ``pow`` of a
+  16-bit input) save 16-bit tensors. Torch functions called inside another torch function
+  (the internals of ``F.multi_head_attention_forward``) are not rewritten.
+* the attention and dropout inside ``F.multi_head_attention_forward``
+  (``nn.MultiheadAttention``) run the CPU's kernels (the math path and a float mask with
+  dropout), as does dropout not called through ``F.dropout``; :attr:`StepTrace.kernels`
+  lists each such call under ``multi_head_attention_forward``.
 * times come from a roofline per kernel (:meth:`.roofline.StepTrace.to_profile`), with no
   launch overhead and no overlap between kernels.
 
@@ -54,6 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -74,6 +91,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from lightning_accudnn.planner.attention import attention_kernel, run_attention
+from lightning_accudnn.planner.cuda_autocast import cuda_autocast_args
+from lightning_accudnn.planner.gpus import GpuSpec
 from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
 from lightning_accudnn.profile import ROOT_LAYER, SegmentProfile
 
@@ -192,6 +212,7 @@ class _Recorder:
     """Shared state of the observers during one traced step."""
 
     tracker: Tracker
+    capability: tuple[int, int] | None = None
     min_key_bytes: int = 0
     backward: bool = False
     node_layer: dict[object, str] = field(default_factory=dict)
@@ -201,6 +222,7 @@ class _Recorder:
     ops: list[OpCost] = field(default_factory=list)
     param_storages: set[int] = field(default_factory=set)
     seen_storages: dict[int, torch.Tensor] = field(default_factory=dict)
+    kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def _touch(self, layer: str) -> None:
         if layer not in self.first_seen:
@@ -353,7 +375,21 @@ class _FunctionMode(TorchFunctionMode):
         kwargs: dict[str, object] | None = None,
     ) -> object:
         kwargs = kwargs or {}
-        call: Callable[..., object] = _cuda_like_dropout if func is F.dropout else func
+        recorder = self.recorder
+        if recorder.capability is not None and not recorder.backward and torch.is_autocast_enabled("cpu"):
+            dtype = torch.get_autocast_dtype("cpu")
+            args, kwargs, policy = cuda_autocast_args(func, args, kwargs, dtype)
+            if policy is not None:
+                recorder.kernels["autocast", f"CUDA policy: {policy}"] += 1
+        call: Callable[..., object] = func
+        if func is F.dropout:
+            call = _cuda_like_dropout
+            self.recorder.kernels["dropout", "fused (bool mask)"] += 1
+        elif func is F.scaled_dot_product_attention and self.recorder.capability is not None:
+            call = partial(_target_attention, self.recorder)
+        elif func is F.multi_head_attention_forward and self.recorder.capability is not None:
+            # Its attention and dropout run inside it, out of this mode's reach: the CPU's kernels.
+            self.recorder.kernels["multi_head_attention_forward", "CPU kernels (not rewritten)"] += 1
         out = call(*args, **kwargs)
         if not self.recorder.backward:
             self.recorder.map_nodes(out)
@@ -368,6 +404,32 @@ def _cuda_like_dropout(
     if training and 0 < p < 1 and not inplace:
         return torch.native_dropout(input, p, True)[0]
     return F.dropout(input, p, training, inplace)
+
+
+def _target_attention(
+    recorder: _Recorder,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` as the target GPU runs it (:mod:`.attention`)."""
+    assert recorder.capability is not None
+    if torch.is_autocast_enabled("cpu"):  # CUDA autocast runs attention in 16 bits
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(dtype)
+    kernel = attention_kernel(
+        recorder.capability, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa
+    )
+    recorder.kernels["scaled_dot_product_attention", kernel] += 1
+    with torch.autocast("cpu", enabled=False):
+        return run_attention(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _loss(output: object) -> torch.Tensor:
@@ -451,6 +513,7 @@ def trace_step(
     tracker: Tracker,
     input_dtype: torch.dtype = torch.float32,
     dtype: str = "fp32",
+    gpu: GpuSpec | None = None,
 ) -> StepTrace:
     """Trace one training step of ``build()`` on a batch of shape ``input_shape``.
 
@@ -466,6 +529,8 @@ def trace_step(
     precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is the mean
     of every floating-point output. ``tracker`` names layers (pass
     ``lightning_accudnn.ops.layers.LayerTracker()``; the planner does not import ``ops``).
+    ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
+    module docstring); ``None`` keeps the CPU's attention kernels.
 
     Example:
         >>> from lightning_accudnn.ops.layers import LayerTracker
@@ -480,7 +545,7 @@ def trace_step(
     with _precision(dtype):  # validates dtype before any work
         pass
     fake_mode = FakeTensorMode()
-    recorder = _Recorder(tracker=tracker)
+    recorder = _Recorder(tracker=tracker, capability=None if gpu is None else gpu.compute_capability)
     segments = _Segments()
     model = _build_fake(build, fake_mode)
     with fake_mode:
@@ -517,4 +582,5 @@ def trace_step(
         buffer_bytes=sum(_tensor_bytes(b) for b in buffers),
         dtype=dtype,
         segments=segments.segments(),
+        kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
     )

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -53,7 +53,9 @@ from lightning_accudnn.session.shapes import ShapePlanner, same_pass_other_shape
 from lightning_accudnn.session.stats import OffloadStats
 from lightning_accudnn.session.steady_memo import SteadyMemo
 from lightning_accudnn.session.transfers import layer_host_bytes, swapped_buffer_sizes, transfer_sizes
-from lightning_accudnn.session.whole_model import WholeModelRoute
+
+if TYPE_CHECKING:  # imported where a model compiled whole needs it: it imports Inductor (about 1 s)
+    from lightning_accudnn.session.whole_model import WholeModelRoute
 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
@@ -424,6 +426,8 @@ class OffloadSession:
             check_keep_on_device(self.config.keep_on_device, model)  # on the route: once its graph is seen
             self._routes[id(model)] = route_of(model)
         else:
+            from lightning_accudnn.session.whole_model import WholeModelRoute
+
             backend = self.config.whole_model_backend
             self._whole_models[id(model)] = WholeModelRoute(backend, accelerator=self.device.type != "cpu")
             self._routes[id(model)] = ROUTE_WHOLE_MODEL

@@ -41,13 +41,15 @@ class Outcome:
     excluded: tuple[str, ...]
 
 
-def _train(workload: Workload, session: OffloadSession | None) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
+def _train(
+    workload: Workload, session: OffloadSession | None, steps: int = STEPS
+) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
     torch.manual_seed(0)
     model = workload.build()
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     record, peaks = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         torch.manual_seed(100 + step)
         batch = workload.batch(step)
         if session is None:
@@ -73,25 +75,66 @@ def _session(config: OffloadConfig) -> OffloadSession:
         return OffloadSession(config, "cpu")
 
 
-def check_model(workload: Workload, policy: str, expected: list[dict[str, torch.Tensor]] | None = None) -> Outcome:
-    """Train under ``policy`` at the least budget it names; bitwise plain training (``expected``,
-    or measured here), every pass within the budget. Returns what the planned run did."""
-    if expected is None:
-        expected, _ = _train(workload, None)
-    config = OffloadConfig(budget=4 * 10**9, min_swap_bytes=0, reserve_bytes=0, policy=policy)
-    roomy = _session(config)
-    _train(workload, roomy)
-    assert roomy.plan is not None
-    roomy.close()
-    budget = roomy.plan.min_budget_bytes
-    session = _session(config.replace(budget=budget))
+def plain_record(workload: Workload) -> list[dict[str, torch.Tensor]]:
+    """Plain training's record: per step, gradients, then weights and buffers."""
+    return _train(workload, None)[0]
+
+
+def least_recompute_budget(workload: Workload) -> int:
+    """The least budget at which keeping or recomputing fits, as a session names it."""
+    session = _session(OffloadConfig(budget=4 * 10**9, min_swap_bytes=0, reserve_bytes=0, policy="recompute"))
+    _train(workload, session, steps=2)  # the profiling pass, then one planned pass
+    session.close()
+    assert session.plan is not None
+    return session.plan.min_budget_bytes
+
+
+def check_model(
+    workload: Workload, policy: str, budget: int, expected: list[dict[str, torch.Tensor]]
+) -> Outcome:
+    """Train under ``policy`` at ``budget``: plain training's record bit for bit, every pass
+    within the budget."""
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy=policy)
+    session = _session(config)
     got, peaks = _train(workload, session)
     plan = session.plan
     session.close()
     assert plan is not None
-    for step, (have, want) in enumerate(zip(got, expected, strict=True)):
-        assert have.keys() == want.keys(), step
-        for name in want:
-            assert torch.equal(have[name], want[name]), (policy, step, name)
+    difference = _equal(got, expected)
+    assert difference is None, (policy, difference)
     assert all(peak <= budget for peak in peaks), (policy, peaks, budget)
     return Outcome(plan, budget, peaks, tuple(entry.name for entry in plan.profile.excluded_segments))
+
+
+def _equal(got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]]) -> tuple[int, str] | None:
+    """The first (step, name) where the records differ in any bit (a NaN equals the same NaN), or ``None``."""
+    for step, (have, expected) in enumerate(zip(got, want, strict=True)):
+        assert have.keys() == expected.keys(), step
+        for name, tensor in expected.items():
+            other = have[name]
+            if (
+                other.dtype != tensor.dtype
+                or other.shape != tensor.shape
+                or not torch.equal(_bits(other), _bits(tensor))
+            ):
+                return step, name
+    return None
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def sweep(workload: Workload, monkeypatch: Any) -> None:
+    """Plain training, then ``policy="recompute"`` and ``policy="auto"`` (a slow host link makes
+    recomputing the cheaper choice) at the least budget at which keeping or recomputing fits."""
+    from tests.recompute.models import slow_link
+
+    expected = plain_record(workload)
+    slow_link(monkeypatch)
+    budget = least_recompute_budget(workload)
+    for policy in ("recompute", "auto"):
+        outcome = check_model(workload, policy, budget, expected)
+        if budget < outcome.plan.profile.unconstrained_peak_bytes:  # else the profiling pass's peak binds
+            assert outcome.plan.recomputed, (policy, outcome.plan.profile.excluded_segments)
+        assert all(entry.reason for entry in outcome.plan.profile.excluded_segments)

@@ -1,0 +1,8 @@
+"""The planner table: what ``accudnn plan`` predicts for real models at shrinking budgets.
+
+``python -m bench.planner`` (:mod:`bench.planner.cli`) traces each model as the CLI does
+(:mod:`bench.planner.cases`), plans it under every policy at budgets of static bytes plus a
+fraction of the saved activations (:mod:`bench.planner.table`), and writes the JSON and a
+markdown table under ``bench/results/cpu/``. ``python -m bench.planner.speed`` times the CLI
+itself (import, trace, search), in fresh processes.
+"""

@@ -1,0 +1,189 @@
+"""``python -m bench.planner.speed``: how long ``accudnn plan`` takes, and where the time goes.
+
+    python -m bench.planner.speed                          # ResNet-152 and GPT-2 medium, 3 runs each
+    python -m bench.planner.speed --repo /path/to/checkout --name planner-speed-before
+
+Each run is a fresh process, as a user's command is: ``python -m lightning_accudnn plan`` with
+the case's arguments and the budget of a half of its activations (static bytes + 1/2 x saved
+bytes), timed from outside (wall clock, and the child's CPU time: the machine may be shared);
+then, in another fresh process, the same work split into phases timed from inside
+(:mod:`bench.planner.phases`): importing the CLI, the first ``FakeTensorMode`` (it imports
+``torch._dynamo``), the model's library (torchvision, transformers), the trace, the profile and
+the plan. ``--repo`` times the CLI of
+another checkout (the phases always run this one's code). Writes
+``<results-dir>/cpu/<date>-<name>.json`` and ``.md``; the figures are this CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.environment import REPO_ROOT
+from bench.planner.cases import CASES, Case
+from bench.planner.phases import PHASES
+from bench.report import write_result
+
+__all__ = ["main"]
+
+SPEED_CASES = ("resnet152-bf16", "gpt2-medium-bf16")
+_MODELS_DIR = Path(__file__).resolve().parent  # bench/planner: its models.py as module ``models``
+
+
+def _portable(case: Case) -> Case:
+    """The case with this repository's factories importable from any checkout (``models:...``)."""
+    prefix = "bench.planner.models:"
+    if case.model.startswith(prefix):
+        return Case(**{**case.__dict__, "model": "models:" + case.model.removeprefix(prefix)})
+    return case
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(_MODELS_DIR)}
+
+
+def _timed(command: list[str], cwd: Path) -> tuple[float, float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=_child_env(), capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return wall, cpu, done.stdout
+
+
+def _half_budget(case: Case, gpu_name: str) -> int:
+    from bench.planner.cases import trace_case
+    from lightning_accudnn.planner.gpus import get_gpu
+
+    profile = trace_case(case, get_gpu(gpu_name)).profile
+    return profile.static_bytes + round(profile.saved_bytes / 2)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | None) -> dict[str, Any]:
+    """``runs`` interleaved rounds: the baseline's CLI (if any), this CLI, then the phases."""
+    case = CASES[key]
+    budget = _half_budget(case, gpu)
+    arguments = _portable(case).command(gpu, str(budget))
+    command = [sys.executable, "-m", "lightning_accudnn", *arguments, "--json"]
+    times: dict[str, list[float]] = {"wall": [], "cpu": [], "baseline_wall": [], "baseline_cpu": []}
+    laps: dict[str, list[float]] = {name: [] for name in PHASES}
+    for _ in range(runs):
+        if baseline is not None:
+            wall, cpu, _ = _timed(command, baseline)
+            times["baseline_wall"].append(wall)
+            times["baseline_cpu"].append(cpu)
+        wall, cpu, _ = _timed(command, repo)
+        times["wall"].append(wall)
+        times["cpu"].append(cpu)
+        _, _, out = _timed([sys.executable, "-m", "bench.planner.phases", key, str(budget), gpu], REPO_ROOT)
+        for name, seconds in json.loads(out.strip().splitlines()[-1]).items():
+            laps[name].append(seconds)
+    record: dict[str, Any] = {
+        "case": key,
+        "title": case.title,
+        "budget_bytes": budget,
+        "command": command[1:],
+        "cli_wall_seconds": _summary(times["wall"]),
+        "cli_cpu_seconds": _summary(times["cpu"]),
+        "phase_wall_seconds": {name: _summary(values) for name, values in laps.items()},
+    }
+    if baseline is not None:
+        record["baseline_cli_wall_seconds"] = _summary(times["baseline_wall"])
+        record["baseline_cli_cpu_seconds"] = _summary(times["baseline_cpu"])
+    return record
+
+
+def _spread(summary: dict[str, float]) -> str:
+    return f"{summary['median']:.2f} [{summary['min']:.2f}, {summary['max']:.2f}]"
+
+
+def markdown(record: dict[str, Any]) -> str:
+    title = f"# `accudnn plan` time at {record['repo_commit'] or 'an unknown commit'}"
+    lines = [title, "", record["label"], ""]
+    with_baseline = record["baseline_commit"] is not None
+    before = "baseline CLI wall s | baseline CLI CPU s | " if with_baseline else ""
+    lines += [
+        f"| case | {before}CLI wall s | CLI CPU s | " + " | ".join(PHASES) + " |",
+        "|" + " --- |" * (3 + 2 * with_baseline + len(PHASES)),
+    ]
+    for case in record["cases"]:
+        base = ""
+        if with_baseline:
+            wall, cpu = case["baseline_cli_wall_seconds"], case["baseline_cli_cpu_seconds"]
+            base = f"{_spread(wall)} | {_spread(cpu)} | "
+        phase = " | ".join(f"{case['phase_wall_seconds'][name]['median']:.2f}" for name in PHASES)
+        lines.append(
+            f"| {case['title']} | {base}{_spread(case['cli_wall_seconds'])} | "
+            f"{_spread(case['cli_cpu_seconds'])} | {phase} |"
+        )
+    lines += ["", "Seconds: median [lowest, highest] over the runs; phases: medians (wall)."]
+    return "\n".join(lines)
+
+
+def _commit(repo: Path) -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    description = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m bench.planner.speed", description=description)
+    parser.add_argument("--cases", default=",".join(SPEED_CASES), help=f"of: {', '.join(CASES)}")
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout whose CLI is timed")
+    parser.add_argument("--commit", default=None, help="the commit of --repo, when it is no git checkout")
+    parser.add_argument("--baseline", type=Path, default=None, help="a checkout timed in the same rounds")
+    parser.add_argument("--baseline-commit", default=None, help="--baseline's commit (no checkout)")
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    parser.add_argument("--name", default="planner-speed")
+    args = parser.parse_args(argv)
+    repo = args.repo.resolve()
+    commit = args.commit or _commit(repo)
+    keys = [key.strip() for key in args.cases.split(",") if key.strip()]
+    baseline = args.baseline.resolve() if args.baseline is not None else None
+    baseline_commit = None
+    if baseline is not None:
+        baseline_commit = args.baseline_commit or _commit(baseline) or "unknown"
+    cases = [measure_case(key, args.gpu, args.runs, repo, baseline) for key in keys]
+    record = {
+        "kind": "planner-speed",
+        "label": (
+            f"Wall-clock and CPU seconds of `python -m lightning_accudnn plan ... --gpu {args.gpu}` at "
+            f"the budget of half the activations, on this machine's CPU (shared: CPU seconds vary less), "
+            f"{args.runs} fresh processes per case; the CLI of {repo} at commit {commit}; phases timed "
+            "with this checkout's code."
+            + (f" Baseline: the CLI of {baseline} at {baseline_commit}, same rounds." if baseline else "")
+        ),
+        "repo": str(repo),
+        "repo_commit": commit,
+        "baseline": str(baseline) if baseline is not None else None,
+        "baseline_commit": baseline_commit,
+        "cases": cases,
+    }
+    path = write_result(args.results_dir, torch.device("cpu"), args.name, record)
+    path.with_suffix(".md").write_text(markdown(record) + "\n", encoding="utf-8")
+    print(markdown(record))
+    return record
+
+
+if __name__ == "__main__":
+    main()

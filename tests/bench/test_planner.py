@@ -1,0 +1,80 @@
+"""``python -m bench.planner --cases tiny`` end to end: every cell present and consistent, the files written.
+
+No timing is asserted; what is checked is that each policy was planned through the planner
+(or said why not), that the figures obey what the planner promises, and that the result
+records where and at which commit it was computed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.planner import cli
+from bench.planner.table import CHECKPOINT_BLOCKS, FRACTIONS, NOT_AVAILABLE, TABLE_POLICIES
+from lightning_accudnn.planner.search import POLICIES
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    results = tmp_path_factory.mktemp("results")
+    record = cli.main(["--cases", "tiny", "--results-dir", str(results)])
+    return record, results / "cpu"
+
+
+def test_every_fraction_and_policy_has_a_cell(tiny) -> None:
+    record, _ = tiny
+    (case,) = record["cases"]
+    cells = {(row["fraction"], row["policy"]) for row in case["rows"]}
+    assert cells == {(name, policy) for name, _ in FRACTIONS for policy in TABLE_POLICIES}
+    for row in case["rows"]:
+        offered = row["policy"] == CHECKPOINT_BLOCKS or row["policy"] in POLICIES
+        assert (row["status"] == NOT_AVAILABLE) == (not offered)
+
+
+def test_budgets_are_static_bytes_plus_a_share_of_the_activations(tiny) -> None:
+    record, _ = tiny
+    (case,) = record["cases"]
+    for name, fraction in FRACTIONS:
+        assert case["budgets"][name] == case["static_bytes"] + round(fraction * case["saved_bytes"])
+    assert case["assumed_kernels"]["scaled_dot_product_attention"] == {"cudnn": 4}
+
+
+def test_planned_cells_fit_and_lie_between_the_bound_and_the_step(tiny) -> None:
+    record, _ = tiny
+    (case,) = record["cases"]
+    planned = [row for row in case["rows"] if row["status"] == "planned"]
+    assert {row["policy"] for row in planned} >= {"auto", "swap", CHECKPOINT_BLOCKS}
+    for row in planned:
+        assert row["predicted_peak_bytes"] <= row["budget_bytes"]
+        assert row["step_vs_unconstrained"] >= 1.0
+        assert row["lower_bound_seconds"] <= row["predicted_step_seconds"] * (1 + 1e-9)
+    for row in case["rows"]:
+        if row["status"] == "does not fit":
+            assert row["min_budget_bytes"] > row["budget_bytes"]
+
+
+def test_full_checkpointing_recomputes_each_block_once(tiny) -> None:
+    record, _ = tiny
+    (case,) = record["cases"]
+    rows = [row for row in case["rows"] if row["policy"] == CHECKPOINT_BLOCKS and row["status"] == "planned"]
+    assert rows
+    for row in rows:
+        assert row["recomputed_segments"] == 4 and row["swapped_bytes"] == 0
+        # one extra forward of the blocks: between 1x and 2x the step
+        assert 1.0 < row["step_vs_unconstrained"] < 2.0
+
+
+def test_files_say_what_was_computed_where(tiny) -> None:
+    record, folder = tiny
+    (json_path,) = folder.glob("*-planner-h100.json")
+    written = json.loads(json_path.read_text())
+    assert written["kind"] == "planner-table" and written["gpu"] == "H100 SXM 80GB"
+    assert written["environment"]["device"] == "cpu"
+    commit = written["environment"]["git"]["commit"]
+    assert commit and commit in written["label"] and "not measurements" in written["label"]
+    markdown = json_path.with_suffix(".md").read_text()
+    assert written["label"] in markdown
+    assert "## tiny transformer" in markdown and "full per-block checkpointing" in markdown

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -255,7 +256,8 @@ class SegmentProbe:
     compiled block is observed at its eager boundary (an in-place compiled block through its
     wrapped call: a hook on it would be traced into its graph). Its ``input_bytes``
     are the distinct storages of its tensor arguments, its ``output_bytes`` those of its
-    tensor outputs (top level, or in a tuple or list) that are not inputs.
+    tensor outputs (top level, or in a tuple or list) that are not inputs, its
+    ``input_sources`` the input bytes per earlier segment whose outputs (still alive) they are.
 
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
@@ -276,6 +278,8 @@ class SegmentProbe:
         "_output_bytes",
         "_foreign",
         "_parents",
+        "_outputs",
+        "_sources",
         "_audits",
         "_unsafe",
     )
@@ -289,6 +293,9 @@ class SegmentProbe:
         self._output_bytes: dict[str, int] = {}
         self._foreign: set[str] = set()
         self._parents: set[str] = set()
+        # storage address -> (segments whose outputs it is, a weak reference to one such output)
+        self._outputs: dict[int, tuple[list[str], weakref.ref[torch.Tensor]]] = {}
+        self._sources: dict[str, dict[str, int]] = {}  # per segment: earlier segment -> input bytes
         self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
         self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
 
@@ -297,7 +304,7 @@ class SegmentProbe:
         self.detach()
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
-        self._inputs, self._output_bytes = {}, {}
+        self._inputs, self._output_bytes, self._outputs, self._sources = {}, {}, {}, {}
         self._audits, self._unsafe = {}, {}
         for name, module, compiled in modules_outside_compiled_code(model):
             if not name:
@@ -336,6 +343,13 @@ class SegmentProbe:
             storages = _storages(SegmentInputs.record(args, kwargs)[1])
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
+            sources: dict[str, int] = {}
+            for address, nbytes in storages.items():
+                known = self._outputs.get(address)
+                if known is not None and known[1]() is not None:  # alive: the address is that storage
+                    for source in known[0]:
+                        sources[source] = sources.get(source, 0) + nbytes
+            self._sources[name] = sources
             self._audits[name] = CallAudit(module, args, kwargs)
 
     def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -344,6 +358,14 @@ class SegmentProbe:
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _storages(outputs)
             self._output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
+            for value in outputs:
+                if isinstance(value, torch.Tensor):
+                    address = value.untyped_storage().data_ptr()
+                    known = self._outputs.get(address)
+                    if known is None or known[1]() is None:
+                        self._outputs[address] = ([name], weakref.ref(value))
+                    elif name not in known[0]:
+                        known[0].append(name)
             audit = self._audits.get(name)
             reason = None if audit is None else audit.after_call(output)
             if reason is not None:
@@ -370,7 +392,12 @@ class SegmentProbe:
     def segments(self) -> tuple[SegmentProfile, ...]:
         """The segments of the last pass that may be recomputed, in the order they were first called."""
         return tuple(
-            SegmentProfile(name, self._input_bytes[name], self._output_bytes.get(name, 0))
+            SegmentProfile(
+                name,
+                self._input_bytes[name],
+                self._output_bytes.get(name, 0),
+                tuple(self._sources.get(name, {}).items()),
+            )
             for name in self._candidates()
             if name not in self._unsafe
         )

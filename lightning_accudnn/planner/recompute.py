@@ -66,6 +66,12 @@ class SegmentSpan:
     saved_bytes: int
     forward_seconds: float
     output_bytes: int = 0
+    input_sources: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """``input_sources`` as a mapping: earlier segment -> bytes of its outputs among the inputs."""
+        return dict(self.input_sources)
 
     @property
     def freed_bytes(self) -> int:
@@ -110,6 +116,7 @@ def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
             sum(layers[i].saved_bytes for i in covered),
             sum(layers[i].forward_seconds for i in covered),
             segment.output_bytes,
+            segment.input_sources,
         )
         if span.freed_bytes <= 0:
             continue
@@ -171,26 +178,68 @@ def recomputed_profile(
             groups.append((span.name, list(range(span.first, span.last + 1)), span))
     position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
     index = {layer.name: i for i, layer in enumerate(layers)}
-    extra_resident = [0] * len(groups)
-    leaving = [0] * len(groups)  # per recomputed segment: re-saved bytes first saved inside it
+    count = len(groups)
+    # Per profile layer that others save again: the segments of the profile (recomputed or not)
+    # it runs in.
+    around = {
+        i: [segment.name for segment in profile.segments if segment.covers(layer.name)]
+        for i, layer in enumerate(layers)
+        if layer.resaved_by
+    }
+    extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
+    # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
+    # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
+    sources = [dict(span.sources) if span is not None else {} for _, _, span in groups]
+    covered = [0] * count  # per recomputed segment: its input bytes a kept layer before saves
+    leaving = [0] * count  # per recomputed segment: re-saved bytes first saved inside it
     resaves: list[dict[str, int]] = [{} for _ in groups]
+
+    def take(segment: int, source: str, nbytes: int) -> int:
+        """As many of ``nbytes`` as are inputs of ``segment`` made by ``source``."""
+        left = sources[segment].get(source, 0)
+        taken = min(left, nbytes)
+        if taken:
+            sources[segment][source] = left - taken
+        return taken
+
     for i, layer in enumerate(layers):
         group = position[i]
+        span = groups[group][2]
         for later_name, nbytes in layer.resaved_by:
             later = position[index[later_name]]
             if later == group:
                 continue
-            if groups[group][2] is None:
+            target = groups[later][2]
+            if span is None:
                 name = groups[later][0]
                 resaves[group][name] = resaves[group].get(name, 0) + nbytes
-            elif group + 1 < len(groups):  # first saved by the engine at or after the next layer
+                if target is not None:  # saved here first and last by that segment: its inputs?
+                    for source in around[i]:  # only as many as it takes from a segment around here
+                        taken = take(later, source, nbytes)
+                        covered[later] += taken
+                        nbytes -= taken
+                continue
+            leaving[group] += nbytes
+            if later == group + 1 and target is not None:  # the next segment's inputs, made here?
+                nbytes -= take(later, span.name, nbytes)
+            if nbytes and group + 1 < count:  # first saved by the engine at or after the next layer
                 extra_resident[group + 1] += nbytes
-                leaving[group] += nbytes
+    inputs = [0] * count  # per recomputed segment: the input bytes it is first to save
     for g, (_, _, span) in enumerate(groups):
-        if span is not None and g + 1 < len(groups):
-            # The outputs saved again after the segment are among the re-saves counted just now
-            # when the profile lists re-saves (the engine's do); else they are counted here.
-            extra_resident[g + 1] += max(0, span.output_bytes - leaving[g])
+        if span is not None:
+            inputs[g] = span.input_bytes - min(span.input_bytes, covered[g])
+    for g, (_, indices, span) in enumerate(groups):
+        if span is None or g + 1 >= count:
+            continue
+        following = groups[g + 1][2]
+        # Outputs saved inside the segment and again after it without a listed re-save: in a
+        # profile that lists re-saves, only among the bytes it cannot swap; outputs the next
+        # segment takes as inputs are counted there.
+        passed_on = sources[g + 1].get(span.name, 0) if following is not None else 0
+        unlisted = max(0, span.output_bytes - leaving[g] - passed_on)
+        if profile.resaves_listed:
+            unlisted = min(unlisted, sum(layers[i].resident_bytes for i in indices))
+        extra_resident[g + 1] += unlisted
     new_layers = []
     transient = []
     for g, (name, indices, span) in enumerate(groups):
@@ -200,6 +249,14 @@ def recomputed_profile(
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0
             resaved = tuple(resaves[g].items()) if swap_bytes else ()
+            if (
+                swap_bytes == layer.swappable_bytes
+                and saved == layer.saved_bytes
+                and resaved == layer.resaved_by
+            ):
+                new_layers.append(layer)  # unchanged (most layers of a large profile)
+                transient.append(0)
+                continue
             new_layers.append(
                 LayerProfile(
                     name,
@@ -218,7 +275,7 @@ def recomputed_profile(
             new_layers.append(
                 LayerProfile(
                     name,
-                    saved_bytes=span.input_bytes + extra_resident[g],
+                    saved_bytes=inputs[g] + extra_resident[g],
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + forward,
@@ -230,6 +287,7 @@ def recomputed_profile(
         profile.static_bytes,
         profile.d2h_bytes_per_second,
         profile.h2d_bytes_per_second,
+        resaves_listed=profile.resaves_listed,
     )
     return RecomputedProfile(
         derived,

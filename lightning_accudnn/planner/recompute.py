@@ -17,10 +17,11 @@ engine's ledger and on the device, never below either):
 * a storage first saved inside a recomputed segment and saved again by a later layer ``p``
   (``LayerProfile.resaved_by``) is, under recomputation, first saved by the engine at or
   after the first layer following the segment: it is counted as resident bytes of that
-  layer (from its forward to the end of its backward, which covers every later first save;
-  an output that is the next segment's input is so counted twice). The segment's outputs
-  (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a profile
-  that does not list re-saves (a FakeTensor trace's) still counts every output;
+  layer (from its forward to the end of its backward, which covers every later first save),
+  except the bytes the next segment, recomputed too, takes as inputs (matched by storage:
+  ``SegmentProfile.input_sources``), which that segment's layer counts once. The segment's
+  outputs (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a
+  profile that does not list re-saves (a FakeTensor trace's) still counts every output;
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
   the segment layer (the latest position its last save can have).
 
@@ -179,18 +180,10 @@ def recomputed_profile(
     position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
     index = {layer.name: i for i, layer in enumerate(layers)}
     count = len(groups)
-    # Per profile layer that others save again: the segments of the profile (recomputed or not)
-    # it runs in.
-    around = {
-        i: [segment.name for segment in profile.segments if segment.covers(layer.name)]
-        for i, layer in enumerate(layers)
-        if layer.resaved_by
-    }
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
     sources = [dict(span.sources) if span is not None else {} for _, _, span in groups]
-    covered = [0] * count  # per recomputed segment: its input bytes a kept layer before saves
     leaving = [0] * count  # per recomputed segment: re-saved bytes first saved inside it
     resaves: list[dict[str, int]] = [{} for _ in groups]
 
@@ -213,21 +206,12 @@ def recomputed_profile(
             if span is None:
                 name = groups[later][0]
                 resaves[group][name] = resaves[group].get(name, 0) + nbytes
-                if target is not None:  # saved here first and last by that segment: its inputs?
-                    for source in around[i]:  # only as many as it takes from a segment around here
-                        taken = take(later, source, nbytes)
-                        covered[later] += taken
-                        nbytes -= taken
                 continue
             leaving[group] += nbytes
             if later == group + 1 and target is not None:  # the next segment's inputs, made here?
                 nbytes -= take(later, span.name, nbytes)
             if nbytes and group + 1 < count:  # first saved by the engine at or after the next layer
                 extra_resident[group + 1] += nbytes
-    inputs = [0] * count  # per recomputed segment: the input bytes it is first to save
-    for g, (_, _, span) in enumerate(groups):
-        if span is not None:
-            inputs[g] = span.input_bytes - min(span.input_bytes, covered[g])
     for g, (_, indices, span) in enumerate(groups):
         if span is None or g + 1 >= count:
             continue
@@ -275,7 +259,7 @@ def recomputed_profile(
             new_layers.append(
                 LayerProfile(
                     name,
-                    saved_bytes=inputs[g] + extra_resident[g],
+                    saved_bytes=span.input_bytes + extra_resident[g],
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + forward,

@@ -105,20 +105,18 @@ def _train(kind: str, budget: int, steps: int) -> tuple[list[tuple[Plan | None, 
     torch.manual_seed(0)
     model, inputs, targets = MODELS[kind]()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    peaks = []
-    plans: dict[int, Plan] = {}  # by predicted peak: the plans made so far
+    peaks: list[tuple[Plan | None, int]] = []
     for _ in range(steps):
         with session.step(model, optimizer):
             logits = model(inputs)
+            running = session.plan if session.stats is not None else None  # the plan this pass runs
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         assert session.stats is not None
-        planned = session.stats.predicted_peak_bytes
-        peaks.append((None if planned is None else plans[planned], session.stats.ledger_peak_bytes))
-        if session.plan is not None:
-            plans.setdefault(session.plan.predicted_peak_bytes, session.plan)
+        assert (running is None) == session.stats.profiling
+        peaks.append((running, session.stats.ledger_peak_bytes))
     session.close()
     return peaks, session
 

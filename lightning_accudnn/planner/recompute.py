@@ -19,7 +19,10 @@ engine's ledger and on the device, never below either):
   after the first layer following the segment: it is counted as resident bytes of that
   layer (from its forward to the end of its backward, which covers every later first save),
   except the bytes the next segment, recomputed too, takes as inputs (matched by storage:
-  ``SegmentProfile.input_sources``), which that segment's layer counts once. The segment's
+  ``SegmentProfile.input_sources``), which that segment's layer counts once. A recomputed
+  segment's inputs that a kept layer saved first are not counted again by the segment when
+  that layer's innermost segment made them (``input_sources``): a residual block's input,
+  saved by the previous block's last activation. The segment's
   outputs (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a
   profile that does not list re-saves (a FakeTensor trace's) still counts every output;
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
@@ -180,11 +183,21 @@ def recomputed_profile(
     position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
     index = {layer.name: i for i, layer in enumerate(layers)}
     count = len(groups)
+    # Per profile layer that others save again: the innermost segment of the profile (recomputed
+    # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
+    # a segment saves what the segment's outputs are made from, rarely the outputs themselves.
+    innermost: dict[int, str] = {}
+    for i, layer in enumerate(layers):
+        if layer.resaved_by:
+            around = [segment.name for segment in profile.segments if segment.covers(layer.name)]
+            if around:
+                innermost[i] = max(around, key=len)
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
     sources = [dict(span.sources) if span is not None else {} for _, _, span in groups]
     leaving = [0] * count  # per recomputed segment: re-saved bytes first saved inside it
+    covered = [0] * count  # per recomputed segment: its input bytes a kept layer before saves
     resaves: list[dict[str, int]] = [{} for _ in groups]
 
     def take(segment: int, source: str, nbytes: int) -> int:
@@ -206,6 +219,8 @@ def recomputed_profile(
             if span is None:
                 name = groups[later][0]
                 resaves[group][name] = resaves[group].get(name, 0) + nbytes
+                if target is not None and i in innermost:  # the segment's inputs, saved here first?
+                    covered[later] += take(later, innermost[i], nbytes)
                 continue
             leaving[group] += nbytes
             if later == group + 1 and target is not None:  # the next segment's inputs, made here?
@@ -259,7 +274,7 @@ def recomputed_profile(
             new_layers.append(
                 LayerProfile(
                     name,
-                    saved_bytes=span.input_bytes + extra_resident[g],
+                    saved_bytes=span.input_bytes - min(span.input_bytes, covered[g]) + extra_resident[g],
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + forward,

@@ -3,9 +3,10 @@ recompute candidate, recomputed as a whole (its compiled code run again in backw
 eager boundary), with gradients bitwise equal to the same compiled model trained without the
 session, the plan's choice shown per block, and each block compiled once.
 
-Two plans force recomputation at the least budget they fit (a model of three alike blocks):
-policy ``"recompute"`` (keep or recompute) and policy ``"auto"`` over a host link of about
-1 KB/s, whose least budget is below what recomputation alone reaches, so the plan swaps too.
+Two plans force recomputation (a model of three alike blocks): policy ``"recompute"`` (keep or
+recompute) at the least budget it fits, and policy ``"auto"`` over a host link of about 1 KB/s
+a byte below that budget, for the model with a wide layer after its blocks, which only
+swapping frees: the plan swaps it and recomputes blocks.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.testing import SimulatedGPU
 from tests.compile.helpers import (
     BACKENDS,
+    CLASSES,
     FORMS,
+    WIDTH,
     Block,
     CompileCounts,
     Net,
@@ -45,16 +48,42 @@ BLOCKS = tuple(f"blocks.{i}" for i in range(3))
 POLICIES = {"recompute": "recompute", "swap and recompute": "auto"}
 
 
-def three_block_net(backend: str, form: str, block: Callable[[], nn.Module] = Block) -> Net:
+class WideHeadNet(Net):
+    """Three blocks, then a wide layer and the head, outside every block: what they save only
+    swapping frees, so at the least budget a plan must swap them beside recomputing blocks."""
+
+    def __init__(self, block: Callable[[], nn.Module] = Block) -> None:
+        super().__init__(blocks=len(BLOCKS), block=block)
+        self.widen = nn.Linear(WIDTH, 16 * WIDTH)
+        self.head = nn.Linear(16 * WIDTH, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(torch.relu(self.widen(x)))
+
+
+def three_block_net(
+    backend: str, form: str, block: Callable[[], nn.Module] = Block, *, wide_head: bool = False
+) -> Net:
     torch.manual_seed(0)
-    return compile_blocks(Net(blocks=len(BLOCKS), block=block), backend, form)
+    model = WideHeadNet(block) if wide_head else Net(blocks=len(BLOCKS), block=block)
+    return compile_blocks(model, backend, form)
 
 
 def planned_profile(
-    backend: str, form: str, config: OffloadConfig, runtime=None, block: Callable[[], nn.Module] = Block
+    backend: str,
+    form: str,
+    config: OffloadConfig,
+    runtime=None,
+    block: Callable[[], nn.Module] = Block,
+    *,
+    wide_head: bool = False,
 ) -> StepProfile:
     """The profile a session plans from (its segments: the compiled blocks), with room for everything."""
-    session = train(three_block_net(backend, form, block), config.replace(budget=10**9), 2, runtime).session
+    model = three_block_net(backend, form, block, wide_head=wide_head)
+    session = train(model, config.replace(budget=10**9), 2, runtime).session
     assert session.plan is not None
     return session.plan.profile
 
@@ -107,6 +136,14 @@ def budget_for(profile: StepProfile, policy: str, reserve_bytes: int = 0) -> int
     return budget
 
 
+def mixed_budget(profile: StepProfile, reserve_bytes: int = 0) -> int:
+    """A byte below the least budget at which keeping or recomputing fits: a plan must swap
+    (the wide layer's activations) and, over a slow link, recomputes blocks rather than swap them."""
+    budget = min_budget_bytes(profile, reserve_bytes, policy="recompute") - 1
+    assert budget >= min_budget_bytes(profile, reserve_bytes, policy="auto")
+    return budget
+
+
 def assert_recomputes_blocks(training: Training, swaps: bool) -> None:
     """The plan names each compiled block as a layer and recomputes some of them as wholes
     (swapping as well when ``swaps``); in every pass run under a plan, a recomputed block's
@@ -114,7 +151,9 @@ def assert_recomputes_blocks(training: Training, swaps: bool) -> None:
     plan = training.session.plan
     assert plan is not None and plan.route == ROUTE_REGIONAL
     names = [layer.name for layer in plan.profile.layers]
-    assert set(names) == {ROOT_LAYER, "stem", *BLOCKS, "head"}, names  # nothing inside a block
+    # The mixed plans' model (WideHeadNet): its head saves only what its wide layer saved.
+    after_blocks = ("widen",) if swaps else ("head",)
+    assert set(names) == {ROOT_LAYER, "stem", *BLOCKS, *after_blocks}, names  # nothing inside a block
     assert {segment.name for segment in plan.profile.segments} == set(BLOCKS)
     assert plan.recomputed and set(plan.recomputed) <= set(BLOCKS), plan.recomputed
     choices = dict(zip(names, plan.choices, strict=True))
@@ -149,9 +188,12 @@ def test_recomputed_compiled_blocks_train_bitwise_equal_compiled_once(backend, f
     result = {}
 
     def run() -> None:
-        budget = budget_for(planned_profile(backend, form, config), policy)
-        result["session"] = train(three_block_net(backend, form), config.replace(budget=budget), STEPS)
-        result["plain"] = train_plain(three_block_net(backend, form), STEPS)
+        wide = plan == "swap and recompute"
+        profile = planned_profile(backend, form, config, wide_head=wide)
+        budget = mixed_budget(profile) if wide else budget_for(profile, policy)
+        model = three_block_net(backend, form, wide_head=wide)
+        result["session"] = train(model, config.replace(budget=budget), STEPS)
+        result["plain"] = train_plain(three_block_net(backend, form, wide_head=wide), STEPS)
 
     counts = CompileCounts.during(run)
 
@@ -175,15 +217,16 @@ def test_swapped_and_recomputed_compiled_blocks_on_a_simulated_gpu(lag, monkeypa
     result = {}
 
     def run() -> None:
-        profile = planned_profile(backend, form, config, runtime=SimulatedGPU(lag=lag))
-        budget = budget_for(profile, "auto", reserve)
+        profile = planned_profile(backend, form, config, runtime=SimulatedGPU(lag=lag), wide_head=True)
+        budget = mixed_budget(profile, reserve)
         gpu = result["gpu"] = SimulatedGPU(lag=lag, seed=3, capacity_bytes=budget - profile.static_bytes)
-        result["session"] = train(three_block_net(backend, form), config.replace(budget=budget), STEPS, gpu)
+        model = three_block_net(backend, form, wide_head=True)
+        result["session"] = train(model, config.replace(budget=budget), STEPS, gpu)
 
     counts = CompileCounts.during(run)
     training, gpu = result["session"], result["gpu"]
 
-    assert_bitwise_equal(train_plain(three_block_net(backend, form), STEPS), training.grads)
+    assert_bitwise_equal(train_plain(three_block_net(backend, form, wide_head=True), STEPS), training.grads)
     assert_recomputes_blocks(training, swaps=True)
     assert gpu.violations == [] and gpu.num_ooms == 0
     assert gpu.peak_bytes <= gpu.allocator.capacity_bytes

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+import torch.utils._python_dispatch
 import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "SELECTIVE_SAVES_THROUGH_HOOKS",
     "STOP_RECOMPUTATION",
+    "TorchDispatchMode",
     "CurrentCudaStream",
     "StorageWeakReference",
     "copy_each",
@@ -20,6 +25,15 @@ __all__ = [
 #: What non-reentrant checkpointing raises inside a recomputation to end it early, once every
 #: saved tensor it needs is rebuilt: control flow, not a failure.
 STOP_RECOMPUTATION: type[BaseException] = torch.utils.checkpoint._StopRecomputationError
+
+#: Whether checkpointing can pass what selective checkpointing keeps through the saved-tensor
+#: hooks in force (``respect_saved_tensors_hooks``): then the engine sees (and counts) it.
+SELECTIVE_SAVES_THROUGH_HOOKS: bool = (
+    "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+)
+
+#: The base class of a mode that sees every ATen op (the selective probe's recorder).
+TorchDispatchMode = torch.utils._python_dispatch.TorchDispatchMode
 
 
 class StorageWeakReference:

@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import (
+    SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
     top_saved_tensor_hooks,
     tracks_running_statistics,
@@ -50,6 +51,7 @@ from lightning_accudnn.ops.compiled_blocks import (
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS, CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
+from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
@@ -102,6 +104,19 @@ def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None
     return contextlib.nullcontext(), _Recomputation(module)
 
 
+def _selective(
+    module: nn.Module,
+) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+    return selective_contexts(_Recomputation(module))
+
+
+#: ``checkpoint``'s keyword that passes what selective checkpointing keeps through the hooks
+#: in force (the engine's), where this PyTorch has it.
+_THROUGH_HOOKS: dict[str, Any] = (
+    {"respect_saved_tensors_hooks": True} if SELECTIVE_SAVES_THROUGH_HOOKS else {}
+)
+
+
 class SegmentRecomputer:
     """Wraps the ``forward`` of the named submodules so that they run under checkpointing.
 
@@ -114,6 +129,10 @@ class SegmentRecomputer:
     change) and do nothing but call the original ``forward`` unless :attr:`enabled` is set
     and gradients are enabled. :meth:`remove` restores every module as it was.
 
+    A segment named in ``selective`` is recomputed selectively: the outputs of matrix
+    products, convolutions and attention kernels are kept (through the saved-tensor hooks
+    in force, where this PyTorch can), the other ops run again (see :mod:`.selective`).
+
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
         >>> recomputer = SegmentRecomputer()
@@ -125,9 +144,12 @@ class SegmentRecomputer:
         (('0',), True)
         >>> recomputer.remove(); "forward" in vars(model[0])
         False
+        >>> recomputer.install(model, [], selective=["0"])
+        >>> recomputer.installed, recomputer.selective
+        (('0',), ('0',))
     """
 
-    __slots__ = ("enabled", "failures", "last_recomputed", "_model", "_wrapped")
+    __slots__ = ("enabled", "failures", "last_recomputed", "_model", "_wrapped", "_selective")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -140,18 +162,27 @@ class SegmentRecomputer:
         self._model: nn.Module | None = None
         # name -> (module, its own forward before, or the handle of its wrapped compiled call)
         self._wrapped: dict[str, tuple[nn.Module, object]] = {}
+        self._selective: frozenset[str] = frozenset()
 
     @property
     def installed(self) -> tuple[str, ...]:
         return tuple(self._wrapped)
 
-    def install(self, model: nn.Module, names: Iterable[str]) -> None:
-        """Recompute exactly the submodules ``names`` of ``model`` (none: remove every wrapper)."""
-        wanted = tuple(sorted(names))
-        if model is self._model and wanted == self.installed:
+    @property
+    def selective(self) -> tuple[str, ...]:
+        """The installed segments recomputed selectively."""
+        return tuple(sorted(self._selective))
+
+    def install(self, model: nn.Module, names: Iterable[str], selective: Iterable[str] = ()) -> None:
+        """Recompute exactly the submodules ``names`` of ``model`` as a whole and ``selective``
+        selectively (none: remove every wrapper). A name in both is recomputed selectively."""
+        chosen = frozenset(selective)
+        wanted = tuple(sorted(set(names) | chosen))
+        if model is self._model and wanted == self.installed and chosen == self._selective:
             return
         self.remove()
         self._model = model
+        self._selective = chosen
         for name in wanted:
             module = model.get_submodule(name)
             if compiled_in_place(module):
@@ -171,6 +202,7 @@ class SegmentRecomputer:
             else:
                 vars(module)["forward"] = previous
         self._wrapped.clear()
+        self._selective = frozenset()
         self._model = None
         self.enabled = False
 
@@ -198,8 +230,18 @@ def _run(
     if not recomputer.enabled or not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
+    replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
+    if name in recomputer._selective:
+        return checkpoint(
+            replay,
+            *tensors,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=partial(_selective, module),
+            **_THROUGH_HOOKS,
+        )
     return checkpoint(
-        _Replay(recomputer, name, forward, inputs, args, kwargs),
+        replay,
         *tensors,
         use_reentrant=False,
         preserve_rng_state=True,
@@ -278,6 +320,8 @@ class SegmentProbe:
         "_parents",
         "_audits",
         "_unsafe",
+        "_recorder",
+        "_measured",
     )
 
     def __init__(self) -> None:
@@ -291,10 +335,18 @@ class SegmentProbe:
         self._parents: set[str] = set()
         self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
         self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
+        self._recorder: SelectiveRecorder | None = None  # while a pass measures selective recomputation
+        self._measured: dict[str, tuple[int, float]] = {}  # segment -> selective kept bytes, share
 
-    def attach(self, model: nn.Module) -> None:
-        """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw)."""
+    def attach(self, model: nn.Module, *, selective: bool = False) -> None:
+        """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw).
+
+        With ``selective``, also measure what recomputing each segment selectively would keep
+        and cost (every op of the forward is seen and timed until :meth:`finish_forward`; a
+        model with compiled blocks is not measured).
+        """
         self.detach()
+        self._measured = {}
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
         self._inputs, self._output_bytes = {}, {}
@@ -312,11 +364,23 @@ class SegmentProbe:
             self._handles.append(
                 module.register_forward_pre_hook(partial(self._enter, name), with_kwargs=True)
             )
+        if selective and not any(compiled for _, _, compiled in modules_outside_compiled_code(model)):
+            self._recorder = SelectiveRecorder()
+            self._recorder.__enter__()  # type: ignore[no-untyped-call]
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._stop_recording()
+
+    def _stop_recording(self) -> None:
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            self._measured = {
+                name: (nbytes, recorder.recompute_share(name)) for name, nbytes in recorder.kept_bytes.items()
+            }
 
     def _observe(
         self, name: str, module: nn.Module, call: Callable[..., Any], *args: Any, **kwargs: Any
@@ -337,10 +401,14 @@ class SegmentProbe:
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
             self._audits[name] = CallAudit(module, args, kwargs)
+            if self._recorder is not None:
+                self._recorder.open(name, set(storages))
 
     def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         inputs = self._inputs.pop(name, None)
         if inputs is not None:
+            if self._recorder is not None:
+                self._recorder.close(name)
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _storages(outputs)
             self._output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
@@ -361,6 +429,7 @@ class SegmentProbe:
     def finish_forward(self) -> None:
         """The forward pass is over: check what happened after each candidate's call (its
         module state, its arguments and outputs written in place since)."""
+        self._stop_recording()
         audits, self._audits = self._audits, {}
         for name, audit in audits.items():
             reason = audit.after_forward()
@@ -369,8 +438,14 @@ class SegmentProbe:
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """The segments of the last pass that may be recomputed, in the order they were first called."""
+        measured = self._measured
         return tuple(
-            SegmentProfile(name, self._input_bytes[name], self._output_bytes.get(name, 0))
+            SegmentProfile(
+                name,
+                self._input_bytes[name],
+                self._output_bytes.get(name, 0),
+                *measured.get(name, (None, 1.0)),
+            )
             for name in self._candidates()
             if name not in self._unsafe
         )

@@ -135,7 +135,10 @@ class SegmentProfile:
     ``selective_kept_bytes`` is what it then holds beyond the inputs (the distinct storages
     those ops write, less the inputs'), ``None`` when not measured (the segment is then never
     recomputed selectively); ``selective_recompute_share`` is the share of the segment's
-    forward time the other ops take (what a selective recomputation costs again).
+    forward time the other ops take (what a selective recomputation costs again);
+    ``selective_recomputed_bytes`` what those ops save for backward (the distinct storages
+    saved inside the segment that are neither inputs nor kept: what a selective recomputation
+    rebuilds while the segment's backward runs), ``None`` when not measured.
 
     Example:
         >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)
@@ -149,14 +152,17 @@ class SegmentProfile:
     output_bytes: int = 0
     selective_kept_bytes: int | None = field(default=None, repr=False)
     selective_recompute_share: float = field(default=1.0, repr=False)
+    selective_recomputed_bytes: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
             raise ValueError(
                 f"a segment needs a module name and input_bytes, output_bytes >= 0, got {self!r}"
             )
-        if (self.selective_kept_bytes is not None and self.selective_kept_bytes < 0) or not (
-            0.0 <= self.selective_recompute_share <= 1.0
+        if (
+            (self.selective_kept_bytes is not None and self.selective_kept_bytes < 0)
+            or (self.selective_recomputed_bytes is not None and self.selective_recomputed_bytes < 0)
+            or not 0.0 <= self.selective_recompute_share <= 1.0
         ):
             raise ValueError(
                 f"segment {self.name!r}: selective_kept_bytes must be >= 0 (or None) and "

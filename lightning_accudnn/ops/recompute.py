@@ -322,6 +322,7 @@ class SegmentProbe:
         "_unsafe",
         "_recorder",
         "_measured",
+        "_saves_seen",
     )
 
     def __init__(self) -> None:
@@ -336,17 +337,36 @@ class SegmentProbe:
         self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
         self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
         self._recorder: SelectiveRecorder | None = None  # while a pass measures selective recomputation
-        self._measured: dict[str, tuple[int, float]] = {}  # segment -> selective kept bytes, share
+        # segment -> selective kept bytes, share of forward time recomputed, saves recomputed
+        self._measured: dict[str, tuple[int, float, int]] = {}
+        self._saves_seen: torch.autograd.graph.saved_tensors_hooks | None = None
 
     def attach(self, model: nn.Module, *, selective: bool = False) -> None:
         """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw).
 
         With ``selective``, also measure what recomputing each segment selectively would keep
-        and cost (every op of the forward is seen and timed until :meth:`finish_forward`; a
+        and cost (every op of the forward is seen and timed, and every saved tensor passes
+        through the probe on its way to the hooks in force, until :meth:`finish_forward`; a
         model with compiled blocks is not measured).
         """
         self.detach()
         self._measured = {}
+        hooks = top_saved_tensor_hooks()
+        if (
+            selective
+            and isinstance(hooks, tuple)
+            and not any(compiled for _, _, compiled in modules_outside_compiled_code(model))
+        ):
+            excluded = frozenset(
+                tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), *model.buffers())
+            )
+            recorder = self._recorder = SelectiveRecorder(excluded)
+            pack, unpack = hooks
+            self._saves_seen = torch.autograd.graph.saved_tensors_hooks(
+                partial(_seen, recorder, pack), unpack
+            )
+            self._saves_seen.__enter__()
+            recorder.__enter__()  # type: ignore[no-untyped-call]
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
         self._inputs, self._output_bytes = {}, {}
@@ -364,9 +384,6 @@ class SegmentProbe:
             self._handles.append(
                 module.register_forward_pre_hook(partial(self._enter, name), with_kwargs=True)
             )
-        if selective and not any(compiled for _, _, compiled in modules_outside_compiled_code(model)):
-            self._recorder = SelectiveRecorder()
-            self._recorder.__enter__()  # type: ignore[no-untyped-call]
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -376,11 +393,15 @@ class SegmentProbe:
 
     def _stop_recording(self) -> None:
         recorder, self._recorder = self._recorder, None
+        saves_seen, self._saves_seen = self._saves_seen, None
         if recorder is not None:
             recorder.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             self._measured = {
-                name: (nbytes, recorder.recompute_share(name)) for name, nbytes in recorder.kept_bytes.items()
+                name: (nbytes, recorder.recompute_share(name), recorder.recomputed_bytes[name])
+                for name, nbytes in recorder.kept_bytes.items()
             }
+        if saves_seen is not None:
+            saves_seen.__exit__(None, None, None)
 
     def _observe(
         self, name: str, module: nn.Module, call: Callable[..., Any], *args: Any, **kwargs: Any
@@ -444,7 +465,7 @@ class SegmentProbe:
                 name,
                 self._input_bytes[name],
                 self._output_bytes.get(name, 0),
-                *measured.get(name, (None, 1.0)),
+                *measured.get(name, (None, 1.0, None)),
             )
             for name in self._candidates()
             if name not in self._unsafe
@@ -470,6 +491,12 @@ class SegmentProbe:
                 continue
             result.append(name)
         return result
+
+
+def _seen(recorder: SelectiveRecorder, pack: Callable[[torch.Tensor], Any], tensor: torch.Tensor) -> Any:
+    """A saved tensor on its way to the engine's ``pack``, shown to the selective recorder."""
+    recorder.saved(tensor)
+    return pack(tensor)
 
 
 def _storages(values: Iterable[object]) -> dict[int, int]:

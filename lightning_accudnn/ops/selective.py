@@ -99,8 +99,11 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     distinct storages the kept ops write (less each segment's inputs) and the time of the ops
     that a selective recomputation would run again, against the time of all.
 
-    The owner says which segments are open (:meth:`open`, :meth:`close`). Each op is timed
-    (the device synchronised around it on CUDA): use it in profiling passes only.
+    The owner says which segments are open (:meth:`open`, :meth:`close`) and which tensors
+    autograd saves (:meth:`saved`): those neither kept nor inputs (nor ``excluded``, the
+    model's parameters and buffers) are what a selective recomputation rebuilds in backward
+    (:attr:`recomputed_bytes`). Each op is timed (the device synchronised around it on CUDA):
+    use it in profiling passes only.
 
     Example:
         >>> recorder = SelectiveRecorder()
@@ -113,10 +116,13 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         (256, True)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, excluded: frozenset[int] = frozenset()) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.kept_bytes: dict[str, int] = {}
+        self.recomputed_bytes: dict[str, int] = {}
+        self._excluded = excluded
         self._kept: dict[str, dict[int, StorageWeakReference]] = {}
+        self._saved: dict[str, dict[int, StorageWeakReference]] = {}
         self._inputs: dict[str, set[int]] = {}
         self._seconds: dict[str, list[float]] = {}  # name -> [recomputed ops, all ops]
         self._open: list[str] = []
@@ -126,13 +132,32 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._open.append(name)
         self._inputs[name] = inputs
         self._kept.setdefault(name, {})
+        self._saved.setdefault(name, {})
         self.kept_bytes.setdefault(name, 0)
+        self.recomputed_bytes.setdefault(name, 0)
         self._seconds.setdefault(name, [0.0, 0.0])
 
     def close(self, name: str) -> None:
         """Segment ``name`` returned (it and the segments opened inside it are closed)."""
         if name in self._open:
             del self._open[self._open.index(name) :]
+
+    def saved(self, tensor: torch.Tensor) -> None:
+        """Autograd saves ``tensor`` now (inside the segments open)."""
+        if not self._open:
+            return
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        if address in self._excluded:
+            return
+        for name in self._open:
+            if address in self._inputs[name] or _alive(self._kept[name], address):
+                continue
+            known = self._saved[name]
+            if _alive(known, address):
+                continue
+            known[address] = StorageWeakReference(storage)
+            self.recomputed_bytes[name] += storage.nbytes()
 
     def recompute_share(self, name: str) -> float:
         """The share of ``name``'s forward op time taken by the ops it would run again."""
@@ -169,12 +194,16 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 address = storage.data_ptr()
                 if address in inputs:
                     continue
-                reference = known.get(address)
-                if reference is not None and not reference.expired():
+                if _alive(known, address):
                     continue  # the same storage again
                 known[address] = StorageWeakReference(storage)
                 self.kept_bytes[name] += storage.nbytes()
         return out
+
+
+def _alive(known: dict[int, StorageWeakReference], address: int) -> bool:
+    reference = known.get(address)
+    return reference is not None and not reference.expired()
 
 
 def _tensors(value: object) -> list[torch.Tensor]:

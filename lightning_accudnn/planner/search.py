@@ -332,7 +332,9 @@ def _powers_of_two(n: int) -> list[int]:
 
 
 #: The policies a plan may follow: what it may do with a layer besides keeping it.
-POLICIES = ("auto", "swap", "recompute")
+POLICIES = ("auto", "swap", "recompute", "selective")
+#: The policies that never swap (every layer is kept or in a recomputed segment).
+KEEP_OR_RECOMPUTE = ("recompute", "selective")
 #: Every non-overlapping set of recompute candidates is searched when there are at most this many.
 EXACT_MAX_SEGMENTS = 6
 
@@ -347,7 +349,8 @@ def check_policy(policy: str) -> str:
     if policy not in POLICIES:
         raise ValueError(
             f"policy must be one of {', '.join(repr(p) for p in POLICIES)} (keep, swap or recompute, "
-            f"whichever is fastest; keep or swap; keep or recompute), got {policy!r}"
+            f"whichever is fastest; keep or swap; keep or recompute; keep or recompute selectively), "
+            f"got {policy!r}"
         )
     return policy
 
@@ -415,7 +418,7 @@ def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpa
     ]
     largest = max(span.saved_bytes for span in innermost)
     small = [span for span in spans if span.saved_bytes <= largest]
-    return _prefixes(small, lambda span: -span.freed_bytes / max(span.forward_seconds, 1e-12))
+    return _prefixes(small, lambda span: -span.freed_bytes / max(span.recompute_seconds, 1e-12))
 
 
 def _prefixes(
@@ -449,13 +452,13 @@ def search_mixed(
     :func:`recompute_sets` with the least peak, and :func:`faster_recompute_sets`.
     """
     check_policy(policy)
-    spans = candidate_spans(profile) if policy != "swap" else ()
+    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
     best_key: tuple[float, float, int, int, int, int] | None = None
     least: int | None = None
     every_set = exact = len(spans) <= EXACT_MAX_SEGMENTS
-    swappable = policy != "recompute"
+    swappable = policy not in KEEP_OR_RECOMPUTE
     bounding = recompute_sets(spans)
     if every_set:
         searched = bounding

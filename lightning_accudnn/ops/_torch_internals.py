@@ -19,6 +19,7 @@ __all__ = [
     "empty_host_cache",
     "tracks_running_statistics",
     "top_saved_tensor_hooks",
+    "written_arguments",
 ]
 
 
@@ -34,6 +35,28 @@ SELECTIVE_SAVES_THROUGH_HOOKS: bool = (
 
 #: The base class of a mode that sees every ATen op (the selective probe's recorder).
 TorchDispatchMode = torch.utils._python_dispatch.TorchDispatchMode
+
+_WRITTEN: dict[object, tuple[tuple[int, str], ...]] = {}
+
+
+def written_arguments(func: object) -> tuple[tuple[int, str], ...]:
+    """``(position, name)`` of the arguments an ATen op overload writes in place (its schema's
+    mutable aliases: ``relu_``'s ``self``, an ``out=`` tensor); none for anything else.
+
+    Example:
+        >>> written_arguments(torch.ops.aten.relu_.default), written_arguments(torch.ops.aten.relu.default)
+        (((0, 'self'),), ())
+    """
+    known = _WRITTEN.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        arguments = () if schema is None else schema.arguments
+        known = _WRITTEN[func] = tuple(
+            (i, argument.name)
+            for i, argument in enumerate(arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+    return known
 
 
 class StorageWeakReference:

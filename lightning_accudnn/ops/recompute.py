@@ -399,6 +399,7 @@ class SegmentProbe:
             self._measured = {
                 name: (nbytes, recorder.recompute_share(name), recorder.recomputed_bytes[name])
                 for name, nbytes in recorder.kept_bytes.items()
+                if name not in recorder.unsafe
             }
         if saves_seen is not None:
             saves_seen.__exit__(None, None, None)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from lightning_accudnn.ops._torch_internals import StorageWeakReference, TorchDispatchMode
+from lightning_accudnn.ops._torch_internals import StorageWeakReference, TorchDispatchMode, written_arguments
 from lightning_accudnn.profile import SELECTIVE_KEPT_OPS
 
 __all__ = ["SelectiveRecorder", "kept_by_selective", "selective_contexts", "selective_policy"]
@@ -102,8 +102,10 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     The owner says which segments are open (:meth:`open`, :meth:`close`) and which tensors
     autograd saves (:meth:`saved`): those neither kept nor inputs (nor ``excluded``, the
     model's parameters and buffers) are what a selective recomputation rebuilds in backward
-    (:attr:`recomputed_bytes`). Each op is timed (the device synchronised around it on CUDA):
-    use it in profiling passes only.
+    (:attr:`recomputed_bytes`). A segment whose kept output is written in place later in the
+    forward (an in-place activation or dropout after a linear layer) would replay on the
+    written values: it is listed in :attr:`unsafe`, with why. Each op is timed (the device
+    synchronised around it on CUDA): use it in profiling passes only.
 
     Example:
         >>> recorder = SelectiveRecorder()
@@ -121,6 +123,8 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.kept_bytes: dict[str, int] = {}
         self.recomputed_bytes: dict[str, int] = {}
         self._excluded = excluded
+        self.unsafe: dict[str, str] = {}
+        self._kept_by: dict[int, list[str]] = {}  # kept storage -> the segments that keep it
         self._kept: dict[str, dict[int, StorageWeakReference]] = {}
         self._saved: dict[str, dict[int, StorageWeakReference]] = {}
         self._inputs: dict[str, set[int]] = {}
@@ -172,6 +176,9 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        written = written_arguments(func)
+        if written and self._kept_by:
+            self._check_writes(func, written, args, kwargs)
         if not self._open:
             return func(*args, **kwargs)
         synchronize = _synchronizer(args)
@@ -198,7 +205,27 @@ class SelectiveRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     continue  # the same storage again
                 known[address] = StorageWeakReference(storage)
                 self.kept_bytes[name] += storage.nbytes()
+                self._kept_by.setdefault(address, []).append(name)
         return out
+
+    def _check_writes(
+        self,
+        func: object,
+        written: tuple[tuple[int, str], ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        for position, argument in written:
+            value = args[position] if position < len(args) else kwargs.get(argument)
+            if not isinstance(value, torch.Tensor):
+                continue
+            address = value.untyped_storage().data_ptr()
+            for name in self._kept_by.get(address, ()):
+                if name not in self.unsafe and _alive(self._kept[name], address):
+                    self.unsafe[name] = (
+                        f"{func} writes in place into an output that recomputing it selectively keeps "
+                        f"(shape {tuple(value.shape)})"
+                    )
 
 
 def _alive(known: dict[int, StorageWeakReference], address: int) -> bool:

@@ -80,9 +80,10 @@ def plain_record(workload: Workload) -> list[dict[str, torch.Tensor]]:
     return _train(workload, None)[0]
 
 
-def least_recompute_budget(workload: Workload) -> int:
-    """The least budget at which keeping or recomputing fits, as a session names it."""
-    session = _session(OffloadConfig(budget=4 * 10**9, min_swap_bytes=0, reserve_bytes=0, policy="recompute"))
+def least_recompute_budget(workload: Workload, policy: str = "recompute") -> int:
+    """The least budget at which keeping or recomputing (``policy="selective"``: selectively)
+    fits, as a session names it."""
+    session = _session(OffloadConfig(budget=4 * 10**9, min_swap_bytes=0, reserve_bytes=0, policy=policy))
     _train(workload, session)
     session.close()
     assert session.plan is not None
@@ -138,3 +139,17 @@ def sweep(workload: Workload, monkeypatch: Any) -> None:
         if budget < outcome.plan.profile.unconstrained_peak_bytes:  # else the profiling pass's peak binds
             assert outcome.plan.recomputed, (policy, outcome.plan.profile.excluded_segments)
         assert all(entry.reason for entry in outcome.plan.profile.excluded_segments)
+
+
+def sweep_selective(workload: Workload) -> Outcome:
+    """Plain training, then ``policy="selective"`` at the least budget at which keeping or
+    recomputing selectively fits: bit for bit, every pass within the budget, and the plan's
+    predicted peak never below the engine's ledger."""
+    expected = plain_record(workload)
+    budget = least_recompute_budget(workload, "selective")
+    outcome = check_model(workload, "selective", budget, expected)
+    plan = outcome.plan
+    if budget < plan.profile.unconstrained_peak_bytes:  # else the profiling pass's peak binds
+        assert plan.selective and set(plan.selective) == set(plan.recomputed), plan.recomputed
+    assert all(peak <= plan.predicted_peak_bytes for peak in outcome.peaks[1:]), (outcome.peaks, plan)
+    return outcome

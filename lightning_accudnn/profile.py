@@ -204,7 +204,9 @@ class StepProfile:
     ``static_bytes`` is everything that is not a saved activation: parameters, gradients,
     optimizer state and buffers. Bandwidths are bytes per second over pinned memory.
     ``segments`` lists the module invocations a plan may recompute (empty: none), and
-    ``excluded_segments`` those found unsafe to recompute, with why.
+    ``excluded_segments`` those found unsafe to recompute, with why (and, where selective
+    recomputation was measured, segments still listed in ``segments`` that are never
+    recomputed selectively, with why).
 
     Example:
         >>> profile = StepProfile(

@@ -323,6 +323,7 @@ class SegmentProbe:
         "_recorder",
         "_measured",
         "_saves_seen",
+        "_not_selective",
     )
 
     def __init__(self) -> None:
@@ -340,6 +341,7 @@ class SegmentProbe:
         # segment -> selective kept bytes, share of forward time recomputed, saves recomputed
         self._measured: dict[str, tuple[int, float, int]] = {}
         self._saves_seen: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._not_selective: dict[str, str] = {}  # measured, but a selective replay would not be exact
 
     def attach(self, model: nn.Module, *, selective: bool = False) -> None:
         """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw).
@@ -350,7 +352,7 @@ class SegmentProbe:
         model with compiled blocks is not measured).
         """
         self.detach()
-        self._measured = {}
+        self._measured, self._not_selective = {}, {}
         hooks = top_saved_tensor_hooks()
         if (
             selective
@@ -401,6 +403,7 @@ class SegmentProbe:
                 for name, nbytes in recorder.kept_bytes.items()
                 if name not in recorder.unsafe
             }
+            self._not_selective = dict(recorder.unsafe)
         if saves_seen is not None:
             saves_seen.__exit__(None, None, None)
 
@@ -473,9 +476,17 @@ class SegmentProbe:
         )
 
     def excluded(self) -> tuple[ExcludedSegment, ...]:
-        """The candidates of the last pass that a recomputation would not replay exactly, with why."""
-        return tuple(
-            ExcludedSegment(name, self._unsafe[name]) for name in self._candidates() if name in self._unsafe
+        """The candidates of the last pass that a recomputation would not replay exactly, with why
+        (after them, in a pass that measured selective recomputation, the candidates that only a
+        selective recomputation would not replay exactly: they are still recomputed whole)."""
+        candidates = self._candidates()
+        unsafe = tuple(
+            ExcludedSegment(name, self._unsafe[name]) for name in candidates if name in self._unsafe
+        )
+        return unsafe + tuple(
+            ExcludedSegment(name, f"not recomputed selectively: {self._not_selective[name]}")
+            for name in candidates
+            if name in self._not_selective and name not in self._unsafe
         )
 
     def _candidates(self) -> list[str]:

@@ -641,10 +641,15 @@ def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None
         if any(segment.selective_kept_bytes is not None for segment in profile.segments):
             return
         if profile.segments:
+            reasons = "; ".join(
+                f"{excluded.name}: {excluded.reason}" for excluded in profile.excluded_segments
+            )
             raise NothingToRecomputeError(
                 "policy='selective' needs a segment whose selective recomputation was measured, and "
                 "this profile measured none (a profiling pass run for policy 'selective' measures it; "
-                "a model with compiled blocks is not measured). Use policy='recompute' or policy='auto'."
+                "a model with compiled blocks is not measured"
+                + (f"; excluded: {reasons}" if reasons else "")
+                + "). Use policy='recompute' or policy='auto'."
             )
     elif profile.segments:
         return

@@ -241,3 +241,45 @@ def test_selective_recomputation_on_a_simulated_gpu_keeps_order_and_the_budget(l
     assert plans[-1].selective
     assert gpu.violations == [] and gpu.num_ooms == 0
     assert all(peak <= budget for _, peak in peaks)
+
+
+def test_policy_selective_without_a_measured_segment_is_refused_naming_why():
+    from lightning_accudnn.planner.plan import NothingToRecomputeError
+    from lightning_accudnn.profile import ExcludedSegment
+
+    layers = (LayerProfile("block.fc", 100, 100), LayerProfile("block.act", 100, 100))
+    excluded = (ExcludedSegment("block", "not recomputed selectively: aten.relu_ writes in place"),)
+    profile = StepProfile(layers, 0, segments=(SegmentProfile("block", 10),), excluded_segments=excluded)
+    with pytest.raises(NothingToRecomputeError, match="aten.relu_ writes in place"):
+        plan_swaps(profile, 1_000, policy="selective")
+    plan_swaps(profile, 1_000, policy="recompute")  # the segment is still recomputed whole
+
+
+def test_the_trace_and_a_live_profiling_pass_measure_the_same_selective_bytes():
+    """The dry-run trace (fake tensors) and the probe of a live run count the same kept and
+    rebuilt bytes for each segment (float32, no dropout: the CPU and the trace save alike)."""
+    from lightning_accudnn.ops.layers import LayerTracker
+    from lightning_accudnn.planner.trace import trace_step
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        blocks = [_Block(), _Block()]
+        for block in blocks:
+            block.drop.p = 0.0
+        return nn.Sequential(*blocks, nn.Linear(16, 1))
+
+    traced = {
+        segment.name: segment for segment in trace_step(build, (32, 16), tracker=LayerTracker()).segments
+    }
+    model = build()
+    probe = SegmentProbe()
+    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: tensor, lambda tensor: tensor):
+        probe.attach(model, selective=True)
+        model(torch.zeros(32, 16)).sum().backward()
+        probe.finish_forward()
+    probe.detach()
+    live = {segment.name: segment for segment in probe.segments()}
+    assert set(live) == set(traced) == {"0", "1"}
+    for name, segment in live.items():
+        assert segment.selective_kept_bytes == traced[name].selective_kept_bytes
+        assert segment.selective_recomputed_bytes == traced[name].selective_recomputed_bytes

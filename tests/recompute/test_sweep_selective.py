@@ -33,3 +33,6 @@ def test_a_kept_output_written_in_place_is_not_recomputed_selectively() -> None:
     classifier = {segment.name: segment for segment in outcome.plan.profile.segments}["classifier"]
     assert classifier.selective_kept_bytes is None
     assert "classifier" not in outcome.plan.selective
+    reasons = {entry.name: entry.reason for entry in outcome.plan.profile.excluded_segments}
+    assert reasons["classifier"].startswith("not recomputed selectively: aten.hardswish_")
+    assert "writes in place into an output that recomputing it selectively keeps" in reasons["classifier"]

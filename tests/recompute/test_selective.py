@@ -283,3 +283,57 @@ def test_the_trace_and_a_live_profiling_pass_measure_the_same_selective_bytes():
     for name, segment in live.items():
         assert segment.selective_kept_bytes == traced[name].selective_kept_bytes
         assert segment.selective_recomputed_bytes == traced[name].selective_recomputed_bytes
+
+
+def test_lightning_trains_under_policy_selective_as_plain_lightning():
+    """``AccUDNNStrategy(policy="selective")`` at the least budget that policy names: the weights
+    equal plain Lightning's bit for bit (dropout in every block)."""
+    import warnings
+
+    from lightning.pytorch import LightningModule, Trainer
+    from torch.utils.data import DataLoader
+
+    from lightning_accudnn import AccUDNNStrategy
+    from tests.recompute.models import batch, build, loss_of
+
+    class Net(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = build("gpt")
+
+        def training_step(self, step_batch, batch_index):
+            inputs, targets = step_batch
+            return loss_of(self.model, inputs[0], targets[0])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    def fit(strategy) -> Net:
+        torch.manual_seed(0)
+        net = Net()
+        data = DataLoader([batch("gpt", step) for step in range(4)], batch_size=1)
+        trainer = Trainer(
+            accelerator="cpu",
+            devices=1,
+            strategy=strategy,
+            max_steps=4,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(net, data)
+        return net
+
+    config = OffloadConfig(budget=10**9, min_swap_bytes=0, reserve_bytes=0, policy="selective")
+    budget = min_budget_bytes(measured_profile("gpt", config), policy="selective")
+    plain_net = fit("auto")
+    strategy = AccUDNNStrategy(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="selective")
+    offloaded = fit(strategy)
+    for (name, want), got in zip(
+        plain_net.state_dict().items(), offloaded.state_dict().values(), strict=True
+    ):
+        assert torch.equal(got, want), name
+    assert strategy.plan is not None and strategy.plan.selective

@@ -337,3 +337,16 @@ def test_lightning_trains_under_policy_selective_as_plain_lightning():
     ):
         assert torch.equal(got, want), name
     assert strategy.plan is not None and strategy.plan.selective
+
+
+def test_selective_recomputation_under_bf16_autocast_is_bitwise_plain_training():
+    """Under CPU autocast the kept matrix products are bfloat16 and the casts are recomputed."""
+    from tests.recompute.models import batch, build, loss_of
+    from tests.recompute.sweep import Workload, sweep_selective
+
+    def loss(model: nn.Module, step_batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return loss_of(model, *step_batch)
+
+    outcome = sweep_selective(Workload(lambda: build("gpt"), lambda step: batch("gpt", step), loss))
+    assert outcome.plan.selective

@@ -32,7 +32,8 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# One command on a GPU machine: CUDA tests, the same under TORCH_CUDA_SANITIZER=1, the benchmarks;
+# One command on a GPU machine: the headline comparison first (ResNet-152 and a GPT-2-medium
+# shape, 450 s each), then the CUDA tests, the same under TORCH_CUDA_SANITIZER=1, the benchmarks;
 # evidence under bench/results/<device>/ (exits 2 without CUDA).
 gpu-check: venv
 	$(BIN)/python -m bench.gpu_check

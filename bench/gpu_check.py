@@ -1,8 +1,18 @@
-"""The one-command GPU check: CUDA tests, the same under the CUDA sanitizer, the benchmarks, one bundle.
+"""The one-command GPU check: the headline comparison, CUDA tests, the same under the CUDA sanitizer,
+the benchmarks, one bundle.
 
     python -m bench.gpu_check              # everything (hours on a big GPU: the benchmarks dominate)
-    python -m bench.gpu_check --steps cuda-tests,cuda-tests-sanitizer,overhead,hostprofile
-    python -m bench.gpu_check --list       # what it would run (works without a GPU)
+    python -m bench.gpu_check --steps headline-resnet152-bf16,headline-gpt2-medium-bf16
+    python -m bench.gpu_check --list       # what it would run, with time limits (works without a GPU)
+
+The headline runs first, so that a short window on a GPU answers the question the project exists
+for: ``bench.run`` on ResNet-152 (batch 64, bf16) and a GPT-2-medium-shaped decoder (bf16), rows
+no offload, lightning-accudnn at the model state plus a half and plus a third of the activations
+no offload holds, full per-block checkpointing, ``save_on_cpu`` and torchtune's
+``OffloadActivations`` (a ``not_installed`` row without it); each row has its measured median
+step and peak and, for lightning-accudnn, the plan's predicted step and peak. Each headline
+command has a time limit under 8 minutes (:data:`HEADLINE_SECONDS`). ``Step.quick`` is the same
+command at CPU sizes in seconds: CI runs it (``tests/bench/test_gpu_check.py``).
 
 Each step runs as its own process (as a user would type it), its output going to a log.
 Then ``bench/results/<device>/<date>-gpu-check.json`` records the device name, torch, CUDA,
@@ -12,8 +22,8 @@ same ``bench/results/<device>/``). Logs go to ``bench/results/<device>/<date>-gp
 Commit the whole bundle as it is. Without CUDA it writes nothing and exits with status 2.
 
 Example:
-    >>> [step.name for step in STEPS][:2]
-    ['cuda-tests', 'cuda-tests-sanitizer']
+    >>> [step.name for step in STEPS][:3]
+    ['headline-resnet152-bf16', 'headline-gpt2-medium-bf16', 'cuda-tests']
     >>> select_steps("overhead")[0].argv[:2]
     ['-m', 'bench.overhead']
 """
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -51,6 +62,8 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     timeout_seconds: int = 4 * 3600
     writes_results: bool = True  # a benchmark: told to write under the check's --results-dir
+    #: Arguments appended to ``argv`` for the same command at CPU sizes (CI's quick run)
+    quick: list[str] = field(default_factory=list)
 
     def command(self, results_dir: Path | None = None) -> list[str]:
         """The command line; a benchmark's writes its results under ``results_dir`` when given.
@@ -65,8 +78,72 @@ class Step:
 
 PYTEST = ["-m", "pytest", "-m", "cuda", "tests/gpu", "-q", "-rA", "-p", "no:cacheprovider"]
 
-#: Every step, in the order they run: the tests first (a failure there makes the figures suspect).
+#: Time limit of each headline command: under 8 minutes, the two under 20 with the rest's start.
+HEADLINE_SECONDS = 450
+#: The rows of the headline (``bench.run`` arguments): no offload, lightning-accudnn at the model
+#: state plus 1/2 and 1/3 of the activations, save_on_cpu, torchtune, per-block checkpointing.
+HEADLINE_ROWS = [
+    "--strategies",
+    "oracle,accudnn,save_on_cpu,torchtune,checkpoint",
+    "--reductions",
+    "",
+    "--activation-fractions",
+    "1/2,1/3",
+    "--policies",
+    "auto",
+    "--warmup",
+    "4",
+    "--steps",
+    "6",
+]
+#: CPU sizes for the quick run of a headline command: every row, in seconds, no GPU.
+QUICK_CPU = ["--device", "cpu", "--min-swap-bytes", "0", "--warmup", "3", "--steps", "1", "--no-plot"]
+
+#: Every step, in the order they run: the headline first (GPU time comes in short windows), then
+#: the tests (a failure there makes the later figures suspect), then the long benchmarks.
 STEPS = (
+    Step(
+        "headline-resnet152-bf16",
+        [
+            "-m",
+            "bench.run",
+            "--workload",
+            "resnet152",
+            "--param",
+            "batch_size=64",
+            "--param",
+            "precision=bf16",
+            *HEADLINE_ROWS,
+            "--name",
+            "headline-resnet152-b64-bf16",
+        ],
+        timeout_seconds=HEADLINE_SECONDS,
+        quick=[
+            *QUICK_CPU,
+            *("--param", "base_width=4", "--param", "image_size=64", "--param", "batch_size=4"),
+            *("--param", "precision=fp32"),  # bf16 convolutions are slow on a CPU
+        ],
+    ),
+    Step(
+        "headline-gpt2-medium-bf16",
+        [
+            "-m",
+            "bench.run",
+            "--workload",
+            "gpt",
+            "--param",
+            "precision=bf16",
+            *HEADLINE_ROWS,
+            "--name",
+            "headline-gpt2-medium-bf16",
+        ],
+        timeout_seconds=HEADLINE_SECONDS,
+        quick=[
+            *QUICK_CPU,
+            *("--param", "layers=4", "--param", "d_model=64", "--param", "heads=4"),
+            *("--param", "seq_len=64", "--param", "vocab=64", "--param", "batch_size=8"),
+        ],
+    ),
     Step("cuda-tests", PYTEST, timeout_seconds=3600, writes_results=False),
     Step(
         "cuda-tests-sanitizer",
@@ -88,16 +165,31 @@ STEPS = (
 )
 
 
+def quick_command(step: Step, results_dir: Path) -> list[str]:
+    """A headline step's command at CPU sizes (its :attr:`Step.quick` arguments appended), writing
+    under ``results_dir``: what CI runs.
+
+    Example:
+        >>> quick_command(STEPS[0], Path("out"))[-2:]
+        ['--results-dir', 'out']
+    """
+    if not step.quick:
+        raise ValueError(f"step {step.name!r} has no quick CPU form")
+    return [*step.argv, *step.quick, "--results-dir", str(results_dir)]
+
+
 def select_steps(names: str | None) -> list[Step]:
     """The steps named (comma-separated, in the check's order), or all of them.
 
     Example:
         >>> [step.name for step in select_steps("bench-gpt,cuda-tests")]
         ['cuda-tests', 'bench-gpt']
+        >>> [step.timeout_seconds < 8 * 60 for step in select_steps("headline-resnet152-bf16")]
+        [True]
         >>> select_steps("nope")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        SystemExit: bench.gpu_check: unknown steps ['nope']; choose from cuda-tests, ...
+        SystemExit: bench.gpu_check: unknown steps ['nope']; choose from headline-resnet152-bf16, ...
     """
     if not names:
         return list(STEPS)
@@ -181,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for step in steps:
             env = "".join(f"{key}={value} " for key, value in step.env.items())
-            print(f"{step.name}: {env}python {' '.join(step.argv)}")
+            print(f"{step.name}: {env}python {shlex.join(step.argv)}  [time limit {step.timeout_seconds} s]")
         return 0
     if not torch.cuda.is_available():
         print(NO_CUDA_MESSAGE.format(torch=torch.__version__, cuda=torch.version.cuda), file=sys.stderr)

@@ -29,6 +29,8 @@ class ResultRow:
     error_type: str | None = None
     error: str | None = None
     budget_bytes: int | None = None
+    #: Model state (parameters, gradients, buffers, optimizer state) when the row started.
+    static_bytes: int | None = None
     warmup_steps: int | None = None
     measured_steps: int = 0
     steps_completed: int = 0

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="AccUDNN budgets as divisors of the oracle's measured peak (default 2,3,4)",
     )
     parser.add_argument(
+        "--activation-fractions",
+        default="",
+        help="AccUDNN budgets as the model state plus these shares of the oracle's activations (its "
+        'peak less its model state), e.g. "1/2,1/3"; rows accudnn-static+1/2act, ... (default none)',
+    )
+    parser.add_argument(
         "--budgets", default="", help='extra AccUDNN budgets in bytes or units, e.g. "8GB,12GB"'
     )
     parser.add_argument(
@@ -132,8 +138,38 @@ def default_name(workload: Workload) -> str:
     return f"{workload.name}-{workload.precision}"
 
 
-def specs_for(args: argparse.Namespace, oracle_peak: int | None, compile_backend: str) -> list[StrategySpec]:
-    """The rows after the oracle, in run order; AccUDNN budgets from the oracle's peak."""
+def parse_fraction(text: str) -> float:
+    """A share written as a decimal or as ``a/b``.
+
+    Example:
+        >>> parse_fraction("1/3") == 1 / 3, parse_fraction("0.5")
+        (True, 0.5)
+    """
+    numerator, slash, denominator = text.partition("/")
+    value = float(numerator) / float(denominator) if slash else float(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"an activation fraction must be in (0, 1], got {text!r}")
+    return value
+
+
+def activation_budget(oracle_peak: int, static_bytes: int, fraction: float) -> int:
+    """The model state plus ``fraction`` of the oracle's activations (its peak less the model state).
+
+    Example:
+        >>> activation_budget(1000, 400, 0.5)
+        700
+    """
+    return static_bytes + int(max(oracle_peak - static_bytes, 0) * fraction)
+
+
+def specs_for(
+    args: argparse.Namespace,
+    oracle_peak: int | None,
+    compile_backend: str,
+    static_bytes: int | None = None,
+) -> list[StrategySpec]:
+    """The rows after the oracle, in run order; AccUDNN budgets from the oracle's peak (and, for
+    ``--activation-fractions``, its model state ``static_bytes``)."""
     kinds = set(_parse_list(args.strategies))
     specs: list[StrategySpec] = []
     if "accudnn" in kinds:
@@ -147,6 +183,13 @@ def specs_for(args: argparse.Namespace, oracle_peak: int | None, compile_backend
                 if oracle_peak is not None:
                     params["budget_bytes"] = int(oracle_peak / reduction)
                 specs.append(StrategySpec(f"accudnn-{reduction:g}x{suffix}", "accudnn", params))
+        for text in _parse_list(args.activation_fractions):
+            fraction = parse_fraction(text)
+            for policy, suffix in suffixes.items():
+                params = {"activation_fraction": fraction, "policy": policy}
+                if oracle_peak is not None and static_bytes is not None:
+                    params["budget_bytes"] = activation_budget(oracle_peak, static_bytes, fraction)
+                specs.append(StrategySpec(f"accudnn-static+{text}act{suffix}", "accudnn", params))
         for text in _parse_list(args.budgets):
             budget = Budget.parse(int(text) if text.isdigit() else text)
             if budget.kind != "bytes":
@@ -218,7 +261,8 @@ def _markdown(result: dict[str, Any]) -> str:
         f"- workload: {workload['params']}",
         f"- config: {result['config']}",
         f"- oracle peak that the AccUDNN budgets divide: {fmt_bytes(result['oracle_peak_bytes'])} "
-        f"({result['oracle_peak_source']})",
+        f"({result['oracle_peak_source']}); its model state (the static part of the "
+        f"static + activation-fraction budgets): {fmt_bytes(result.get('oracle_static_bytes'))}",
         "",
         markdown_table(result["rows"]),
     ]
@@ -247,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown strategies {sorted(unknown)}; choose from {', '.join(KINDS)}")
     try:
-        specs_for(args, oracle_peak=1, compile_backend="inductor")  # check --budgets and the lists now
+        specs_for(args, oracle_peak=1, compile_backend="inductor", static_bytes=0)  # check the lists now
     except ValueError as error:
         raise SystemExit(f"bench.run: {error}") from error
     tiny = workload.name == "tiny"
@@ -284,8 +328,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             oracle_row = _run_row(workload, StrategySpec("oracle", "oracle"), config).row
             rows.append(oracle_row)
         oracle_peak, oracle_source = oracle_peak_of(oracle_row) if oracle_row else (None, None)
+        static_bytes = oracle_row.static_bytes if oracle_row else None
         reference: tuple[str, StepProfile] | None = None
-        for spec in specs_for(args, oracle_peak, compile_backend):
+        for spec in specs_for(args, oracle_peak, compile_backend, static_bytes):
             if spec.kind == "accudnn" and "budget_bytes" not in spec.params:
                 rows.append(
                     ResultRow(
@@ -326,12 +371,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "host_memory_limit": config.host_memory_limit,
                 "compile_backend": config.compile_backend,
                 "reductions": _parse_list(args.reductions, float),
+                "activation_fractions": _parse_list(args.activation_fractions),
                 "strategies": sorted(kinds, key=KINDS.index),
                 "argv": sys.argv[1:],
             },
             "environment": env,
             "oracle_peak_bytes": oracle_peak,
             "oracle_peak_source": oracle_source,
+            "oracle_static_bytes": static_bytes,
             "lower_bound_profile": reference[0] if reference else None,
             "rows": row_data,
             "files": files,

@@ -135,6 +135,7 @@ def _train(
     with torch.device(device):
         model = workload.build()
     optimizer = workload.optimizer(model)
+    row.static_bytes = model_state_bytes(model, [optimizer])
     row.budget_bytes = budget_of(spec)
     technique = holder["technique"] = make_technique(spec, model, workload, config)
     model = technique.prepare(model, optimizer, device)

@@ -126,6 +126,9 @@ class SegmentProfile:
     inputs are saved (``input_bytes``, the sum of their distinct storages), and its forward
     runs again in backward. ``output_bytes`` (distinct storages of its tensor outputs that
     are not inputs) is what a later layer may save first once the segment saves nothing.
+    ``input_sources`` lists, as ``(earlier segment, bytes)``, the bytes of its input storages
+    that are outputs of an earlier segment's call (for every earlier segment whose outputs hold
+    them; empty when unknown): when that segment is recomputed too, they are first saved here.
     The segment covers the profile's layers named ``name`` or ``name.<anything>`` (which
     must be consecutive in the profile). Only modules called once per pass and not already
     under someone else's checkpointing are listed.
@@ -150,6 +153,7 @@ class SegmentProfile:
     name: str
     input_bytes: int
     output_bytes: int = 0
+    input_sources: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     selective_kept_bytes: int | None = field(default=None, repr=False)
     selective_recompute_share: float = field(default=1.0, repr=False)
     selective_recomputed_bytes: int | None = field(default=None, repr=False)
@@ -158,6 +162,11 @@ class SegmentProfile:
         if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
             raise ValueError(
                 f"a segment needs a module name and input_bytes, output_bytes >= 0, got {self!r}"
+            )
+        if any(not 0 < nbytes <= self.input_bytes for _, nbytes in self.input_sources):
+            raise ValueError(
+                f"segment {self.name!r}: input_sources must hold byte counts in (0, input_bytes], "
+                f"got {self.input_sources}"
             )
         if (
             (self.selective_kept_bytes is not None and self.selective_kept_bytes < 0)
@@ -207,6 +216,10 @@ class StepProfile:
     ``excluded_segments`` those found unsafe to recompute, with why (and, where selective
     recomputation was measured, segments still listed in ``segments`` that are never
     recomputed selectively, with why).
+    ``resaves_listed`` says that the layers' ``resaved_by`` list every storage of swappable
+    bytes saved again by a later layer (a profile the engine measured); without it (a trace,
+    a hand-written profile) recomputation is accounted on the safe side: a segment's outputs
+    may be saved inside it and again after it.
 
     Example:
         >>> profile = StepProfile(
@@ -222,6 +235,7 @@ class StepProfile:
     d2h_bytes_per_second: float = float("inf")
     h2d_bytes_per_second: float = float("inf")
     segments: tuple[SegmentProfile, ...] = field(default=(), repr=False)
+    resaves_listed: bool = field(default=False, repr=False)
     excluded_segments: tuple[ExcludedSegment, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:

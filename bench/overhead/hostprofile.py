@@ -78,6 +78,9 @@ class CountingRuntime:
     def timing(self, value: bool) -> None:
         self.inner.timing = value
 
+    def begin_pass(self) -> None:
+        self.inner.begin_pass()
+
     def record_compute(self) -> StreamEvent:
         self.calls["record_compute"] += 1
         return self.inner.record_compute()

@@ -69,6 +69,12 @@ CHANGED_GRAPH_LAYER = "(changed graph)"
 _NOT_ISSUED: object = object()
 _NOTHING_WAITED: object = object()  # the compute stream has waited on no event of this engine yet
 
+#: A group of copies out is issued at the end of a layer once it holds this many bytes or this
+#: many storages (or when a wait needs one of them, or the forward ends): a group of small
+#: storages spans layers, so that its event, its waits and its stream switches are shared.
+COPY_GROUP_BYTES = 4 * 2**20
+COPY_GROUP_STORAGES = 16
+
 _keep_on_device_depth: contextvars.ContextVar[int] = contextvars.ContextVar("keep_on_device", default=0)
 
 
@@ -266,8 +272,10 @@ class OffloadEngine:
         # The event the compute stream waited on last: the records of one group of copies share
         # its event, and compute waits on it once (a wait on it again would order nothing more).
         self._compute_waited_on: object = _NOTHING_WAITED
-        # The group of copies out not issued yet (:meth:`_issue_copies_out`): records, sources, hosts
+        # The group of copies out not issued yet (:meth:`_issue_copies_out`): records, sources,
+        # hosts, bytes
         self._copies_out: list[StorageRecord] = []
+        self._copies_out_bytes = 0
         self._copy_sources: list[torch.Tensor] = []
         self._copy_hosts: list[torch.Tensor] = []
         self._watches: set[weakref.ref[_StepState]] = set()  # steps whose host buffers are still out
@@ -328,6 +336,7 @@ class OffloadEngine:
         self._replaying = sequence
         self._recording = SaveSequence() if sequence is None else None
         self.runtime.timing = sequence is None  # no timing events in passes replayed by ordinal
+        self.runtime.begin_pass()
         if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
             self._route = ReplayRoute(sequence, schedule)
         self._restart_ordinals()
@@ -387,6 +396,7 @@ class OffloadEngine:
         Storages still in the copy-out FIFO stay on the device and are used from there.
         """
         self._in_forward = False
+        self.runtime.begin_pass()
         self._issue_copies_out()
         self.timer.end_forward()
         self.pass_timer.end_forward()
@@ -1157,18 +1167,22 @@ class OffloadEngine:
         group_ends: bool,
     ) -> None:
         """The record's copy out (``source`` into ``host``) joins the group of copies not issued
-        yet, issued as one when ``group_ends`` (or when a wait on one of them needs it:
-        :meth:`_issue_copies_out`); the record enters the copy-out FIFO, whose oldest records
-        are retired while it holds more than the schedule's limit and more than one."""
+        yet, issued as one when ``group_ends`` (a layer's last) and the group holds
+        :data:`COPY_GROUP_BYTES` or :data:`COPY_GROUP_STORAGES` (or when a wait on one of them
+        needs it, or the forward ends: :meth:`_issue_copies_out`); the record enters the
+        copy-out FIFO, whose oldest records are retired while it holds more than the schedule's
+        limit and more than one."""
         record.copy_out = _NOT_ISSUED
-        self._copies_out.append(record)
+        copies = self._copies_out
+        copies.append(record)
         self._copy_sources.append(source)
         self._copy_hosts.append(host)
-        if group_ends:
+        nbytes = record.nbytes
+        pending = self._copies_out_bytes = self._copies_out_bytes + nbytes
+        if group_ends and (pending >= COPY_GROUP_BYTES or len(copies) >= COPY_GROUP_STORAGES):
             self._issue_copies_out()
         record.source_storage = storage
         step.swapped.append(record)  # prefetched from begin_backward on (its order set there)
-        nbytes = record.nbytes
         step.bytes_out += nbytes
         record.in_fifo = True
         step.copying_out.append(record)
@@ -1234,6 +1248,7 @@ class OffloadEngine:
             if root is not None:  # alive: the source held till now is a view of it
                 record.version = root._version
         self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
+        self._copies_out_bytes = 0
 
     def _fetch(self, record: StorageRecord) -> None:
         """Make the record's bytes available on the device now (read in backward before its

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -278,7 +279,7 @@ class _Replay:
         args, kwargs = self.inputs.rebuild(tensors)
         try:
             return self.forward(*args, **kwargs)
-        except STOP_RECOMPUTATION:
+        except (STOP_RECOMPUTATION, torch.OutOfMemoryError):  # control flow; memory, not safety
             raise
         except Exception as error:
             raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error
@@ -297,7 +298,8 @@ class SegmentProbe:
     compiled block is observed at its eager boundary (an in-place compiled block through its
     wrapped call: a hook on it would be traced into its graph). Its ``input_bytes``
     are the distinct storages of its tensor arguments, its ``output_bytes`` those of its
-    tensor outputs (top level, or in a tuple or list) that are not inputs.
+    tensor outputs (top level, or in a tuple or list) that are not inputs, its
+    ``input_sources`` the input bytes per earlier segment whose outputs (still alive) they are.
 
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
@@ -318,6 +320,8 @@ class SegmentProbe:
         "_output_bytes",
         "_foreign",
         "_parents",
+        "_outputs",
+        "_sources",
         "_audits",
         "_unsafe",
         "_recorder",
@@ -335,6 +339,9 @@ class SegmentProbe:
         self._output_bytes: dict[str, int] = {}
         self._foreign: set[str] = set()
         self._parents: set[str] = set()
+        # storage address -> (segments whose outputs it is, a weak reference to one such output)
+        self._outputs: dict[int, tuple[list[str], weakref.ref[torch.Tensor]]] = {}
+        self._sources: dict[str, dict[str, int]] = {}  # per segment: earlier segment -> input bytes
         self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
         self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
         self._recorder: SelectiveRecorder | None = None  # while a pass measures selective recomputation
@@ -371,7 +378,7 @@ class SegmentProbe:
             recorder.__enter__()  # type: ignore[no-untyped-call]
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
-        self._inputs, self._output_bytes = {}, {}
+        self._inputs, self._output_bytes, self._outputs, self._sources = {}, {}, {}, {}
         self._audits, self._unsafe = {}, {}
         for name, module, compiled in modules_outside_compiled_code(model):
             if not name:
@@ -425,6 +432,13 @@ class SegmentProbe:
             storages = _storages(SegmentInputs.record(args, kwargs)[1])
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
+            sources: dict[str, int] = {}
+            for address, nbytes in storages.items():
+                known = self._outputs.get(address)
+                if known is not None and known[1]() is not None:  # alive: the address is that storage
+                    for source in known[0]:
+                        sources[source] = sources.get(source, 0) + nbytes
+            self._sources[name] = sources
             self._audits[name] = CallAudit(module, args, kwargs)
             if self._recorder is not None:
                 self._recorder.open(name, set(storages))
@@ -437,6 +451,14 @@ class SegmentProbe:
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _storages(outputs)
             self._output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
+            for value in outputs:
+                if isinstance(value, torch.Tensor):
+                    address = value.untyped_storage().data_ptr()
+                    known = self._outputs.get(address)
+                    if known is None or known[1]() is None:
+                        self._outputs[address] = ([name], weakref.ref(value))
+                    elif name not in known[0]:
+                        known[0].append(name)
             audit = self._audits.get(name)
             reason = None if audit is None else audit.after_call(output)
             if reason is not None:
@@ -469,6 +491,7 @@ class SegmentProbe:
                 name,
                 self._input_bytes[name],
                 self._output_bytes.get(name, 0),
+                tuple(self._sources.get(name, {}).items()),
                 *measured.get(name, (None, 1.0, None)),
             )
             for name in self._candidates()

@@ -3,7 +3,9 @@
 Two streams: *compute* (where the model runs and where the CPU's work lands) and *copy*
 (device-to-host and host-to-device copies). The engine only ever:
 
-- records an event on compute (:meth:`Runtime.record_compute`),
+- starts each pass (forward or backward) with :meth:`Runtime.begin_pass`: the stream current
+  then is the compute stream until the next call,
+- records an event on compute (:meth:`Runtime.record_compute`) and gives it at once to a copy,
 - copies a group of tensors out or in on the copy stream after such an event
   (:meth:`~Runtime.copy_out`, :meth:`~Runtime.copy_in`), each call returning one event for
   its group (a layer's storages, a prefetch round: not one event per tensor),
@@ -14,6 +16,11 @@ Two streams: *compute* (where the model runs and where the CPU's work lands) and
   the release, in compute-stream order) and when a host buffer leaves its ownership
   (:meth:`~Runtime.release_host`).
 
+Events are reused: the compute event of :meth:`~Runtime.record_compute` is valid until the next
+call, and a group's event on the copy stream is a :class:`CopyMark` (the event and the group's
+generation), whose event goes back to its :class:`EventRing` once compute is ordered after that
+generation; a wait on a mark compute is already ordered after costs nothing.
+
 No operation here makes the CPU wait for the device. Implementations: :class:`CudaRuntime`
 (the only code touching ``torch.cuda`` streams), :class:`HostCopyRuntime` (synchronous copies
 on CPU), and ``lightning_accudnn.testing.SimulatedGPU`` (CPU, deferred copy stream, allocator
@@ -23,7 +30,9 @@ model and happens-before checker).
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -31,6 +40,102 @@ from lightning_accudnn.ops._torch_internals import CurrentCudaStream, copy_each
 
 StreamEvent = object
 """An opaque point in a stream's order, made by a runtime and only given back to it."""
+
+
+Event = TypeVar("Event")
+
+
+class CopyMark(Generic[Event]):
+    """A point in the copy stream's order: the event recorded there and its generation (how many
+    groups of copies were issued up to and with it). The event itself is reused for a later
+    group once compute is ordered after this generation (:meth:`EventRing.waited`), and a wait
+    on the mark is then skipped, so that the event is never waited on for a group it no longer
+    marks.
+
+    Example:
+        >>> CopyMark(3, "event").generation
+        3
+    """
+
+    __slots__ = ("generation", "event")
+
+    def __init__(self, generation: int, event: Event) -> None:
+        self.generation = generation
+        self.event = event
+
+
+class EventRing(Generic[Event]):
+    """The copy stream's events, reused: one per group of copies in flight, none made per step
+    in the steady state.
+
+    :meth:`take` gives the next group its mark, with an event back from the pool or made by
+    ``make``; :meth:`pending` says whether compute still has to wait on a mark (its generation is
+    after the last one compute waited on: the copy stream runs its groups in order, so a wait on
+    a later group orders compute after every earlier one); :meth:`waited` notes a wait, and the
+    events of that mark and of every earlier one go back to the pool. A mark never waited on
+    keeps its event; past ``cap`` marks in flight the oldest leave the ring without going back to
+    the pool (their events die with their marks): a wait on them is still right, and the ring
+    stays bounded whatever the caller forgets.
+
+    Example:
+        >>> ring = EventRing(object)
+        >>> first, second = ring.take(), ring.take()
+        >>> ring.pending(first), ring.created
+        (True, 2)
+        >>> ring.waited(second)
+        >>> ring.pending(first), ring.pending(second)
+        (False, False)
+        >>> third = ring.take()
+        >>> ring.created, third.generation, third.event in (first.event, second.event)
+        (2, 3, True)
+    """
+
+    __slots__ = ("_make", "_free", "_in_flight", "_cap", "generation", "waited_generation", "created")
+
+    def __init__(self, make: Callable[[], Event], cap: int = 1024) -> None:
+        self._make = make
+        self._free: list[Event] = []
+        self._in_flight: deque[CopyMark[Event]] = deque()  # oldest first
+        self._cap = cap
+        self.generation = 0  # of the last mark taken
+        self.waited_generation = 0  # compute is ordered after every mark up to this one
+        self.created = 0  # events made
+
+    def take(self) -> CopyMark[Event]:
+        """The mark of the next group of copies (its event is to be recorded after them)."""
+        free = self._free
+        if free:
+            event = free.pop()
+        else:
+            event = self._make()
+            self.created += 1
+        self.generation = generation = self.generation + 1
+        mark = CopyMark(generation, event)
+        in_flight = self._in_flight
+        in_flight.append(mark)
+        if len(in_flight) > self._cap:
+            in_flight.popleft()
+        return mark
+
+    def pending(self, mark: CopyMark[Event]) -> bool:
+        """Whether compute is not yet ordered after ``mark``."""
+        return mark.generation > self.waited_generation
+
+    def waited(self, mark: CopyMark[Event]) -> None:
+        """Compute now waits on ``mark``: its event and those of earlier marks may be reused."""
+        generation = mark.generation
+        if generation <= self.waited_generation:
+            return
+        self.waited_generation = generation
+        in_flight, free = self._in_flight, self._free
+        while in_flight and in_flight[0].generation <= generation:
+            free.append(in_flight.popleft().event)
+
+    def forget_waits(self) -> None:
+        """Compute is now another stream, ordered after none of the marks: every mark is pending
+        again (a wait on one whose event was reused since waits on a later group: more than
+        needed, never less, as the copy stream runs its groups in order)."""
+        self.waited_generation = 0
 
 
 class Runtime(Protocol):
@@ -45,8 +150,13 @@ class Runtime(Protocol):
     """Whether waits on copies are timed now: the engine sets it for hooked (profiling and
     refining) passes only, so that a steady-state step records no timing events."""
 
+    def begin_pass(self) -> None:
+        """A forward or backward pass starts: the stream current now is its compute stream."""
+        ...
+
     def record_compute(self) -> StreamEvent:
-        """An event after the compute work issued so far."""
+        """An event after the compute work issued so far, for the copy that follows at once (the
+        runtime may record the same event again at its next call)."""
         ...
 
     def copy_out(
@@ -119,6 +229,9 @@ class HostCopyRuntime:
         self._waited = 0.0
         self.timing = True  # copies are timed with the CPU's clock either way (no events)
 
+    def begin_pass(self) -> None:
+        pass
+
     def record_compute(self) -> StreamEvent:
         return None
 
@@ -172,6 +285,16 @@ class CudaRuntime:
     CPU never waits for the device. Only while :attr:`timing` is set (hooked passes): in
     steady state a copy in read costs one ``wait_event`` and nothing is read back.
 
+    What a group of copies costs the host: one record of the compute event (one event, reused),
+    one wait of the copy stream on it, the copy stream made current and the compute stream made
+    current again, one record of the group's event (from an :class:`EventRing`: no event made in
+    the steady state); and compute's wait on it, skipped when compute already waited on a later
+    group. The compute stream is looked up once per pass (:meth:`begin_pass`), and so is the
+    current device: copies issued in a pass that started on another device go through
+    ``torch.cuda.stream``, which puts the device back too. Work of one pass is therefore on one
+    compute stream: the stream current when the pass began (autograd runs a backward op on the
+    stream its forward op ran on).
+
     Example:
         >>> runtime = CudaRuntime(torch.device("cuda", 0))  # doctest: +SKIP
     """
@@ -182,16 +305,31 @@ class CudaRuntime:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
-        self._compute = CurrentCudaStream(self._index)  # the compute stream: current at each call
+        self._current = CurrentCudaStream(self._index)
+        self._compute: torch.cuda.Stream | None = None  # of the pass (None: the current one at each call)
+        self._same_device = True  # the pass began on this runtime's device
         self.copy_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._written = torch.cuda.Event()  # type: ignore[no-untyped-call]  # on compute, recorded again
+        self.events: EventRing[torch.cuda.Event] = EventRing(torch.cuda.Event)
         self.timing = True
         self._probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._last_probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
+    def begin_pass(self) -> None:
+        compute = self._current.get()
+        if self._compute is not None and compute is not self._compute:
+            self.events.forget_waits()  # waits on the stream before order nothing on this one
+        self._compute = compute
+        self._same_device = torch.cuda.current_device() == self._index
+
+    def _compute_stream(self) -> torch.cuda.Stream:
+        compute = self._compute
+        return self._current.get() if compute is None else compute
+
     def record_compute(self) -> StreamEvent:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(self._compute.get())
-        return event
+        written = self._written
+        written.record(self._compute_stream())
+        return written
 
     def copy_out(
         self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
@@ -204,29 +342,29 @@ class CudaRuntime:
         """A group of copies on the copy stream after ``after``: one wait, one call, one event.
 
         The copy stream is made current around the call, as ``torch.cuda.stream`` would, and
-        the stream current before is made current again; that context itself (it looks the
-        current stream up twice and compares devices) serves only when another device is
-        current."""
+        the compute stream is made current again; that context itself (it looks the current
+        stream up twice and compares devices) serves only when the pass began on another
+        device."""
         assert isinstance(after, torch.cuda.Event)
         copy = self.copy_stream
         after.wait(copy)
-        if torch.cuda.current_device() != self._index:
+        done = self.events.take()
+        compute = self._compute
+        if compute is None:  # outside a pass: the current stream and device now
+            compute = self._current.get()
+            same_device = torch.cuda.current_device() == self._index
+        else:
+            same_device = self._same_device
+        if not same_device:
             with torch.cuda.stream(copy):
-                return self._issue(copy, dests, sources)
-        previous = self._compute.get()
-        torch.cuda.set_stream(copy)
-        try:
-            return self._issue(copy, dests, sources)
-        finally:
-            torch.cuda.set_stream(previous)
-
-    @staticmethod
-    def _issue(
-        copy: torch.cuda.Stream, dests: list[torch.Tensor], sources: list[torch.Tensor]
-    ) -> StreamEvent:
-        copy_each(dests, sources, non_blocking=True)
-        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        done.record(copy)
+                copy_each(dests, sources, non_blocking=True)
+        else:
+            torch.cuda.set_stream(copy)
+            try:
+                copy_each(dests, sources, non_blocking=True)
+            finally:
+                torch.cuda.set_stream(compute)
+        done.event.record(copy)
         return done
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -238,22 +376,30 @@ class CudaRuntime:
         return self._copies(after, dests, hosts)
 
     def wait(self, event: StreamEvent) -> None:
-        assert isinstance(event, torch.cuda.Event)
-        event.wait(self._compute.get())
+        assert isinstance(event, CopyMark)
+        events = self.events
+        if event.generation > events.waited_generation:  # EventRing.pending, inline
+            event.event.wait(self._compute_stream())
+            events.waited(event)
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
         if ready is None:
             return
-        assert isinstance(ready, torch.cuda.Event)
-        compute = self._compute.get()
+        assert isinstance(ready, CopyMark)
+        events = self.events
+        if ready.generation <= events.waited_generation:  # compute waited on a later group
+            return
+        compute = self._compute_stream()
         if not self.timing:
-            ready.wait(compute)
+            ready.event.wait(compute)
+            events.waited(ready)
             return
         before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)
-        ready.wait(compute)
+        ready.event.wait(compute)
         after.record(compute)
+        events.waited(ready)
         self._probes.append((before, after))
 
     def hold(self, key: int, nbytes: int) -> None:

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.budget import format_bytes
+from lightning_accudnn.planner.frontier import recompute_cost_lines
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
-    SegmentSpan,
     candidate_spans,
     recomputed_profile,
 )
@@ -23,7 +23,7 @@ from lightning_accudnn.planner.search import (
     check_policy,
     fewest_bytes_swapped,
     least_peak_choice,
-    recompute_sets,
+    planned_sets,
     search_mixed,
 )
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline, unconstrained_seconds
@@ -165,12 +165,13 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
     ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
     (copies hidden perfectly behind compute); recomputing frees the rest, ``y = X - x``, at
-    the least forward time that frees ``y`` bytes, ``R(y)`` (the profile's segments by forward
-    seconds per freed byte, fractionally), added to the backward:
+    the least forward time that frees ``y`` bytes, ``R(y)`` (bounded from below by the
+    Lagrangian relaxation of choosing non-overlapping segments, a stage never with its blocks:
+    :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`), added to the backward:
     ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
     ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
-    ``x = 0`` under ``"recompute"``. It ignores the transient a recomputed segment holds and
-    the bytes a plan cannot move, so every plan is at least this slow.
+    ``x = 0`` under ``"recompute"`` and ``"selective"``. It ignores the transient a recomputed
+    segment holds and the bytes a plan cannot move, so every plan is at least this slow.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -186,13 +187,10 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     if excess == 0:
         return forward + backward
 
-    spans = sorted(
-        candidate_spans(profile, selective=policy == "selective"),
-        key=lambda span: span.recompute_seconds / span.freed_bytes,
-    )
+    lines, most = recompute_cost_lines(candidate_spans(profile, selective=policy == "selective"))
 
     def bound(swapped: float) -> float:
-        recompute = _least_recompute_seconds(spans, excess - swapped)
+        recompute = _least_recompute_seconds(lines, most, excess - swapped)
         return max(forward, swapped / profile.d2h_bytes_per_second) + max(
             backward + recompute, swapped / profile.h2d_bytes_per_second
         )
@@ -213,19 +211,15 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     return min(bound(low), bound(high), bound(0.0), bound(float(excess)))
 
 
-def _least_recompute_seconds(spans: Sequence[SegmentSpan], freed: float) -> float:
-    """The least forward time run again that frees ``freed`` bytes (fractional segments of
-    ``spans``, sorted by forward seconds per freed byte; ``inf`` when they cannot free that much)."""
+def _least_recompute_seconds(lines: Sequence[tuple[float, float]], most: int, freed: float) -> float:
+    """A lower bound on the forward time run again that frees ``freed`` bytes: the maximum of
+    :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`' lines, ``inf`` beyond the
+    most bytes any set of non-overlapping segments frees."""
     if freed <= 0:
         return 0.0
-    seconds = 0.0
-    for span in spans:
-        take = min(freed, span.freed_bytes)
-        seconds += span.recompute_seconds * take / span.freed_bytes
-        freed -= take
-        if freed <= 0:
-            return seconds
-    return math.inf
+    if freed > most:
+        return math.inf
+    return max(slope * freed + intercept for slope, intercept in lines)
 
 
 #: Which route a model's plan is applied by (``Plan.route``): hooks per layer, per compiled block, or
@@ -341,6 +335,32 @@ class Plan:
     def unconstrained_seconds(self) -> float:
         """Predicted step time on a GPU with enough memory (nothing swapped or recomputed)."""
         return unconstrained_seconds(self.profile)
+
+    @property
+    def predicted_ledger_peak_bytes(self) -> int:
+        """The predicted peak as the engine's ledger counts it: ``predicted_peak_bytes`` less the
+        recomputed segments' saves while their backward runs, which go to the checkpoint and never
+        pass the engine's hooks (the same when nothing is recomputed).
+
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
+            >>> layers = (LayerProfile("b.x", 100, 100, 1.0, 1.0), LayerProfile("b.y", 100, 100, 1.0, 1.0),
+            ...           LayerProfile("c", 30, 30, 1.0, 1.0))
+            >>> profile = StepProfile(layers, static_bytes=0, segments=(SegmentProfile("b", 10),))
+            >>> plan = plan_swaps(profile, budget_bytes=220, policy="recompute")
+            >>> plan.recomputed, plan.predicted_peak_bytes, plan.predicted_ledger_peak_bytes
+            (('b',), 210, 40)
+        """
+        if self.step is None or not self.step.recomputed:
+            return self.predicted_peak_bytes
+        choice = PlanChoice(
+            tuple(self.timeline.swap)
+            if self.timeline is not None
+            else (False,) * len(self.step.profile.layers),
+            self.prefetch_window_bytes,
+            self.max_copying_out_bytes,
+        )
+        return Simulator(self.step.profile).memory(choice).peak_bytes
 
     @property
     def compute_wait_seconds(self) -> float:
@@ -518,7 +538,9 @@ def plan_swaps(
     candidates and, for each recompute set, at most 10 swappable layers with
     ``2**swappable * layers <= 16384``: the result is then the exact optimum of the model.
     Beyond that it is a **heuristic** with a bounded number of simulations (see
-    :mod:`.search`); it always includes swapping everything and recomputing nothing.
+    :mod:`.search`): with many candidates, the recompute sets simulated are those of a frontier
+    (the cheapest set for each amount of bytes freed, :mod:`.frontier`); it always includes
+    swapping everything and recomputing nothing.
 
     No plan's budget is below the peak of the pass the session profiles with (the first pass
     of each new batch shape: every swappable activation swapped, nothing recomputed), since
@@ -738,7 +760,7 @@ def _least_peak(profile: StepProfile, policy: str) -> int:
     """The least peak of the plans :func:`plan_swaps` searches under ``policy``."""
     spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
     least = None
-    for chosen in recompute_sets(spans):
+    for chosen in planned_sets(profile, spans):
         step = recomputed_profile(profile, chosen, swappable=policy not in KEEP_OR_RECOMPUTE)
         simulator = Simulator(step.profile, step.transient_bytes)
         peak = simulator.peak_bytes(least_peak_choice(simulator))

@@ -17,10 +17,11 @@ engine's ledger and on the device, never below either):
 * a storage first saved inside a recomputed segment and saved again by a later layer ``p``
   (``LayerProfile.resaved_by``) is, under recomputation, first saved by the engine at or
   after the first layer following the segment: it is counted as resident bytes of that
-  layer (from its forward to the end of its backward, which covers every later first save;
-  an output that is the next segment's input is so counted twice). The segment's outputs
-  (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a profile
-  that does not list re-saves (a FakeTensor trace's) still counts every output;
+  layer (from its forward to the end of its backward, which covers every later first save),
+  except the bytes the next segment, recomputed too, takes as inputs (matched by storage:
+  ``SegmentProfile.input_sources``), which that segment's layer counts once. The segment's
+  outputs (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a
+  profile that does not list re-saves (a FakeTensor trace's) still counts every output;
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
   the segment layer (the latest position its last save can have).
 
@@ -82,10 +83,16 @@ class SegmentSpan:
     saved_bytes: int
     forward_seconds: float
     output_bytes: int = 0
+    input_sources: tuple[tuple[str, int], ...] = ()
     selective: bool = False
     kept_bytes: int = 0
     recompute_share: float = 1.0
     rebuilt_bytes: int | None = None
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """``input_sources`` as a mapping: earlier segment -> bytes of its outputs among the inputs."""
+        return dict(self.input_sources)
 
     @property
     def freed_bytes(self) -> int:
@@ -145,6 +152,7 @@ def candidate_spans(profile: StepProfile, *, selective: bool = False) -> tuple[S
             sum(layers[i].saved_bytes for i in covered),
             sum(layers[i].forward_seconds for i in covered),
             segment.output_bytes,
+            segment.input_sources,
             selective,
             segment.selective_kept_bytes or 0 if selective else 0,
             segment.selective_recompute_share if selective else 1.0,
@@ -215,26 +223,51 @@ def recomputed_profile(
             groups.append((span.name, list(range(span.first, span.last + 1)), span))
     position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
     index = {layer.name: i for i, layer in enumerate(layers)}
-    extra_resident = [0] * len(groups)
-    leaving = [0] * len(groups)  # per recomputed segment: re-saved bytes first saved inside it
+    count = len(groups)
+    extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
+    # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
+    # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
+    sources = [dict(span.sources) if span is not None else {} for _, _, span in groups]
+    leaving = [0] * count  # per recomputed segment: re-saved bytes first saved inside it
     resaves: list[dict[str, int]] = [{} for _ in groups]
+
+    def take(segment: int, source: str, nbytes: int) -> int:
+        """As many of ``nbytes`` as are inputs of ``segment`` made by ``source``."""
+        left = sources[segment].get(source, 0)
+        taken = min(left, nbytes)
+        if taken:
+            sources[segment][source] = left - taken
+        return taken
+
     for i, layer in enumerate(layers):
         group = position[i]
+        span = groups[group][2]
         for later_name, nbytes in layer.resaved_by:
             later = position[index[later_name]]
             if later == group:
                 continue
-            if groups[group][2] is None:
+            target = groups[later][2]
+            if span is None:
                 name = groups[later][0]
                 resaves[group][name] = resaves[group].get(name, 0) + nbytes
-            elif group + 1 < len(groups):  # first saved by the engine at or after the next layer
+                continue
+            leaving[group] += nbytes
+            if later == group + 1 and target is not None:  # the next segment's inputs, made here?
+                nbytes -= take(later, span.name, nbytes)
+            if nbytes and group + 1 < count:  # first saved by the engine at or after the next layer
                 extra_resident[group + 1] += nbytes
-                leaving[group] += nbytes
-    for g, (_, _, span) in enumerate(groups):
-        if span is not None and g + 1 < len(groups):
-            # The outputs saved again after the segment are among the re-saves counted just now
-            # when the profile lists re-saves (the engine's do); else they are counted here.
-            extra_resident[g + 1] += max(0, span.output_bytes - leaving[g])
+    for g, (_, indices, span) in enumerate(groups):
+        if span is None or g + 1 >= count:
+            continue
+        following = groups[g + 1][2]
+        # Outputs saved inside the segment and again after it without a listed re-save: in a
+        # profile that lists re-saves, only among the bytes it cannot swap; outputs the next
+        # segment takes as inputs are counted there.
+        passed_on = sources[g + 1].get(span.name, 0) if following is not None else 0
+        unlisted = max(0, span.output_bytes - leaving[g] - passed_on)
+        if profile.resaves_listed:
+            unlisted = min(unlisted, sum(layers[i].resident_bytes for i in indices))
+        extra_resident[g + 1] += unlisted
     new_layers = []
     transient = []
     for g, (name, indices, span) in enumerate(groups):
@@ -244,6 +277,14 @@ def recomputed_profile(
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0
             resaved = tuple(resaves[g].items()) if swap_bytes else ()
+            if (
+                swap_bytes == layer.swappable_bytes
+                and saved == layer.saved_bytes
+                and resaved == layer.resaved_by
+            ):
+                new_layers.append(layer)  # unchanged (most layers of a large profile)
+                transient.append(0)
+                continue
             new_layers.append(
                 LayerProfile(
                     name,
@@ -276,6 +317,7 @@ def recomputed_profile(
         profile.static_bytes,
         profile.d2h_bytes_per_second,
         profile.h2d_bytes_per_second,
+        resaves_listed=profile.resaves_listed,
     )
     return RecomputedProfile(
         derived,

@@ -18,7 +18,11 @@ Facts the search relies on (they follow from the simulator's rules):
   one as fast.
 
 :func:`search_mixed` adds recomputation: for each recompute set it searches the keep/swap
-plan of the step the engine would then see (:mod:`.recompute`), and keeps the fastest.
+plan of the step the engine would then see (:mod:`.recompute`), and keeps the fastest. With
+few candidates every non-overlapping set is searched; with many, the sets come from the
+frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, by a dynamic
+program over the forward order), each simulated exactly, and only a few of those that still
+need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
 
 Choosing the swap set exactly is subset-sum-like, so small instances are searched
 exhaustively and large ones heuristically (forward prefixes, then a bounded greedy
@@ -30,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lightning_accudnn.planner.frontier import recompute_frontier
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
     SegmentSpan,
@@ -361,9 +366,9 @@ class MixedResult:
 
     ``step`` is the step the engine sees under the best plan's recomputed segments (see
     :mod:`~lightning_accudnn.planner.recompute`); ``best`` is scored on it.
-    ``min_peak_bytes`` is the least peak over the recompute sets searched, each with
-    everything swappable swapped at limit and window 0; the set searched depends on the
-    profile only, so any cap of at least that much finds a plan.
+    ``min_peak_bytes`` is the least peak over the recompute sets of :func:`planned_sets`, each
+    with everything swappable swapped at limit and window 0; those sets depend on the profile
+    only, so any cap of at least that much finds a plan (and a smaller one none).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -433,6 +438,19 @@ def _prefixes(
     return [tuple(picked[:length]) for length in lengths]
 
 
+#: With many candidates, at most this many recompute sets that need swaps (besides recomputing
+#: nothing) get the full keep/swap search, the most promising first by the reduction.
+SWAP_SEARCHED_SETS = 3
+#: The frontier is computed under at most this many limits on a recomputed segment's saves.
+TRANSIENT_LEVELS = 6
+#: On each frontier, the sets just before the first that fits with nothing swapped...
+FRONTIER_NEIGHBOURS = 6
+#: ...and this many more spread below them are simulated.
+FRONTIER_SAMPLES = 8
+
+_MixedKey = tuple[float, float, int, int, int, int]
+
+
 def search_mixed(
     profile: StepProfile,
     cap: int,
@@ -448,26 +466,27 @@ def search_mixed(
     Each recompute set searched is turned into the step the engine would see and searched for
     its best keep/swap plan (:func:`search`); the fastest wins, then the one that recomputes
     less, copies less, peaks lower, then the smaller window and limit. With few candidates
-    every set of :func:`recompute_sets` is searched; with many, recomputing nothing, the set of
-    :func:`recompute_sets` with the least peak, and :func:`faster_recompute_sets`.
+    every set of :func:`recompute_sets` is searched. With many, the sets are the frontier of
+    :func:`frontier_sets` (the cheapest set for each amount of bytes freed), the set of
+    :func:`recompute_sets` with the least peak and :func:`faster_recompute_sets`; each is
+    simulated exactly: a set whose step fits with nothing swapped is scored so (swapping never
+    makes a step faster); of those that need swaps, recomputing nothing and the
+    :data:`SWAP_SEARCHED_SETS` most promising (by the copy time the bytes over the budget
+    force at the link rates) get the keep/swap search, each only while its compute alone can
+    still beat the best plan found.
     """
     check_policy(policy)
     spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
+    swappable = policy not in KEEP_OR_RECOMPUTE
+    if len(spans) > EXACT_MAX_SEGMENTS:
+        return _search_many(profile, spans, cap, max_limit, swappable, host_fits)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
-    best_key: tuple[float, float, int, int, int, int] | None = None
+    best_key: _MixedKey | None = None
     least: int | None = None
-    every_set = exact = len(spans) <= EXACT_MAX_SEGMENTS
-    swappable = policy not in KEEP_OR_RECOMPUTE
-    bounding = recompute_sets(spans)
-    if every_set:
-        searched = bounding
-    else:  # the bytes-only set with the least peak (so the smallest budget plans), and timed sets
-        peaks = [_least_peak(recomputed_profile(profile, chosen, swappable=swappable)) for chosen in bounding]
-        least = min(peaks)
-        searched = [(), bounding[peaks.index(least)], *faster_recompute_sets(spans)]
+    exact = True
     steps: dict[tuple[str, ...], RecomputedProfile] = {}
-    for chosen in searched:
+    for chosen in recompute_sets(spans):
         names = tuple(span.name for span in chosen)
         if names not in steps:
             steps[names] = recomputed_profile(profile, chosen, swappable=swappable)
@@ -475,37 +494,236 @@ def search_mixed(
     # for) is slower than the best plan so far can only lose, and is not searched.
     for step in sorted(steps.values(), key=lambda step: step.recompute_seconds):
         simulator = Simulator(step.profile, step.transient_bytes)
-        if best_key is not None:
-            best_seconds, best_recompute = best_key[0], best_key[1]
-            compute_only = simulator.times(PlanChoice((False,) * simulator.k, 0, 0)).step_seconds
-            if compute_only > best_seconds * (1 + 1e-9) or (
-                compute_only >= best_seconds and step.recompute_seconds > best_recompute
-            ):
-                if every_set:
-                    peak = _least_peak(step)
-                    least = peak if least is None else min(least, peak)
-                continue
+        if best_key is not None and _cannot_win(simulator, step, best_key):
+            peak = _least_peak(step)
+            least = peak if least is None else min(least, peak)
+            continue
         step_fits = None if host_fits is None else _on_profile(host_fits, step)
         result = search(simulator, cap, max_limit, step_fits)
         exact = exact and result.method != "heuristic"
-        if every_set:  # every bytes-only set is searched: the least of their peaks
-            least = result.min_peak_bytes if least is None else min(least, result.min_peak_bytes)
+        least = result.min_peak_bytes if least is None else min(least, result.min_peak_bytes)
         if result.best is None:
             continue
-        choice = result.best.choice
-        swapped = sum(w for s, w in zip(choice.swap, simulator.swappable, strict=True) if s)
-        key = (
-            result.best.step_seconds,
-            step.recompute_seconds,
-            swapped,
-            result.best.peak_bytes,
-            choice.prefetch_window_bytes,
-            choice.max_copying_out_bytes or 0,
-        )
+        key = _mixed_key(result.best, step, simulator)
         if best_key is None or key < best_key:
             best, best_step, best_key = result.best, step, key
     assert least is not None  # the empty set is always searched
     return MixedResult(best, best_step, least, "exhaustive" if exact else "heuristic")
+
+
+def _mixed_key(result: SimulationResult, step: RecomputedProfile, simulator: Simulator) -> _MixedKey:
+    choice = result.choice
+    swapped = sum(w for s, w in zip(choice.swap, simulator.swappable, strict=True) if s)
+    return (
+        result.step_seconds,
+        step.recompute_seconds,
+        swapped,
+        result.peak_bytes,
+        choice.prefetch_window_bytes,
+        choice.max_copying_out_bytes or 0,
+    )
+
+
+def _compute_only(simulator: Simulator) -> SimulationResult:
+    return simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
+
+
+def _cannot_win(simulator: Simulator, step: RecomputedProfile, best_key: _MixedKey) -> bool:
+    """Whether every plan of ``step`` is beaten by ``best_key``: its compute alone (nothing
+    swapped, so nothing waited for) is slower, or as fast with more recomputation."""
+    compute_only = simulator.times(PlanChoice((False,) * simulator.k, 0, 0)).step_seconds
+    best_seconds, best_recompute = best_key[0], best_key[1]
+    return compute_only > best_seconds * (1 + 1e-9) or (
+        compute_only >= best_seconds and step.recompute_seconds > best_recompute
+    )
+
+
+def frontier_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+    """The recompute sets worth simulating when there are too many for every subset: for each
+    of up to :data:`TRANSIENT_LEVELS` limits on what a recomputed segment saves (its transient
+    in backward: the largest innermost candidate's, then the larger ones'), the frontier of
+    :func:`~lightning_accudnn.planner.frontier.recompute_frontier` over the candidates within
+    it. They depend on the profile only (never on the budget).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
+        >>> names = [f"s.b{i}.{part}" for i in range(2) for part in "xy"]
+        >>> layers = tuple(LayerProfile(name, 50, 50, 1.0, 2.0) for name in names)
+        >>> segments = (SegmentProfile("s", 10), SegmentProfile("s.b0", 10), SegmentProfile("s.b1", 10))
+        >>> profile = StepProfile(layers, 0, segments=segments)
+        >>> [[span.name for span in chosen] for chosen in frontier_sets(profile, candidate_spans(profile))]
+        [[], ['s.b0'], ['s.b0', 's.b1'], ['s']]
+    """
+    sets: dict[tuple[str, ...], tuple[SegmentSpan, ...]] = {}
+    for frontier in _frontiers(profile, spans):
+        for chosen in frontier:
+            sets.setdefault(tuple(span.name for span in chosen), chosen)
+    return list(sets.values())
+
+
+def _frontiers(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[list[tuple[SegmentSpan, ...]]]:
+    """One frontier per limit on what a recomputed segment saves (see :func:`frontier_sets`)."""
+    if not spans:
+        return [[()]]
+    innermost = max(
+        span.saved_bytes
+        for span in spans
+        if not any(other is not span and span.holds(other) for other in spans)
+    )
+    larger = sorted({span.saved_bytes for span in spans if span.saved_bytes > innermost})
+    if len(larger) >= TRANSIENT_LEVELS:  # spread the levels over the larger ones, the largest last
+        step = len(larger) / (TRANSIENT_LEVELS - 1)
+        picks = (min(len(larger) - 1, round((i + 1) * step) - 1) for i in range(TRANSIENT_LEVELS - 1))
+        larger = [larger[pick] for pick in picks]
+    again = not profile.resaves_listed
+    return [
+        recompute_frontier(
+            [span for span in spans if span.saved_bytes <= level],
+            len(profile.layers),
+            outputs_counted_again=again,
+        )
+        for level in (innermost, *larger)
+    ]
+
+
+def _search_many(
+    profile: StepProfile,
+    spans: Sequence[SegmentSpan],
+    cap: int,
+    max_limit: int | None,
+    swappable: bool,
+    host_fits: Callable[[tuple[bool, ...]], bool] | None,
+) -> MixedResult:
+    """:func:`search_mixed` with more candidates than :data:`EXACT_MAX_SEGMENTS`."""
+    sets = _SetScores(profile, cap, swappable)
+    bounding = planned_sets(profile, spans)
+    least = min(sets.score(chosen).least_peak for chosen in bounding)
+    if cap < least:  # below the smallest budget named: refused, whatever else might fit
+        return MixedResult(None, None, least, "heuristic")
+    for chosen in faster_recompute_sets(spans):
+        sets.score(chosen)
+    for frontier in _frontiers(profile, spans):
+        sets.walk(frontier)
+    best: SimulationResult | None = None
+    best_step: RecomputedProfile | None = None
+    best_key: _MixedKey | None = None
+
+    def offer(result: SimulationResult, step: RecomputedProfile, simulator: Simulator) -> None:
+        nonlocal best, best_step, best_key
+        key = _mixed_key(result, step, simulator)
+        if best_key is None or key < best_key:
+            best, best_step, best_key = result, step, key
+
+    # A set whose step fits with nothing swapped is scored exactly (swapping never makes a
+    # step faster). The others are ranked by the copy bound, a proved lower bound on every plan
+    # of the set (the bytes over the budget go out in forward and come back in backward), and
+    # searched least first (recomputing nothing always), while the bound can beat the best.
+    needing: list[tuple[float, int, _SetScore]] = []
+    for order, score in enumerate(sets.scores.values()):
+        if score.plain.peak_bytes <= cap:
+            offer(score.plain, score.step, score.simulator)
+        elif score.least_peak <= cap:
+            bound = _copy_bound(score.step.profile, score.plain.peak_bytes - cap)
+            needing.append((bound, order if score.step.recomputed else -1, score))
+    searched = 0
+    for bound, _, score in sorted(needing, key=lambda entry: entry[:2]):
+        if best is not None and bound > best.step_seconds * (1 + 1e-9):
+            break
+        recomputes = bool(score.step.recomputed)
+        if recomputes and searched >= SWAP_SEARCHED_SETS and best is not None:
+            continue
+        if best_key is not None and _cannot_win(score.simulator, score.step, best_key):
+            continue
+        step_fits = None if host_fits is None else _on_profile(host_fits, score.step)
+        result = search(score.simulator, cap, max_limit, step_fits)
+        if result.best is not None:
+            offer(result.best, score.step, score.simulator)
+        searched += recomputes
+    return MixedResult(best, best_step, least, "heuristic")
+
+
+@dataclass(frozen=True)
+class _SetScore:
+    """A recompute set's step, its simulator, its plan with nothing swapped and its least peak."""
+
+    step: RecomputedProfile
+    simulator: Simulator
+    plain: SimulationResult
+    least_peak: int
+
+
+class _SetScores:
+    """Recompute sets simulated so far (each once), by their names."""
+
+    def __init__(self, profile: StepProfile, cap: int, swappable: bool) -> None:
+        self.profile, self.cap, self.swappable = profile, cap, swappable
+        self.scores: dict[tuple[str, ...], _SetScore] = {}
+
+    def score(self, chosen: tuple[SegmentSpan, ...]) -> _SetScore:
+        names = tuple(span.name for span in chosen)
+        known = self.scores.get(names)
+        if known is None:
+            step = recomputed_profile(self.profile, chosen, swappable=self.swappable)
+            simulator = Simulator(step.profile, step.transient_bytes)
+            least = simulator.peak_bytes(least_peak_choice(simulator))
+            known = self.scores[names] = _SetScore(step, simulator, _compute_only(simulator), least)
+        return known
+
+    def fits_plain(self, chosen: tuple[SegmentSpan, ...]) -> bool:
+        return self.score(chosen).plain.peak_bytes <= self.cap
+
+    def walk(self, frontier: Sequence[tuple[SegmentSpan, ...]]) -> None:
+        """Simulate the sets of ``frontier`` (least bytes freed first) worth it: by bisection the
+        first that fits with nothing swapped (the peak falls as more is freed, nearly always),
+        the :data:`FRONTIER_NEIGHBOURS` before it, and :data:`FRONTIER_SAMPLES` spread below them
+        (sets that need swaps: fewer bytes over the budget against more recomputation)."""
+        count = len(frontier)
+        if count == 0:
+            return
+        if self.fits_plain(frontier[-1]):
+            low, high = -1, count - 1  # high fits; low does not (or is before the first)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if self.fits_plain(frontier[middle]):
+                    high = middle
+                else:
+                    low = middle
+            boundary = high
+        else:
+            boundary = count
+        for index in range(max(0, boundary - FRONTIER_NEIGHBOURS), boundary):
+            self.score(frontier[index])
+        below = max(0, boundary - FRONTIER_NEIGHBOURS)
+        for sample in range(FRONTIER_SAMPLES):
+            self.score(frontier[below * sample // FRONTIER_SAMPLES])
+
+
+def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+    """The recompute sets whose least peak bounds the smallest budget (they depend on the
+    profile only, never on timings or the budget): :func:`recompute_sets`, and with more
+    candidates than :data:`EXACT_MAX_SEGMENTS` also the set of each frontier of
+    :func:`frontier_sets` that frees the most.
+
+    Example:
+        >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
+        >>> len(planned_sets(StepProfile((), 0), spans))
+        3
+    """
+    sets = recompute_sets(spans)
+    if len(spans) > EXACT_MAX_SEGMENTS:
+        sets = [*sets, *(frontier[-1] for frontier in _frontiers(profile, spans))]
+    return sets
+
+
+def _copy_bound(profile: StepProfile, over: int) -> float:
+    """A lower bound on the step of any plan of ``profile`` whose peak is ``over`` bytes below
+    the peak with nothing swapped: that many bytes are copied out during the forward (the
+    compute waits for a retired layer's copy) and back during the backward (a layer's backward
+    waits for its bytes), so ``max(forward, over / d2h) + max(backward, over / h2d)``."""
+    forward = sum(layer.forward_seconds for layer in profile.layers)
+    backward = sum(layer.backward_seconds for layer in profile.layers)
+    out, back = over / profile.d2h_bytes_per_second, over / profile.h2d_bytes_per_second
+    return max(forward, out) + max(backward, back)
 
 
 def _on_profile(

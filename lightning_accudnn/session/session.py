@@ -909,6 +909,7 @@ class OffloadSession:
             static_bytes=static_bytes,
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,
+            resaves_listed=True,  # the engine lists every re-save of a swappable storage
         )
 
     def _measure(self, step: StepStats, plan: Plan | None, source: PlanSource) -> OffloadStats:

@@ -4,9 +4,14 @@ The compute stream is the CPU itself (PyTorch runs CPU ops as they are issued). 
 stream is a queue: each copy is really executed (its bytes really move) only when the CPU
 observes it, ``lag`` runtime operations after it was issued (``None``: only when the compute
 stream waits on it), so every decision the engine makes is exercised with the CPU running
-ahead of the device. Each stream keeps a vector clock; events capture the clock of their
-stream and waits merge it, so each read, write and free is checked against the accesses of
-the other stream it must follow.
+ahead of the device. Each stream keeps a vector clock; an event holds the clock of its stream
+at its last record and a wait merges the clock the event holds when the wait is issued (as
+CUDA's events do), so each read, write and free is checked against the accesses of the other
+stream it must follow.
+Events are reused as :class:`~lightning_accudnn.ops.CudaRuntime` reuses them: one compute
+event recorded again for each group of copies, and the copy stream's from an
+:class:`~lightning_accudnn.ops.runtime.EventRing`; a wait on a mark whose event was recorded
+again since for a later group is counted (``stale_waits``: it waits for more than it needs).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from lightning_accudnn.ops.runtime import StreamEvent
+from lightning_accudnn.ops.runtime import CopyMark, EventRing, StreamEvent
 from lightning_accudnn.testing.allocator import StreamOrderedAllocator
 
 _COMPUTE, _COPY = 0, 1
@@ -26,10 +31,18 @@ _POISON = 0xFF  # bytes: NaN in every floating type, -1 in signed integers
 
 
 class _Event:
-    __slots__ = ("clock",)
+    """A reusable event: the clock of its stream at its last record, and the generation of the
+    group of copies it marked then (0 for the compute event)."""
 
-    def __init__(self, clock: list[int]) -> None:
+    __slots__ = ("clock", "marked")
+
+    def __init__(self) -> None:
+        self.clock = (0, 0)
+        self.marked = 0
+
+    def record(self, clock: list[int], marked: int = 0) -> None:
         self.clock = (clock[0], clock[1])
+        self.marked = marked
 
 
 class _Block:
@@ -116,6 +129,9 @@ class SimulatedGPU:
         self._poisoned_hosts: set[int] = set()
         self.held_bytes = 0
         self.peak_held_bytes = 0
+        self._written = _Event()  # the compute event, recorded again at each record_compute
+        self.events: EventRing[_Event] = EventRing(_Event)  # the copy stream's, reused
+        self.stale_waits = 0
 
     # -- figures ------------------------------------------------------------------------
 
@@ -152,7 +168,7 @@ class SimulatedGPU:
 
     def _copy_waits(self, after: StreamEvent) -> None:
         assert isinstance(after, _Event), "a copy must be ordered after a compute event"
-        clock = self._clocks[_COPY]
+        clock = self._clocks[_COPY]  # the event's clock now: its last record
         clock[_COMPUTE] = max(clock[_COMPUTE], after.clock[_COMPUTE])
 
     def _enqueue(self, run: Callable[[], None]) -> int:
@@ -195,9 +211,14 @@ class SimulatedGPU:
 
     # -- the runtime interface ------------------------------------------------------------
 
+    def begin_pass(self) -> None:
+        pass  # one compute stream: the CPU
+
     def record_compute(self) -> StreamEvent:
         self._compute_op()
-        return _Event(self._clocks[_COMPUTE])
+        written = self._written
+        written.record(self._clocks[_COMPUTE])
+        return written
 
     def copy_out(
         self, after: StreamEvent, sources: list[torch.Tensor], hosts: list[torch.Tensor]
@@ -214,7 +235,9 @@ class SimulatedGPU:
         """A group of copies: each checked and queued as its own copy-stream op, one event after all."""
         for source, destination in zip(froms, tos, strict=True):
             copy(after, source, destination)
-        return _Event(self._clocks[_COPY])
+        done = self.events.take()
+        done.event.record(self._clocks[_COPY], done.generation)
+        return done
 
     def _copy_out(self, after: StreamEvent, source: torch.Tensor, host: torch.Tensor) -> None:
         block = self._ordered_copy(
@@ -271,15 +294,23 @@ class SimulatedGPU:
             block.last_copy_write = block.last_copy_access = position
 
     def wait(self, event: StreamEvent) -> None:
-        assert isinstance(event, _Event)
+        assert isinstance(event, CopyMark), "compute waits on a group of copies"
+        events = self.events
+        if not events.pending(event):  # compute waited on a later group: ordered after this one
+            return
         self._compute_op()
+        recorded = event.event
+        assert isinstance(recorded, _Event)
+        if recorded.marked != event.generation:
+            self.stale_waits += 1
         clock = self._clocks[_COMPUTE]
-        clock[_COPY] = max(clock[_COPY], event.clock[_COPY])
-        clock[_COMPUTE] = max(clock[_COMPUTE], event.clock[_COMPUTE])
-        self._run_through(event.clock[_COPY])
+        clock[_COPY] = max(clock[_COPY], recorded.clock[_COPY])
+        clock[_COMPUTE] = max(clock[_COMPUTE], recorded.clock[_COMPUTE])
+        self._run_through(recorded.clock[_COPY])
+        events.waited(event)
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
-        if ready is not None:
+        if ready is not None and self.events.pending(ready):  # type: ignore[arg-type]
             self.wait(ready)
         else:
             self._compute_op()

@@ -67,3 +67,55 @@ def test_a_step_is_logged_with_its_status(tmp_path: Path) -> None:
         results,
     )
     assert failed["status"] == "failed" and failed["returncode"] == 3 and failed["result_files"] == []
+
+
+HEADLINE_ROWS = [
+    "oracle",
+    "accudnn-static+1/2act",
+    "accudnn-static+1/3act",
+    "save_on_cpu",
+    "torchtune",
+    "checkpoint",
+]
+
+
+def test_the_headline_runs_first_each_command_under_8_minutes_all_under_20(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    headline = [step for step in gpu_check.STEPS if step.quick]
+    assert [step.name for step in gpu_check.STEPS[: len(headline)]] == [step.name for step in headline]
+    assert {step.argv[3] for step in headline} == {"resnet152", "gpt"}
+    assert all(step.timeout_seconds < 8 * 60 for step in headline)
+    assert sum(step.timeout_seconds for step in headline) < 20 * 60
+    assert gpu_check.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line, step in zip(lines, headline, strict=False):
+        assert line.startswith(f"{step.name}: python -m bench.run")
+        assert line.endswith(f"[time limit {step.timeout_seconds} s]")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["headline-resnet152-bf16", "headline-gpt2-medium-bf16"])
+def test_a_headline_command_runs_every_row_at_cpu_sizes(name: str, tmp_path: Path) -> None:
+    from bench import run
+
+    (step,) = gpu_check.select_steps(name)
+    command = gpu_check.quick_command(step, tmp_path)
+    assert command[:2] == ["-m", "bench.run"]
+    result = run.main(command[2:])
+    rows = {row["name"]: row for row in result["rows"]}
+    assert list(rows) == HEADLINE_ROWS
+    for row in rows.values():
+        if row["name"] == "torchtune" and row["status"] == "not_installed":
+            continue
+        assert row["status"] == "ok", (row["name"], row["error"])
+        # On a CPU a peak is an RSS delta (it may be 0) or the engine's ledger (AccUDNN rows).
+        assert row["median_step_seconds"] > 0 and row["peak_allocated_bytes"] >= 0
+    static, peak = result["oracle_static_bytes"], result["oracle_peak_bytes"]
+    assert 0 < static < peak
+    for fraction, text in ((1 / 2, "1/2"), (1 / 3, "1/3")):
+        row = rows[f"accudnn-static+{text}act"]
+        assert row["budget_bytes"] == static + int((peak - static) * fraction)
+        assert row["predicted_step_seconds"] > 0 and row["predicted_peak_bytes"] > 0
+        assert 0 < row["peak_allocated_bytes"] <= row["budget_bytes"]
+    assert (tmp_path / "cpu").is_dir() and any(path.suffix == ".md" for path in (tmp_path / "cpu").iterdir())

@@ -220,6 +220,7 @@ BENCH_MODULES = [
     "overhead.budgets",
     "overhead.projection",
     "overhead.figures",
+    "overhead.cuda_calls",
 ]
 
 

@@ -1,8 +1,9 @@
 """On a CUDA GPU: the runtime's copies run on its copy stream, and the current stream is kept.
 
-The runtime makes its copy stream current around each group of copies and makes the stream
-that was current before current again, looked up by id (not through ``torch.cuda.stream``):
-these check that, with the default stream and with a side stream as the compute stream."""
+The runtime makes its copy stream current around each group of copies and makes the compute
+stream current again (the pass's, or outside a pass the one current at the call), not through
+``torch.cuda.stream``: these check that, with the default stream and with a side stream as the
+compute stream; and that its events are reused from pass to pass."""
 
 import pytest
 import torch
@@ -30,10 +31,35 @@ def test_copies_run_on_the_copy_stream_and_the_current_stream_is_kept(compute_st
         compute_done.record(compute)
         compute_done.synchronize()
         # Compute is done, the copy is not: it waits behind the stall on the copy stream.
-        assert not copied.query() and not host.any()
+        assert not copied.event.query() and not host.any()
         back = runtime.allocate(tuple(source.shape), source.stride(), source.dtype)
         ready = runtime.copy_in(runtime.record_compute(), [host], [back])
         assert torch.cuda.current_stream(device) == compute
         runtime.wait(ready)
         assert torch.equal(back, source)  # read on compute, after its wait on the copy in
     torch.cuda.synchronize(device)
+
+
+def test_events_are_reused_from_pass_to_pass():
+    from torch import nn
+
+    from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(8))).to(device)
+    engine = OffloadEngine(device, min_swap_bytes=0)
+    runtime = engine.runtime
+    assert isinstance(runtime, CudaRuntime)
+    x = torch.randn(64, 256, device=device)
+    made = []
+    for _ in range(4):
+        with engine.offload(model, SwapSchedule.swap_everything(2**20, max_copying_out_bytes=0)):
+            loss = model(x).square().sum()
+        loss.backward()
+        stats = engine.end_step()
+        assert stats is not None and stats.storages_swapped_out > 0
+        made.append(runtime.events.created)
+    engine.close()
+    torch.cuda.synchronize(device)
+    assert made[1] == made[2] == made[3]  # no event made after the first steps

@@ -210,7 +210,14 @@ TORCHVISION: dict[str, Callable[[], nn.Module]] = {
 }
 
 #: Input side per builder that needs more than 32 pixels.
-_IMAGE_SIDE = {"alexnet": 64, "googlenet": 64, "inception_v3": 75, "squeezenet1_0": 48, "squeezenet1_1": 48}
+_IMAGE_SIDE = {
+    "alexnet": 64,
+    "googlenet": 64,
+    "inception_v3": 75,
+    "mobilenet_v2": 64,
+    "squeezenet1_0": 48,
+    "squeezenet1_1": 48,
+}
 
 
 def torchvision_workload(name: str) -> Workload:
@@ -256,6 +263,18 @@ def _llama_like(config_name: str, model_name: str, **options: Any) -> Callable[[
     )
 
 
+_ENCODER_DECODER = {
+    "use_cache": False,
+    "d_model": _HIDDEN,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "vocab_size": _VOCAB,
+}
+
 #: Each Hugging Face family -> a small model of it and the kind of its batches. GPT-2 keeps the
 #: library's default key/value cache in training (its blocks are then excluded, with the reason);
 #: the others train with ``use_cache=False``, as is usual, and recompute their blocks.
@@ -292,15 +311,7 @@ HUGGING_FACE: dict[str, tuple[Callable[[], nn.Module], str]] = {
         _decoder(
             "BartConfig",
             "BartForConditionalGeneration",
-            use_cache=False,
-            d_model=_HIDDEN,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            vocab_size=_VOCAB,
+            **_ENCODER_DECODER,
             max_position_embeddings=64,
         ),
         "seq2seq",
@@ -309,15 +320,7 @@ HUGGING_FACE: dict[str, tuple[Callable[[], nn.Module], str]] = {
         _decoder(
             "WhisperConfig",
             "WhisperForConditionalGeneration",
-            use_cache=False,
-            d_model=_HIDDEN,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            vocab_size=_VOCAB,
+            **_ENCODER_DECODER,
             num_mel_bins=8,
             max_source_positions=16,
             max_target_positions=32,

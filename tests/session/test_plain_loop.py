@@ -21,7 +21,9 @@ def test_plain_loop_profiles_plans_scales_a_new_batch_shape_and_matches_plain_tr
     budget = static + int(0.3 * saved)  # the batch of 3 (under half of 8) must swap too
     assert static + saved > budget  # without swapping the step would not fit
 
-    session = OffloadSession(OffloadConfig(budget=budget, min_swap_bytes=0), torch.device("cpu"))
+    # Policy "swap": recomputation alone would fit this budget, and the test is of swapping.
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, policy="swap")
+    session = OffloadSession(config, torch.device("cpu"))
     sizes = [8, 8, 8, 3, 3, 8]  # 3 is under half of 8: its own plan (scaled), not 8's plan reused
     stats, plans = [], []
     for index, size in enumerate(sizes):

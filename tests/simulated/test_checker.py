@@ -24,12 +24,12 @@ class NoWaitBeforeRead(SimulatedGPU):
 
 
 class CopyInBeforeAllocation(SimulatedGPU):
-    """The copy stream is ordered after a stale compute event, not after the allocation."""
+    """The copy stream is ordered after a stale compute event, not after the allocation: the
+    compute event is recorded once and never again."""
 
     def record_compute(self):
-        event = super().record_compute()
         if not hasattr(self, "first_event"):
-            self.first_event = event
+            self.first_event = super().record_compute()
         return self.first_event
 
 

@@ -1,0 +1,206 @@
+"""Which segments to recompute: the cheapest sets for each amount of memory freed.
+
+A recompute set is judged by the two-stream simulator, but there are too many sets to
+simulate (ResNet-152 has 55 candidates, nested: a stage and its blocks). The search reduces
+each candidate to two numbers, the bytes it frees at the end of the forward and the forward
+seconds it runs again in backward, and asks for the *frontier*: for each amount of bytes freed,
+the set of non-overlapping candidates that frees at least that much for the least recompute
+time. A swap plan then removes what recomputation leaves over the budget, at a cost that grows
+with the bytes left, so the fastest plan recomputes a frontier set (up to the reduction's
+error, which the simulator, judging every set searched, does not share).
+
+The frontier is a knapsack over intervals: a dynamic program over the forward order. Position
+``j`` has, per amount ``q`` (bytes in units of ``total / resolution``, rounded down, so an
+amount counted is never more than freed), the least seconds of a set of candidates lying wholly
+before layer ``j``; a candidate ``[first, last]`` moves from ``first`` to ``last + 1`` adding its
+amount and seconds, skipping layer ``j`` moves to ``j + 1`` unchanged. Nested candidates (a
+stage and its blocks) overlap, so a set never holds both. It is exact for the rounded amounts,
+in ``O(candidates * resolution)``: only the candidates' boundaries are positions.
+
+Example:
+    >>> from lightning_accudnn.planner.recompute import SegmentSpan
+    >>> spans = [SegmentSpan("stage", 0, 3, 10, 410, 4.0), SegmentSpan("stage.b0", 0, 1, 10, 210, 1.0),
+    ...          SegmentSpan("stage.b1", 2, 3, 10, 200, 3.5)]
+    >>> [[span.name for span in chosen] for chosen in recompute_frontier(spans, 4, resolution=8)]
+    [[], ['stage.b0'], ['stage']]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from lightning_accudnn.planner.recompute import SegmentSpan
+
+__all__ = ["DEFAULT_RESOLUTION", "freed_bytes", "recompute_cost_lines", "recompute_frontier"]
+
+#: Amounts of bytes freed the frontier tells apart (its step: the most freed / this).
+DEFAULT_RESOLUTION = 128
+
+
+def freed_bytes(span: SegmentSpan, *, outputs_counted_again: bool = True) -> int:
+    """What recomputing ``span`` frees at the end of the forward, by the reduction: what it
+    saves less what it holds to its backward (its inputs and, selective, its kept bytes) and,
+    unless the profile lists re-saves, its outputs (counted again after it, see
+    :mod:`.recompute`); never below 0.
+
+    Example:
+        >>> freed_bytes(SegmentSpan("b", 0, 1, 10, 100, 1.0, output_bytes=20))
+        70
+    """
+    outputs = span.output_bytes if outputs_counted_again else 0
+    return max(0, span.freed_bytes - outputs)
+
+
+def recompute_frontier(
+    spans: Sequence[SegmentSpan],
+    layers: int,
+    *,
+    resolution: int = DEFAULT_RESOLUTION,
+    outputs_counted_again: bool = True,
+) -> list[tuple[SegmentSpan, ...]]:
+    """The cheapest non-overlapping set of ``spans`` (over ``layers`` profile layers) for each
+    amount of bytes freed, from nothing to the most any set frees, distinct sets in order of
+    bytes freed (each in forward order). See the module docstring."""
+    useful = [span for span in spans if freed_bytes(span, outputs_counted_again=outputs_counted_again) > 0]
+    if not useful:
+        return [()]
+    total = _most_freed(useful, layers, outputs_counted_again)
+    unit = max(1, math.ceil(total / resolution))
+    amounts = [freed_bytes(span, outputs_counted_again=outputs_counted_again) // unit for span in useful]
+    top = max(1, total // unit)
+    # Only the candidates' boundaries matter: positions are their first layers and the layers
+    # after their last, in forward order.
+    points = sorted({0, layers, *(span.first for span in useful), *(span.last + 1 for span in useful)})
+    at = {point: p for p, point in enumerate(points)}
+    starting: list[list[int]] = [[] for _ in points]
+    for index, span in enumerate(useful):
+        starting[at[span.first]].append(index)
+    inf = math.inf
+    # cost[p][q]: least seconds of a set before points[p] freeing at least q units;
+    # back[p][q]: how it was reached, (amount before, candidate or -1 for the previous point).
+    cost = [[inf] * (top + 1) for _ in points]
+    back: list[list[tuple[int, int]]] = [[(0, -1)] * (top + 1) for _ in points]
+    cost[0][0] = 0.0
+    for p in range(len(points)):
+        here, here_back = cost[p], back[p]
+        if p > 0:  # the layers since the previous point are not recomputed
+            before = cost[p - 1]
+            for q in range(top + 1):  # on a tie, recompute nothing more
+                if before[q] <= here[q] and before[q] < math.inf:
+                    here[q], here_back[q] = before[q], (q, -1)
+        for q in range(top - 1, -1, -1):  # a set freeing q + 1 units frees q units too
+            if here[q + 1] < here[q]:
+                here[q], here_back[q] = here[q + 1], here_back[q + 1]
+        for index in starting[p]:
+            span, amount = useful[index], amounts[index]
+            end = at[span.last + 1]
+            target, target_back = cost[end], back[end]
+            seconds = span.recompute_seconds
+            for q in range(top + 1):
+                value = here[q] + seconds
+                reached = min(top, q + amount)
+                if value < target[reached]:
+                    target[reached], target_back[reached] = value, (q, index)
+    sets: list[tuple[SegmentSpan, ...]] = []
+    seen: set[tuple[str, ...]] = set()
+    last = len(points) - 1
+    for q in range(top + 1):
+        if cost[last][q] == inf:
+            break
+        chosen: list[SegmentSpan] = []
+        p, amount_left = last, q
+        while p > 0 or amount_left > 0:
+            amount_left, index = back[p][amount_left]
+            if index < 0:
+                p -= 1
+            else:
+                chosen.append(useful[index])
+                p = at[useful[index].first]
+            if p == 0 and amount_left == 0:
+                break
+        names = tuple(span.name for span in reversed(chosen))
+        if names not in seen:
+            seen.add(names)
+            sets.append(tuple(reversed(chosen)))
+    return sets
+
+
+def _most_freed(spans: Sequence[SegmentSpan], layers: int, outputs_counted_again: bool) -> int:
+    """The most bytes any non-overlapping set of ``spans`` frees (an interval scheduling DP)."""
+    best = [0] * (layers + 1)
+    ending: list[list[SegmentSpan]] = [[] for _ in range(layers)]
+    for span in spans:
+        ending[span.last].append(span)
+    for j in range(layers):
+        best[j + 1] = best[j]
+        for span in ending[j]:
+            freed = freed_bytes(span, outputs_counted_again=outputs_counted_again)
+            best[j + 1] = max(best[j + 1], best[span.first] + freed)
+    return best[layers]
+
+
+def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[float, float], ...], int]:
+    """Lines whose maximum bounds from below the least forward seconds of a non-overlapping set
+    of ``spans`` that frees at least ``y`` bytes (``SegmentSpan.freed_bytes``), and the most
+    bytes any such set frees (beyond it, no set does).
+
+    Each line ``(l, c)`` is a Lagrangian bound: for ``l >= 0`` and any set ``S`` freeing at
+    least ``y``, ``seconds(S) >= l * y + seconds(S) - l * freed(S) >= l * y + c``, ``c`` being
+    the least of ``seconds - l * freed`` over every non-overlapping set (a weighted interval
+    schedule). The values of ``l`` are the breakpoints of that least (found by bisecting between
+    the sets it picks), so the maximum is the linear relaxation of choosing the set, a stage
+    never with its blocks; without that constraint (the fractional knapsack) it can only be
+    lower. It is convex and non-decreasing in ``y``.
+
+    Example:
+        >>> spans = [SegmentSpan("s", 0, 1, 0, 100, 2.0), SegmentSpan("s.b", 0, 0, 0, 60, 1.0)]
+        >>> lines, most = recompute_cost_lines(spans)
+        >>> most, round(max(slope * 80 + intercept for slope, intercept in lines), 9)
+        (100, 1.5)
+    """
+    useful = [span for span in spans if span.freed_bytes > 0]
+    if not useful:
+        return ((0.0, 0.0),), 0
+    points = sorted({span.first for span in useful} | {span.last + 1 for span in useful})
+    at = {point: p for p, point in enumerate(points)}
+    ending: list[list[SegmentSpan]] = [[] for _ in points]
+    for span in useful:
+        ending[at[span.last + 1]].append(span)
+
+    def schedule(slope: float) -> tuple[int, float]:
+        """(bytes freed, seconds) of a non-overlapping set with the least ``seconds - slope *
+        freed`` (on a tie, the one freeing more)."""
+        best: list[tuple[float, int, float]] = [(0.0, 0, 0.0)] * len(points)  # (-value, -freed, seconds)
+        for p in range(1, len(points)):
+            best[p] = best[p - 1]
+            for span in ending[p]:
+                value, freed, seconds = best[at[span.first]]
+                gain = slope * span.freed_bytes - span.recompute_seconds
+                option = (value - gain, freed - span.freed_bytes, seconds + span.recompute_seconds)
+                if option[:2] < best[p][:2]:
+                    best[p] = option
+        return -best[-1][1], best[-1][2]
+
+    top = sum(span.recompute_seconds for span in useful) + 1.0  # a byte more outweighs every second
+    low, high = schedule(0.0), schedule(top)
+    slopes = {0.0, top}
+
+    def explore(first: tuple[int, float], last: tuple[int, float], depth: int) -> None:
+        if last[0] <= first[0] or depth > 64:
+            return
+        slope = (last[1] - first[1]) / (last[0] - first[0])
+        if slope <= 0:
+            return
+        slopes.add(slope)
+        middle = schedule(slope)
+        if middle[1] - slope * middle[0] < first[1] - slope * first[0] - 1e-12 * (1 + abs(first[1])):
+            explore(first, middle, depth + 1)
+            explore(middle, last, depth + 1)
+
+    explore(low, high, 0)
+    lines = []
+    for slope in sorted(slopes):
+        freed, seconds = schedule(slope)
+        lines.append((slope, seconds - slope * freed))
+    return tuple(lines), high[0]

@@ -1,0 +1,118 @@
+"""Properties of the mixed search with more recompute candidates than every subset allows:
+more budget is never slower, ``auto`` is never slower than swap-only or recompute-only, and
+the smallest budget named plans."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_accudnn.planner.plan import BudgetTooSmallError, min_budget_bytes, plan_swaps
+from lightning_accudnn.planner.recompute import candidate_spans
+from lightning_accudnn.planner.search import EXACT_MAX_SEGMENTS
+from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
+
+_seconds = st.sampled_from([0.5, 1.0, 2.0])
+
+
+@st.composite
+def staged_profiles(draw) -> StepProfile:
+    """A stem, stages of blocks of two layers (each stage and each block a candidate), a head."""
+    layers = [LayerProfile("stem", draw(st.integers(10, 100)), draw(st.integers(0, 10)), 1.0, 2.0)]
+    segments = []
+    for stage in range(draw(st.integers(2, 3))):
+        segments.append(SegmentProfile(f"s{stage}", draw(st.integers(1, 30))))
+        for block in range(draw(st.integers(3, 4))):
+            name = f"s{stage}.b{block}"
+            segments.append(SegmentProfile(name, draw(st.integers(1, 30)), draw(st.integers(0, 30))))
+            for part in ("conv", "relu"):
+                saved = draw(st.integers(20, 120))
+                swappable = draw(st.one_of(st.just(saved), st.integers(0, saved)))
+                layers.append(
+                    LayerProfile(f"{name}.{part}", saved, swappable, draw(_seconds), draw(_seconds))
+                )
+    layers.append(LayerProfile("head", draw(st.integers(1, 20)), 0, 0.5, 1.0))
+    link = draw(st.sampled_from([float("inf"), 50.0, 200.0, 1000.0]))
+    return StepProfile(tuple(layers), draw(st.integers(0, 200)), link, link, segments=tuple(segments))
+
+
+def _step(profile: StepProfile, budget: int, policy: str) -> float | None:
+    try:
+        return plan_swaps(profile, budget, policy=policy).predicted_step_seconds
+    except BudgetTooSmallError:
+        return None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(staged_profiles(), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_more_budget_is_never_slower_and_auto_beats_each_single_policy(profile, low, high):
+    assert len(candidate_spans(profile)) > EXACT_MAX_SEGMENTS  # the search, not every subset
+    smallest = min_budget_bytes(profile)
+    top = profile.unconstrained_peak_bytes
+    budgets = sorted(smallest + int(f * (top - smallest)) for f in (low, high))
+    steps = []
+    for budget in budgets:
+        auto = plan_swaps(profile, budget, policy="auto")
+        assert auto.predicted_peak_bytes <= budget
+        assert auto.predicted_step_seconds >= auto.lower_bound_seconds * (1 - 1e-9)
+        for policy in ("swap", "recompute"):
+            single = _step(profile, budget, policy)
+            if single is not None:
+                assert auto.predicted_step_seconds <= single * (1 + 1e-9), policy
+        steps.append(auto.predicted_step_seconds)
+    assert steps[1] <= steps[0] * (1 + 1e-9), budgets
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(staged_profiles(), st.sampled_from(["auto", "recompute", "swap"]))
+def test_the_smallest_budget_named_plans_and_one_byte_less_is_refused(profile, policy):
+    smallest = min_budget_bytes(profile, policy=policy)
+    plan = plan_swaps(profile, smallest, policy=policy)
+    assert plan.predicted_peak_bytes <= smallest and plan.min_budget_bytes == smallest
+    with pytest.raises(BudgetTooSmallError) as caught:
+        plan_swaps(profile, smallest - 1, policy=policy)
+    assert caught.value.min_budget_bytes == smallest
+
+
+def _resnet_like() -> StepProfile:
+    """Four stages of residual blocks (3, 8, 24, 3), each block three layers saving its input's
+    size each, block inputs listed as the previous block's outputs (a measured profile)."""
+    mb = 10**6
+    layers = [LayerProfile("stem", 400 * mb, 400 * mb, 1e-3, 2e-3)]
+    segments: list[SegmentProfile] = []
+    previous = None
+    for stage, (blocks, size) in enumerate([(3, 100 * mb), (8, 50 * mb), (24, 25 * mb), (3, 12 * mb)]):
+        sources = ((previous, size),) if previous else ()
+        segments.append(SegmentProfile(f"layer{stage}", size, size, sources))
+        for block in range(blocks):
+            name = f"layer{stage}.{block}"
+            segments.append(SegmentProfile(name, size, size, ((previous, size),) if previous else ()))
+            previous = name
+            for part, seconds in (("conv", 2e-4), ("bn", 2e-5), ("relu", 1e-5)):
+                layers.append(LayerProfile(f"{name}.{part}", size, size, seconds, 2 * seconds))
+    layers.append(LayerProfile("head", mb, 0, 1e-5, 2e-5))
+    return StepProfile(tuple(layers), 1000 * mb, 50e9, 50e9, segments=tuple(segments), resaves_listed=True)
+
+
+def test_a_slow_plan_uses_the_budget_and_auto_is_monotone_on_a_resnet_like_step():
+    """At static + f x activations for f = 2/3 ... 1/4: a plan more than 2 % slower than the
+    unconstrained step uses at least 90 % of the budget; auto is never slower than swap-only or
+    recompute-only, nor than at a smaller budget."""
+    profile = _resnet_like()
+    unconstrained = plan_swaps(profile, profile.unconstrained_peak_bytes).predicted_step_seconds
+    previous = None
+    for fraction in (2 / 3, 1 / 2, 1 / 3, 1 / 4):
+        budget = profile.static_bytes + int(fraction * profile.saved_bytes)
+        auto = plan_swaps(profile, budget, policy="auto")
+        assert auto.predicted_peak_bytes <= budget
+        if auto.predicted_step_seconds > 1.02 * unconstrained:
+            assert auto.predicted_peak_bytes >= 0.9 * budget, fraction
+        for policy in ("swap", "recompute"):
+            single = _step(profile, budget, policy)
+            if single is not None:
+                assert auto.predicted_step_seconds <= single * (1 + 1e-9), (fraction, policy)
+        if previous is not None:
+            assert previous <= auto.predicted_step_seconds * (1 + 1e-9)
+        previous = auto.predicted_step_seconds
+    assert previous is not None and previous > 1.02 * unconstrained  # the budgets bind

@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=POLICIES,
         default="auto",
         help="auto: keep, swap or recompute each segment, whichever is fastest; swap: keep or swap "
-        "only; recompute: keep or recompute only",
+        "only; recompute: keep or recompute only; selective: keep or recompute selectively only (keep "
+        "what matmuls, convolutions and attention write, recompute the other ops)",
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     plan.add_argument(

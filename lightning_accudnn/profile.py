@@ -17,6 +17,32 @@ ROOT_LAYER = "(root)"
 #: Saved tensors smaller than this stay on the device (copying them costs more than it frees).
 DEFAULT_MIN_SWAP_BYTES = 2**20
 
+#: The ATen ops (overload packet names) whose outputs a selectively recomputed segment keeps:
+#: matrix products, convolutions and attention kernels, the expensive work. Every other op
+#: (normalisation, activations, dropout, residual adds...) is run again in backward.
+SELECTIVE_KEPT_OPS: frozenset[str] = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "_int_mm",
+        "_scaled_mm",
+        "convolution",
+        "_convolution",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    }
+)
+
 
 class LayerChoice(str, Enum):
     """What a plan does with the activations a layer saves for backward.
@@ -107,15 +133,30 @@ class SegmentProfile:
     must be consecutive in the profile). Only modules called once per pass and not already
     under someone else's checkpointing are listed.
 
+    Selective recomputation (only measured when asked for) keeps what the segment's
+    :data:`SELECTIVE_KEPT_OPS` write and runs every other op again in backward:
+    ``selective_kept_bytes`` is what it then holds beyond the inputs (the distinct storages
+    those ops write, less the inputs'), ``None`` when not measured (the segment is then never
+    recomputed selectively); ``selective_recompute_share`` is the share of the segment's
+    forward time the other ops take (what a selective recomputation costs again);
+    ``selective_recomputed_bytes`` what those ops save for backward (the distinct storages
+    saved inside the segment that are neither inputs nor kept: what a selective recomputation
+    rebuilds while the segment's backward runs), ``None`` when not measured.
+
     Example:
         >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)
         SegmentProfile(name='layer1.0', input_bytes=802816, output_bytes=802816)
+        >>> SegmentProfile("layer1.0", 802_816, selective_kept_bytes=1_605_632).selective_kept_bytes
+        1605632
     """
 
     name: str
     input_bytes: int
     output_bytes: int = 0
     input_sources: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+    selective_kept_bytes: int | None = field(default=None, repr=False)
+    selective_recompute_share: float = field(default=1.0, repr=False)
+    selective_recomputed_bytes: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
@@ -126,6 +167,16 @@ class SegmentProfile:
             raise ValueError(
                 f"segment {self.name!r}: input_sources must hold byte counts in (0, input_bytes], "
                 f"got {self.input_sources}"
+            )
+        if (
+            (self.selective_kept_bytes is not None and self.selective_kept_bytes < 0)
+            or (self.selective_recomputed_bytes is not None and self.selective_recomputed_bytes < 0)
+            or not 0.0 <= self.selective_recompute_share <= 1.0
+        ):
+            raise ValueError(
+                f"segment {self.name!r}: selective_kept_bytes must be >= 0 (or None) and "
+                f"selective_recompute_share in [0, 1], got {self.selective_kept_bytes}, "
+                f"{self.selective_recompute_share}"
             )
 
     def covers(self, layer_name: str) -> bool:
@@ -162,7 +213,9 @@ class StepProfile:
     ``static_bytes`` is everything that is not a saved activation: parameters, gradients,
     optimizer state and buffers. Bandwidths are bytes per second over pinned memory.
     ``segments`` lists the module invocations a plan may recompute (empty: none), and
-    ``excluded_segments`` those found unsafe to recompute, with why.
+    ``excluded_segments`` those found unsafe to recompute, with why (and, where selective
+    recomputation was measured, segments still listed in ``segments`` that are never
+    recomputed selectively, with why).
     ``resaves_listed`` says that the layers' ``resaved_by`` list every storage of swappable
     bytes saved again by a later layer (a profile the engine measured); without it (a trace,
     a hand-written profile) recomputation is accounted on the safe side: a segment's outputs

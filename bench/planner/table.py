@@ -4,7 +4,7 @@ A budget is ``static bytes + f x saved activation bytes``, both as the trace rep
 for each ``f`` of :data:`FRACTIONS`. Each policy is planned through the planner's public API,
 so the table follows the planner as it improves:
 
-* ``auto``, ``swap``, ``recompute`` (and ``selective`` once the planner offers it):
+* ``auto``, ``swap``, ``recompute``, ``selective``:
   :func:`~lightning_accudnn.planner.plan.plan_swaps` with that ``policy``;
 * ``checkpoint blocks``: every top-level block recomputed, the rest kept
   (:func:`~lightning_accudnn.planner.blocks.checkpoint_blocks_plan`), what
@@ -102,6 +102,7 @@ def plan_row(profile: StepProfile, label: str, fraction: float, policy: str) -> 
         "lower_bound_vs_unconstrained": plan.lower_bound_seconds / unconstrained,
         "bound_ratio": plan.bound_ratio,
         "recomputed_segments": len(plan.recomputed),
+        "selective_segments": len(plan.selective),
         "swapped_bytes": plan.swapped_bytes,
         "recompute_seconds": plan.recompute_seconds,
         "search": plan.search,

@@ -2,24 +2,61 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+import torch.utils._python_dispatch
 import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "SELECTIVE_SAVES_THROUGH_HOOKS",
     "STOP_RECOMPUTATION",
+    "TorchDispatchMode",
     "CurrentCudaStream",
     "StorageWeakReference",
     "copy_each",
     "empty_host_cache",
     "tracks_running_statistics",
     "top_saved_tensor_hooks",
+    "written_arguments",
 ]
 
 
 #: What non-reentrant checkpointing raises inside a recomputation to end it early, once every
 #: saved tensor it needs is rebuilt: control flow, not a failure.
 STOP_RECOMPUTATION: type[BaseException] = torch.utils.checkpoint._StopRecomputationError
+
+#: Whether checkpointing can pass what selective checkpointing keeps through the saved-tensor
+#: hooks in force (``respect_saved_tensors_hooks``): then the engine sees (and counts) it.
+SELECTIVE_SAVES_THROUGH_HOOKS: bool = (
+    "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+)
+
+#: The base class of a mode that sees every ATen op (the selective probe's recorder).
+TorchDispatchMode = torch.utils._python_dispatch.TorchDispatchMode
+
+_WRITTEN: dict[object, tuple[tuple[int, str], ...]] = {}
+
+
+def written_arguments(func: object) -> tuple[tuple[int, str], ...]:
+    """``(position, name)`` of the arguments an ATen op overload writes in place (its schema's
+    mutable aliases: ``relu_``'s ``self``, an ``out=`` tensor); none for anything else.
+
+    Example:
+        >>> written_arguments(torch.ops.aten.relu_.default), written_arguments(torch.ops.aten.relu.default)
+        (((0, 'self'),), ())
+    """
+    known = _WRITTEN.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        arguments = () if schema is None else schema.arguments
+        known = _WRITTEN[func] = tuple(
+            (i, argument.name)
+            for i, argument in enumerate(arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+    return known
 
 
 class StorageWeakReference:

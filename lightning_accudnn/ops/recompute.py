@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import (
+    SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
     top_saved_tensor_hooks,
     tracks_running_statistics,
@@ -51,6 +52,7 @@ from lightning_accudnn.ops.compiled_blocks import (
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS, CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
+from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
@@ -103,6 +105,19 @@ def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None
     return contextlib.nullcontext(), _Recomputation(module)
 
 
+def _selective(
+    module: nn.Module,
+) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+    return selective_contexts(_Recomputation(module))
+
+
+#: ``checkpoint``'s keyword that passes what selective checkpointing keeps through the hooks
+#: in force (the engine's), where this PyTorch has it.
+_THROUGH_HOOKS: dict[str, Any] = (
+    {"respect_saved_tensors_hooks": True} if SELECTIVE_SAVES_THROUGH_HOOKS else {}
+)
+
+
 class SegmentRecomputer:
     """Wraps the ``forward`` of the named submodules so that they run under checkpointing.
 
@@ -115,6 +130,10 @@ class SegmentRecomputer:
     change) and do nothing but call the original ``forward`` unless :attr:`enabled` is set
     and gradients are enabled. :meth:`remove` restores every module as it was.
 
+    A segment named in ``selective`` is recomputed selectively: the outputs of matrix
+    products, convolutions and attention kernels are kept (through the saved-tensor hooks
+    in force, where this PyTorch can), the other ops run again (see :mod:`.selective`).
+
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
         >>> recomputer = SegmentRecomputer()
@@ -126,9 +145,12 @@ class SegmentRecomputer:
         (('0',), True)
         >>> recomputer.remove(); "forward" in vars(model[0])
         False
+        >>> recomputer.install(model, [], selective=["0"])
+        >>> recomputer.installed, recomputer.selective
+        (('0',), ('0',))
     """
 
-    __slots__ = ("enabled", "failures", "last_recomputed", "_model", "_wrapped")
+    __slots__ = ("enabled", "failures", "last_recomputed", "_model", "_wrapped", "_selective")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -141,18 +163,27 @@ class SegmentRecomputer:
         self._model: nn.Module | None = None
         # name -> (module, its own forward before, or the handle of its wrapped compiled call)
         self._wrapped: dict[str, tuple[nn.Module, object]] = {}
+        self._selective: frozenset[str] = frozenset()
 
     @property
     def installed(self) -> tuple[str, ...]:
         return tuple(self._wrapped)
 
-    def install(self, model: nn.Module, names: Iterable[str]) -> None:
-        """Recompute exactly the submodules ``names`` of ``model`` (none: remove every wrapper)."""
-        wanted = tuple(sorted(names))
-        if model is self._model and wanted == self.installed:
+    @property
+    def selective(self) -> tuple[str, ...]:
+        """The installed segments recomputed selectively."""
+        return tuple(sorted(self._selective))
+
+    def install(self, model: nn.Module, names: Iterable[str], selective: Iterable[str] = ()) -> None:
+        """Recompute exactly the submodules ``names`` of ``model`` as a whole and ``selective``
+        selectively (none: remove every wrapper). A name in both is recomputed selectively."""
+        chosen = frozenset(selective)
+        wanted = tuple(sorted(set(names) | chosen))
+        if model is self._model and wanted == self.installed and chosen == self._selective:
             return
         self.remove()
         self._model = model
+        self._selective = chosen
         for name in wanted:
             module = model.get_submodule(name)
             if compiled_in_place(module):
@@ -172,6 +203,7 @@ class SegmentRecomputer:
             else:
                 vars(module)["forward"] = previous
         self._wrapped.clear()
+        self._selective = frozenset()
         self._model = None
         self.enabled = False
 
@@ -199,8 +231,18 @@ def _run(
     if not recomputer.enabled or not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
+    replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
+    if name in recomputer._selective:
+        return checkpoint(
+            replay,
+            *tensors,
+            use_reentrant=False,
+            preserve_rng_state=True,
+            context_fn=partial(_selective, module),
+            **_THROUGH_HOOKS,
+        )
     return checkpoint(
-        _Replay(recomputer, name, forward, inputs, args, kwargs),
+        replay,
         *tensors,
         use_reentrant=False,
         preserve_rng_state=True,
@@ -282,6 +324,10 @@ class SegmentProbe:
         "_sources",
         "_audits",
         "_unsafe",
+        "_recorder",
+        "_measured",
+        "_saves_seen",
+        "_not_selective",
     )
 
     def __init__(self) -> None:
@@ -298,10 +344,38 @@ class SegmentProbe:
         self._sources: dict[str, dict[str, int]] = {}  # per segment: earlier segment -> input bytes
         self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
         self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
+        self._recorder: SelectiveRecorder | None = None  # while a pass measures selective recomputation
+        # segment -> selective kept bytes, share of forward time recomputed, saves recomputed
+        self._measured: dict[str, tuple[int, float, int]] = {}
+        self._saves_seen: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._not_selective: dict[str, str] = {}  # measured, but a selective replay would not be exact
 
-    def attach(self, model: nn.Module) -> None:
-        """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw)."""
+    def attach(self, model: nn.Module, *, selective: bool = False) -> None:
+        """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw).
+
+        With ``selective``, also measure what recomputing each segment selectively would keep
+        and cost (every op of the forward is seen and timed, and every saved tensor passes
+        through the probe on its way to the hooks in force, until :meth:`finish_forward`; a
+        model with compiled blocks is not measured).
+        """
         self.detach()
+        self._measured, self._not_selective = {}, {}
+        hooks = top_saved_tensor_hooks()
+        if (
+            selective
+            and isinstance(hooks, tuple)
+            and not any(compiled for _, _, compiled in modules_outside_compiled_code(model))
+        ):
+            excluded = frozenset(
+                tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), *model.buffers())
+            )
+            recorder = self._recorder = SelectiveRecorder(excluded)
+            pack, unpack = hooks
+            self._saves_seen = torch.autograd.graph.saved_tensors_hooks(
+                partial(_seen, recorder, pack), unpack
+            )
+            self._saves_seen.__enter__()
+            recorder.__enter__()  # type: ignore[no-untyped-call]
         self._reference = top_saved_tensor_hooks()
         self._calls, self._input_bytes, self._foreign, self._parents = {}, {}, set(), set()
         self._inputs, self._output_bytes, self._outputs, self._sources = {}, {}, {}, {}
@@ -324,6 +398,21 @@ class SegmentProbe:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._stop_recording()
+
+    def _stop_recording(self) -> None:
+        recorder, self._recorder = self._recorder, None
+        saves_seen, self._saves_seen = self._saves_seen, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            self._measured = {
+                name: (nbytes, recorder.recompute_share(name), recorder.recomputed_bytes[name])
+                for name, nbytes in recorder.kept_bytes.items()
+                if name not in recorder.unsafe
+            }
+            self._not_selective = dict(recorder.unsafe)
+        if saves_seen is not None:
+            saves_seen.__exit__(None, None, None)
 
     def _observe(
         self, name: str, module: nn.Module, call: Callable[..., Any], *args: Any, **kwargs: Any
@@ -351,10 +440,14 @@ class SegmentProbe:
                         sources[source] = sources.get(source, 0) + nbytes
             self._sources[name] = sources
             self._audits[name] = CallAudit(module, args, kwargs)
+            if self._recorder is not None:
+                self._recorder.open(name, set(storages))
 
     def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         inputs = self._inputs.pop(name, None)
         if inputs is not None:
+            if self._recorder is not None:
+                self._recorder.close(name)
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _storages(outputs)
             self._output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
@@ -383,6 +476,7 @@ class SegmentProbe:
     def finish_forward(self) -> None:
         """The forward pass is over: check what happened after each candidate's call (its
         module state, its arguments and outputs written in place since)."""
+        self._stop_recording()
         audits, self._audits = self._audits, {}
         for name, audit in audits.items():
             reason = audit.after_forward()
@@ -391,21 +485,31 @@ class SegmentProbe:
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """The segments of the last pass that may be recomputed, in the order they were first called."""
+        measured = self._measured
         return tuple(
             SegmentProfile(
                 name,
                 self._input_bytes[name],
                 self._output_bytes.get(name, 0),
                 tuple(self._sources.get(name, {}).items()),
+                *measured.get(name, (None, 1.0, None)),
             )
             for name in self._candidates()
             if name not in self._unsafe
         )
 
     def excluded(self) -> tuple[ExcludedSegment, ...]:
-        """The candidates of the last pass that a recomputation would not replay exactly, with why."""
-        return tuple(
-            ExcludedSegment(name, self._unsafe[name]) for name in self._candidates() if name in self._unsafe
+        """The candidates of the last pass that a recomputation would not replay exactly, with why
+        (after them, in a pass that measured selective recomputation, the candidates that only a
+        selective recomputation would not replay exactly: they are still recomputed whole)."""
+        candidates = self._candidates()
+        unsafe = tuple(
+            ExcludedSegment(name, self._unsafe[name]) for name in candidates if name in self._unsafe
+        )
+        return unsafe + tuple(
+            ExcludedSegment(name, f"not recomputed selectively: {self._not_selective[name]}")
+            for name in candidates
+            if name in self._not_selective and name not in self._unsafe
         )
 
     def _candidates(self) -> list[str]:
@@ -422,6 +526,12 @@ class SegmentProbe:
                 continue
             result.append(name)
         return result
+
+
+def _seen(recorder: SelectiveRecorder, pack: Callable[[torch.Tensor], Any], tensor: torch.Tensor) -> Any:
+    """A saved tensor on its way to the engine's ``pack``, shown to the selective recorder."""
+    recorder.saved(tensor)
+    return pack(tensor)
 
 
 def _storages(values: Iterable[object]) -> dict[int, int]:

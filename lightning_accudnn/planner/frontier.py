@@ -40,15 +40,16 @@ DEFAULT_RESOLUTION = 128
 
 def freed_bytes(span: SegmentSpan, *, outputs_counted_again: bool = True) -> int:
     """What recomputing ``span`` frees at the end of the forward, by the reduction: what it
-    saves less its inputs (held to its backward) and, unless the profile lists re-saves, its
-    outputs (counted again after it, see :mod:`.recompute`); never below 0.
+    saves less what it holds to its backward (its inputs and, selective, its kept bytes) and,
+    unless the profile lists re-saves, its outputs (counted again after it, see
+    :mod:`.recompute`); never below 0.
 
     Example:
         >>> freed_bytes(SegmentSpan("b", 0, 1, 10, 100, 1.0, output_bytes=20))
         70
     """
     outputs = span.output_bytes if outputs_counted_again else 0
-    return max(0, span.saved_bytes - span.input_bytes - outputs)
+    return max(0, span.freed_bytes - outputs)
 
 
 def recompute_frontier(
@@ -95,7 +96,7 @@ def recompute_frontier(
             span, amount = useful[index], amounts[index]
             end = at[span.last + 1]
             target, target_back = cost[end], back[end]
-            seconds = span.forward_seconds
+            seconds = span.recompute_seconds
             for q in range(top + 1):
                 value = here[q] + seconds
                 reached = min(top, q + amount)
@@ -175,13 +176,13 @@ def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[floa
             best[p] = best[p - 1]
             for span in ending[p]:
                 value, freed, seconds = best[at[span.first]]
-                gain = slope * span.freed_bytes - span.forward_seconds
-                option = (value - gain, freed - span.freed_bytes, seconds + span.forward_seconds)
+                gain = slope * span.freed_bytes - span.recompute_seconds
+                option = (value - gain, freed - span.freed_bytes, seconds + span.recompute_seconds)
                 if option[:2] < best[p][:2]:
                     best[p] = option
         return -best[-1][1], best[-1][2]
 
-    top = sum(span.forward_seconds for span in useful) + 1.0  # a byte more outweighs every second
+    top = sum(span.recompute_seconds for span in useful) + 1.0  # a byte more outweighs every second
     low, high = schedule(0.0), schedule(top)
     slopes = {0.0, top}
 

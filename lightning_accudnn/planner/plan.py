@@ -19,6 +19,7 @@ from lightning_accudnn.planner.recompute import (
     recomputed_profile,
 )
 from lightning_accudnn.planner.search import (
+    KEEP_OR_RECOMPUTE,
     check_policy,
     fewest_bytes_swapped,
     least_peak_choice,
@@ -169,8 +170,8 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`), added to the backward:
     ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
     ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
-    ``x = 0`` under ``"recompute"``. It ignores the transient a recomputed segment holds and
-    the bytes a plan cannot move, so every plan is at least this slow.
+    ``x = 0`` under ``"recompute"`` and ``"selective"``. It ignores the transient a recomputed
+    segment holds and the bytes a plan cannot move, so every plan is at least this slow.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
@@ -186,7 +187,7 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     if excess == 0:
         return forward + backward
 
-    lines, most = recompute_cost_lines(candidate_spans(profile))
+    lines, most = recompute_cost_lines(candidate_spans(profile, selective=policy == "selective"))
 
     def bound(swapped: float) -> float:
         recompute = _least_recompute_seconds(lines, most, excess - swapped)
@@ -196,7 +197,7 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
 
     if policy == "swap":
         return bound(excess)
-    if policy == "recompute":
+    if policy in KEEP_OR_RECOMPUTE:
         return bound(0.0)
     # Convex in the swapped bytes: a golden-section search finds the least value.
     low, high = 0.0, float(excess)
@@ -272,6 +273,8 @@ class Plan:
     policy: str = "auto"
     step: RecomputedProfile | None = field(default=None, repr=False, compare=False)
     profiling_peak_bytes: int = 0
+    selective: tuple[str, ...] = ()
+    """The recomputed segments recomputed selectively (their expensive ops' outputs kept)."""
 
     @property
     def bound_ratio(self) -> float:
@@ -365,7 +368,9 @@ class Plan:
         return self.timeline.compute_wait_seconds if self.timeline is not None else 0.0
 
     def _bound_assumes(self) -> str:
-        moved = {"swap": "swapped", "recompute": "recomputed"}.get(self.policy, "swapped or recomputed")
+        moved = {"swap": "swapped", "recompute": "recomputed", "selective": "recomputed selectively"}.get(
+            self.policy, "swapped or recomputed"
+        )
         return (
             f"bytes over the budget {moved} at no cost but copy time hidden behind compute and "
             "recomputed forward time; no transient"
@@ -382,10 +387,14 @@ class Plan:
             >>> plan.peak_bytes_on(profile) == plan.predicted_peak_bytes
             True
         """
-        spans = [span for span in candidate_spans(profile) if span.name in set(self.recomputed)]
+        spans = [
+            span
+            for span in candidate_spans(profile, selective=self.policy == "selective")
+            if span.name in set(self.recomputed)
+        ]
         if len(spans) != len(self.recomputed):
             raise ValueError(f"the profile lacks recomputed segments of the plan: {self.recomputed}")
-        step = recomputed_profile(profile, spans, swappable=self.policy != "recompute")
+        step = recomputed_profile(profile, spans, swappable=self.policy not in KEEP_OR_RECOMPUTE)
         position = {layer.name: i for i, layer in enumerate(self.profile.layers)}
         swap = tuple(
             len(origin) == 1 and layer.name in position and self.swap[position[layer.name]]
@@ -431,6 +440,7 @@ class Plan:
             f"route: {self.route}",
             f"recomputed {len(self.recomputed)} segments"
             + (f" ({', '.join(self.recomputed)})" if self.recomputed else "")
+            + (f", {len(self.selective)} of them selectively" if self.selective else "")
             + f", adding {self.recompute_seconds * 1e3:.3f} ms to backward",
         ]
         lines += [
@@ -468,6 +478,7 @@ class Plan:
             "prefetch_window_bytes": self.prefetch_window_bytes,
             "swapped_bytes": self.swapped_bytes,
             "recomputed_segments": list(self.recomputed),
+            "selective_segments": list(self.selective),
             "excluded_segments": [
                 {"name": excluded.name, "reason": excluded.reason} for excluded in profile.excluded_segments
             ],
@@ -511,7 +522,8 @@ def plan_swaps(
     """The fastest predicted plan whose predicted peak is at most ``budget_bytes - reserve_bytes``.
 
     Chooses which of the profile's segments to recompute (``policy`` ``"auto"`` or
-    ``"recompute"``), keep/swap per layer (``"auto"`` or ``"swap"``; under ``"recompute"``
+    ``"recompute"``; ``"selective"``: which to recompute selectively, see :mod:`.recompute`),
+    keep/swap per layer (``"auto"`` or ``"swap"``; under ``"recompute"`` and ``"selective"``
     every layer is kept or recomputed), the copy-out limit (the engine's
     ``max_copying_out_bytes``, carried by the plan) and the prefetch window, scoring each
     candidate with the :class:`~lightning_accudnn.planner.timeline.Simulator`: memory in issue
@@ -622,6 +634,7 @@ def plan_swaps(
         policy=policy,
         step=step,
         profiling_peak_bytes=floor,
+        selective=step.selective,
     )
 
 
@@ -630,8 +643,9 @@ class NothingToRecomputeError(ValueError):
 
 
 def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None:
-    """Raise :class:`NothingToRecomputeError` when ``policy`` is ``"recompute"`` and ``profile``
-    found no segment to recompute; the message names why each candidate was excluded.
+    """Raise :class:`NothingToRecomputeError` when ``policy`` is ``"recompute"`` (or
+    ``"selective"``) and ``profile`` found no segment to recompute (selectively: whose selective
+    recomputation was measured); the message names why each candidate was excluded.
 
     Example:
         >>> from lightning_accudnn.profile import ExcludedSegment, LayerProfile, StepProfile
@@ -643,7 +657,23 @@ def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None
         ...
         lightning_accudnn.planner.plan.NothingToRecomputeError: policy='recompute' needs a segment ...
     """
-    if policy != "recompute" or profile.segments:
+    if policy not in KEEP_OR_RECOMPUTE:
+        return
+    if policy == "selective":
+        if any(segment.selective_kept_bytes is not None for segment in profile.segments):
+            return
+        if profile.segments:
+            reasons = "; ".join(
+                f"{excluded.name}: {excluded.reason}" for excluded in profile.excluded_segments
+            )
+            raise NothingToRecomputeError(
+                "policy='selective' needs a segment whose selective recomputation was measured, and "
+                "this profile measured none (a profiling pass run for policy 'selective' measures it; "
+                "a model with compiled blocks is not measured"
+                + (f"; excluded: {reasons}" if reasons else "")
+                + "). Use policy='recompute' or policy='auto'."
+            )
+    elif profile.segments:
         return
     reasons = "; ".join(f"{excluded.name}: {excluded.reason}" for excluded in profile.excluded_segments)
     found = (
@@ -652,7 +682,7 @@ def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None
         else "no module is called once per step with submodules under the engine's hooks"
     )
     raise NothingToRecomputeError(
-        f"policy='recompute' needs a segment that can be recomputed exactly, and this model has none: "
+        f"policy={policy!r} needs a segment that can be recomputed exactly, and this model has none: "
         f"{found}. Use policy='auto' or policy='swap'."
     )
 
@@ -728,10 +758,10 @@ def _profiling_floor(profile: StepProfile, profiling_peak_bytes: int | None) -> 
 
 def _least_peak(profile: StepProfile, policy: str) -> int:
     """The least peak of the plans :func:`plan_swaps` searches under ``policy``."""
-    spans = candidate_spans(profile) if policy != "swap" else ()
+    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
     least = None
     for chosen in planned_sets(profile, spans):
-        step = recomputed_profile(profile, chosen, swappable=policy != "recompute")
+        step = recomputed_profile(profile, chosen, swappable=policy not in KEEP_OR_RECOMPUTE)
         simulator = Simulator(step.profile, step.transient_bytes)
         peak = simulator.peak_bytes(least_peak_choice(simulator))
         least = peak if least is None else min(least, peak)

@@ -28,6 +28,14 @@ engine's ledger and on the device, never below either):
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
   the segment layer (the latest position its last save can have).
 
+A segment recomputed **selectively** (:attr:`SegmentSpan.selective`) keeps what its matrix
+products, convolutions and attention kernels write (``SegmentProfile.selective_kept_bytes``,
+which the engine sees inside the segment and keeps) and runs its other ops again in backward:
+its layer holds its inputs plus those kept bytes, it costs its forward time times
+``selective_recompute_share`` in backward, and what its other ops save
+(``selective_recomputed_bytes``; where not measured, all its saves, as for whole
+recomputation) is a transient in its backward.
+
 Example:
     >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
     >>> layers = (LayerProfile("stem", 40, 40, 1.0, 2.0), LayerProfile("block.conv", 100, 100, 1.0, 2.0),
@@ -57,10 +65,18 @@ class SegmentSpan:
     ``first`` and ``last`` index the profile's layers (inclusive); ``saved_bytes`` and
     ``forward_seconds`` are the sums over them (what recomputation frees and costs again).
 
+    ``selective`` spans are recomputed selectively: they hold ``kept_bytes`` more, run
+    ``recompute_share`` of their forward time again and rebuild ``rebuilt_bytes`` of saves in
+    backward (``None``: all their saves).
+
     Example:
         >>> span = SegmentSpan("block", 1, 2, input_bytes=40, saved_bytes=200, forward_seconds=1.5)
         >>> span.freed_bytes, span.overlaps(SegmentSpan("other", 2, 3, 0, 1, 0.0))
         (160, True)
+        >>> selective = SegmentSpan("block", 1, 2, 40, 200, 2.0, selective=True, kept_bytes=100,
+        ...                         recompute_share=0.25)
+        >>> selective.freed_bytes, selective.recompute_seconds
+        (60, 0.5)
     """
 
     name: str
@@ -71,6 +87,10 @@ class SegmentSpan:
     forward_seconds: float
     output_bytes: int = 0
     input_sources: tuple[tuple[str, int], ...] = ()
+    selective: bool = False
+    kept_bytes: int = 0
+    recompute_share: float = 1.0
+    rebuilt_bytes: int | None = None
 
     @property
     def sources(self) -> dict[str, int]:
@@ -80,7 +100,18 @@ class SegmentSpan:
     @property
     def freed_bytes(self) -> int:
         """Saved bytes the segment no longer holds in forward."""
-        return self.saved_bytes - self.input_bytes
+        return self.saved_bytes - self.input_bytes - self.kept_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """What the segment holds from its forward to its backward: its inputs (and, selective,
+        what its expensive ops write)."""
+        return self.input_bytes + self.kept_bytes
+
+    @property
+    def recompute_seconds(self) -> float:
+        """Forward time run again in backward."""
+        return self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
 
     def overlaps(self, other: SegmentSpan) -> bool:
         return self.first <= other.last and other.first <= self.last
@@ -90,12 +121,14 @@ class SegmentSpan:
         return self.first <= other.first and other.last <= self.last
 
 
-def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
+def candidate_spans(profile: StepProfile, *, selective: bool = False) -> tuple[SegmentSpan, ...]:
     """The profile's segments worth recomputing, in forward order (outer before inner).
 
     A segment qualifies when its layers are consecutive in the profile, it does not cover the
-    root (work outside every module), and it saves more than its inputs. Two segments covering
-    the same layers are one candidate (the one with fewer input bytes, then the outer one).
+    root (work outside every module), and it saves more than it holds (its inputs; with
+    ``selective``, its inputs and what its expensive ops write, for the segments whose
+    selective recomputation was measured). Two segments covering the same layers are one
+    candidate (the one that holds fewer bytes, then the outer one).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
@@ -107,6 +140,8 @@ def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
     layers = profile.layers
     by_range: dict[tuple[int, int], SegmentSpan] = {}
     for segment in profile.segments:
+        if selective and segment.selective_kept_bytes is None:
+            continue
         covered = [i for i, layer in enumerate(layers) if segment.covers(layer.name)]
         if not covered or covered[-1] - covered[0] + 1 != len(covered):
             continue
@@ -121,12 +156,16 @@ def candidate_spans(profile: StepProfile) -> tuple[SegmentSpan, ...]:
             sum(layers[i].forward_seconds for i in covered),
             segment.output_bytes,
             segment.input_sources,
+            selective,
+            segment.selective_kept_bytes or 0 if selective else 0,
+            segment.selective_recompute_share if selective else 1.0,
+            segment.selective_recomputed_bytes if selective else None,
         )
         if span.freed_bytes <= 0:
             continue
         key = (span.first, span.last)
         known = by_range.get(key)
-        if known is None or span.input_bytes < known.input_bytes:
+        if known is None or span.held_bytes < known.held_bytes:
             by_range[key] = span
     return tuple(sorted(by_range.values(), key=lambda span: (span.first, -span.last)))
 
@@ -143,20 +182,25 @@ class RecomputedProfile:
     Example:
         >>> from lightning_accudnn.profile import LayerProfile
         >>> step = recomputed_profile(StepProfile((LayerProfile("a", 1, 1),), 0), ())
-        >>> step.origin, step.recomputed
-        (((0,),), ())
+        >>> step.origin, step.recomputed, step.selective
+        (((0,),), (), ())
     """
 
     profile: StepProfile
     transient_bytes: tuple[int, ...]
     origin: tuple[tuple[int, ...], ...]
     recomputed: tuple[str, ...]
+    spans: tuple[SegmentSpan, ...] = ()
 
     @property
     def recompute_seconds(self) -> float:
         """Forward time run again in backward."""
-        names = set(self.recomputed)
-        return sum(layer.forward_seconds for layer in self.profile.layers if layer.name in names)
+        return sum(span.recompute_seconds for span in self.spans)
+
+    @property
+    def selective(self) -> tuple[str, ...]:
+        """The recomputed segments recomputed selectively."""
+        return tuple(span.name for span in self.spans if span.selective)
 
 
 def recomputed_profile(
@@ -271,16 +315,18 @@ def recomputed_profile(
         else:
             inner = [layers[i] for i in indices]
             forward = sum(layer.forward_seconds for layer in inner)
+            again = forward * span.recompute_share if span.selective else forward
             new_layers.append(
                 LayerProfile(
                     name,
-                    saved_bytes=span.input_bytes - min(span.input_bytes, covered[g]) + extra_resident[g],
+                    saved_bytes=span.held_bytes - min(span.input_bytes, covered[g]) + extra_resident[g],
                     swappable_bytes=0,
                     forward_seconds=forward,
-                    backward_seconds=sum(layer.backward_seconds for layer in inner) + forward,
+                    backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
                 )
             )
-            transient.append(sum(layer.saved_bytes for layer in inner))
+            saved = sum(layer.saved_bytes for layer in inner)
+            transient.append(saved if span.rebuilt_bytes is None else span.rebuilt_bytes)
     derived = StepProfile(
         tuple(new_layers),
         profile.static_bytes,
@@ -293,4 +339,5 @@ def recomputed_profile(
         tuple(transient),
         tuple(tuple(indices) for _, indices, _ in groups),
         tuple(span.name for span in chosen),
+        tuple(chosen),
     )

@@ -10,7 +10,7 @@ bytes at the memory bandwidth, with no launch overhead and no overlap between ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lightning_accudnn.planner.gpus import GpuSpec
 from lightning_accudnn.planner.static_memory import named_state_copies
@@ -24,7 +24,9 @@ class OpCost:
     """One kernel of the traced step.
 
     ``rate`` names the peak it runs at: ``"fp32"``, ``"bf16"``, ``"fp16"``, or
-    ``"fp32-conv"`` (fp32 convolutions run on TF32 tensor cores by default).
+    ``"fp32-conv"`` (fp32 convolutions run on TF32 tensor cores by default). ``kept`` marks a
+    forward kernel whose output selective recomputation keeps (a matrix product, convolution
+    or attention kernel: :data:`~lightning_accudnn.profile.SELECTIVE_KEPT_OPS`).
 
     Example:
         >>> OpCost("0", backward=False, flops=2_000, bytes_moved=48, rate="fp32").flops
@@ -36,6 +38,7 @@ class OpCost:
     flops: int
     bytes_moved: int
     rate: str
+    kept: bool = False
 
     def seconds(self, gpu: GpuSpec) -> float:
         """Roofline time on ``gpu``: the slower of compute and memory traffic.
@@ -92,6 +95,8 @@ class StepTrace:
     plan may recompute (see :class:`~lightning_accudnn.profile.SegmentProfile`). ``kernels``
     lists the kernels the trace assumed where the CPU's would save other tensors than the
     GPU's: ``(op, kernel, calls)``, e.g. ``("scaled_dot_product_attention", "flash", 24)``.
+    ``segment_ops`` gives each segment's forward kernels as ``(name, first, end)`` indices into
+    ``ops``: what times a segment's selective recomputation (its kernels not ``kept``).
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -109,6 +114,7 @@ class StepTrace:
     notes: tuple[str, ...] = ()
     segments: tuple[SegmentProfile, ...] = ()
     kernels: tuple[tuple[str, str, int], ...] = ()
+    segment_ops: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -189,5 +195,35 @@ class StepTrace:
             static_bytes=self.static_bytes(optimizer),
             d2h_bytes_per_second=link,
             h2d_bytes_per_second=link,
-            segments=self.segments,
+            segments=self.timed_segments(gpu),
         )
+
+    def timed_segments(self, gpu: GpuSpec) -> tuple[SegmentProfile, ...]:
+        """The segments, each measured for selective recomputation with the share of its forward
+        kernels' time on ``gpu`` that selective recomputation runs again.
+
+        Example:
+            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> ops = (OpCost("b", False, 0, 3_350_000, "fp32", kept=True),
+            ...        OpCost("b", False, 0, 1_117_000, "fp32"))
+            >>> segment = SegmentProfile("b", 0, selective_kept_bytes=8)
+            >>> trace = StepTrace((), ops, 0, 0, 0, segments=(segment,), segment_ops=(("b", 0, 2),))
+            >>> round(trace.timed_segments(get_gpu("h100"))[0].selective_recompute_share, 2)
+            0.25
+        """
+        ranges = {name: (first, end) for name, first, end in self.segment_ops}
+        timed = []
+        for segment in self.segments:
+            span = ranges.get(segment.name)
+            if segment.selective_kept_bytes is not None and span is not None:
+                recomputed = total = 0.0
+                for op in self.ops[span[0] : span[1]]:
+                    if op.backward:
+                        continue
+                    seconds = op.seconds(gpu)
+                    total += seconds
+                    recomputed += 0.0 if op.kept else seconds
+                share = min(1.0, recomputed / total) if total > 0 else 1.0
+                segment = replace(segment, selective_recompute_share=share)
+            timed.append(segment)
+        return tuple(timed)

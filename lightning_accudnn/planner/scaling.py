@@ -208,13 +208,23 @@ backward_seconds=0.004)
 
 
 def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfile, ...]:
-    """The segments' input and output bytes grown by the largest factor any layer's bytes grew."""
+    """The segments' input, output (and selectively kept) bytes grown by the largest factor
+    any layer's bytes grew (their input sources dropped: accounted on the safe side)."""
     return tuple(
-        SegmentProfile(
-            segment.name, math.ceil(segment.input_bytes * factor), math.ceil(segment.output_bytes * factor)
+        replace(
+            segment,
+            input_bytes=math.ceil(segment.input_bytes * factor),
+            output_bytes=math.ceil(segment.output_bytes * factor),
+            input_sources=(),
+            selective_kept_bytes=_grown(segment.selective_kept_bytes, factor),
+            selective_recomputed_bytes=_grown(segment.selective_recomputed_bytes, factor),
         )
         for segment in profile.segments
     )
+
+
+def _grown(nbytes: int | None, factor: float) -> int | None:
+    return None if nbytes is None else math.ceil(nbytes * factor)
 
 
 def fit_growth(

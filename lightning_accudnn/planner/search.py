@@ -337,7 +337,9 @@ def _powers_of_two(n: int) -> list[int]:
 
 
 #: The policies a plan may follow: what it may do with a layer besides keeping it.
-POLICIES = ("auto", "swap", "recompute")
+POLICIES = ("auto", "swap", "recompute", "selective")
+#: The policies that never swap (every layer is kept or in a recomputed segment).
+KEEP_OR_RECOMPUTE = ("recompute", "selective")
 #: Every non-overlapping set of recompute candidates is searched when there are at most this many.
 EXACT_MAX_SEGMENTS = 6
 
@@ -352,7 +354,8 @@ def check_policy(policy: str) -> str:
     if policy not in POLICIES:
         raise ValueError(
             f"policy must be one of {', '.join(repr(p) for p in POLICIES)} (keep, swap or recompute, "
-            f"whichever is fastest; keep or swap; keep or recompute), got {policy!r}"
+            f"whichever is fastest; keep or swap; keep or recompute; keep or recompute selectively), "
+            f"got {policy!r}"
         )
     return policy
 
@@ -420,7 +423,7 @@ def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpa
     ]
     largest = max(span.saved_bytes for span in innermost)
     small = [span for span in spans if span.saved_bytes <= largest]
-    return _prefixes(small, lambda span: -span.freed_bytes / max(span.forward_seconds, 1e-12))
+    return _prefixes(small, lambda span: -span.freed_bytes / max(span.recompute_seconds, 1e-12))
 
 
 def _prefixes(
@@ -473,8 +476,8 @@ def search_mixed(
     still beat the best plan found.
     """
     check_policy(policy)
-    spans = candidate_spans(profile) if policy != "swap" else ()
-    swappable = policy != "recompute"
+    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
+    swappable = policy not in KEEP_OR_RECOMPUTE
     if len(spans) > EXACT_MAX_SEGMENTS:
         return _search_many(profile, spans, cap, max_limit, swappable, host_fits)
     best: SimulationResult | None = None

@@ -95,7 +95,7 @@ from lightning_accudnn.planner.attention import attention_kernel, run_attention
 from lightning_accudnn.planner.cuda_autocast import cuda_autocast_args
 from lightning_accudnn.planner.gpus import GpuSpec
 from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
-from lightning_accudnn.profile import ROOT_LAYER, SegmentProfile
+from lightning_accudnn.profile import ROOT_LAYER, SELECTIVE_KEPT_OPS, SegmentProfile
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
 
@@ -223,6 +223,7 @@ class _Recorder:
     param_storages: set[int] = field(default_factory=set)
     seen_storages: dict[int, torch.Tensor] = field(default_factory=dict)
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
+    selective: _Selective = field(default_factory=lambda: _Selective())
 
     def _touch(self, layer: str) -> None:
         if layer not in self.first_seen:
@@ -242,6 +243,8 @@ class _Recorder:
         else:
             self.seen_storages[key] = tensor  # keep it alive: its address stays unique
             self.saved[layer].append(tensor.untyped_storage().nbytes())
+            if not self.backward:
+                self.selective.saved(key, tensor.untyped_storage().nbytes())
         return tensor
 
     @staticmethod
@@ -252,6 +255,8 @@ class _Recorder:
     def record_op(
         self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object], out: object
     ) -> None:
+        if not self.backward:
+            self.selective.writes(func, args, kwargs)
         if func in _FREE_OPS or func.is_view:
             return
         if self.backward:
@@ -268,7 +273,10 @@ class _Recorder:
         if formula is not None:
             flops = int(formula(*args, **kwargs, out_val=out))
         self.flops[layer][int(self.backward)] += flops
-        self.ops.append(OpCost(layer, self.backward, flops, moved, _rate(func, flat_args)))
+        kept = not self.backward and func._overloadpacket.__name__ in SELECTIVE_KEPT_OPS
+        if kept:
+            self.selective.kept(flat_out)
+        self.ops.append(OpCost(layer, self.backward, flops, moved, _rate(func, flat_args), kept=kept))
 
     # -- autograd nodes -----------------------------------------------------------------
     def map_nodes(self, out: object) -> None:
@@ -286,6 +294,65 @@ class _Recorder:
 
 
 @dataclass
+class _Selective:
+    """What recomputing each open segment selectively would keep and rebuild (forward only):
+    the distinct storages its :data:`SELECTIVE_KEPT_OPS` write (less its inputs), those saved
+    inside it that are neither kept nor inputs, and whether a kept output is written in place."""
+
+    open: list[str] = field(default_factory=list)
+    inputs: dict[str, set[int]] = field(default_factory=dict)
+    kept_storages: dict[str, dict[int, int]] = field(default_factory=dict)
+    rebuilt_storages: dict[str, dict[int, int]] = field(default_factory=dict)
+    alive: list[torch.Tensor] = field(default_factory=list)  # kept outputs: their addresses stay unique
+    unsafe: set[str] = field(default_factory=set)
+
+    def enter(self, name: str, inputs: set[int]) -> None:
+        self.open.append(name)
+        self.inputs[name] = inputs
+        self.kept_storages.setdefault(name, {})
+        self.rebuilt_storages.setdefault(name, {})
+
+    def exit(self, name: str) -> None:
+        if name in self.open:
+            del self.open[self.open.index(name) :]
+
+    def kept(self, outputs: list[object]) -> None:
+        for value in outputs:
+            if not isinstance(value, torch.Tensor):
+                continue
+            key = _storage_key(value)
+            if key is None:
+                continue
+            self.alive.append(value)
+            for name in self.open:
+                if key not in self.inputs[name]:
+                    self.kept_storages[name][key] = value.untyped_storage().nbytes()
+
+    def saved(self, key: int, nbytes: int) -> None:
+        for name in self.open:
+            if key not in self.inputs[name] and key not in self.kept_storages[name]:
+                self.rebuilt_storages[name][key] = nbytes
+
+    def writes(
+        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
+        """A kept output written in place: its segments would replay on the written values."""
+        for i, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(argument.name)
+            key = _storage_key(value) if isinstance(value, torch.Tensor) else None
+            if key is not None:
+                self.unsafe.update(name for name, kept in self.kept_storages.items() if key in kept)
+
+    def measured(self, name: str) -> tuple[int | None, int | None]:
+        """``(kept bytes, rebuilt bytes)`` of segment ``name`` (``None`` for both if unsafe)."""
+        if name in self.unsafe or name not in self.kept_storages:
+            return None, None
+        return sum(self.kept_storages[name].values()), sum(self.rebuilt_storages[name].values())
+
+
+@dataclass
 class _Segments:
     """Forward hooks on every container module: what :class:`SegmentProfile` needs."""
 
@@ -293,6 +360,8 @@ class _Segments:
     inputs: dict[str, set[int]] = field(default_factory=dict)
     input_bytes: dict[str, int] = field(default_factory=dict)
     output_bytes: dict[str, int] = field(default_factory=dict)
+    recorder: _Recorder | None = None
+    op_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # forward ops of each call
 
     @contextlib.contextmanager
     def attached(self, model: nn.Module) -> Iterator[None]:
@@ -315,21 +384,38 @@ class _Segments:
             storages = _distinct_storages((*args, *kwargs.values()))
             self.inputs[name] = set(storages)
             self.input_bytes[name] = sum(storages.values())
+            if self.recorder is not None:
+                self.recorder.selective.enter(name, set(storages))
+                self.op_ranges[name] = (len(self.recorder.ops), len(self.recorder.ops))
 
     def exit(self, name: str, module: nn.Module, args: object, output: object) -> None:
         inputs = self.inputs.pop(name, None)
         if inputs is not None:
+            if self.recorder is not None:
+                self.recorder.selective.exit(name)
+                self.op_ranges[name] = (self.op_ranges[name][0], len(self.recorder.ops))
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _distinct_storages(outputs)
             self.output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """Containers called once (a module called twice cannot be wrapped as one segment)."""
-        return tuple(
-            SegmentProfile(name, nbytes, self.output_bytes.get(name, 0))
-            for name, nbytes in self.input_bytes.items()
-            if self.calls[name] == 1
-        )
+        selective = self.recorder.selective if self.recorder is not None else _Selective()
+        segments = []
+        for name, nbytes in self.input_bytes.items():
+            if self.calls[name] != 1:
+                continue
+            kept, rebuilt = selective.measured(name)
+            segments.append(
+                SegmentProfile(
+                    name,
+                    nbytes,
+                    self.output_bytes.get(name, 0),
+                    selective_kept_bytes=kept,
+                    selective_recomputed_bytes=rebuilt,
+                )
+            )
+        return tuple(segments)
 
 
 def _distinct_storages(values: tuple[object, ...] | list[object]) -> dict[int, int]:
@@ -546,7 +632,7 @@ def trace_step(
         pass
     fake_mode = FakeTensorMode()
     recorder = _Recorder(tracker=tracker, capability=None if gpu is None else gpu.compute_capability)
-    segments = _Segments()
+    segments = _Segments(recorder=recorder)
     model = _build_fake(build, fake_mode)
     with fake_mode:
         model.train()
@@ -582,5 +668,6 @@ def trace_step(
         buffer_bytes=sum(_tensor_bytes(b) for b in buffers),
         dtype=dtype,
         segments=segments.segments(),
+        segment_ops=tuple((name, first, end) for name, (first, end) in segments.op_ranges.items()),
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
     )

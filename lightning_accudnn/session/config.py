@@ -38,8 +38,9 @@ class OffloadConfig:
     * ``reserve_bytes``: kept free under the budget for fragmentation and workspaces;
       ``None`` is the larger of 256 MiB and 5% of the budget on CUDA, 0 on CPU.
     * ``policy``: what a plan may do with a segment besides keeping it: ``"auto"`` (swap or
-      recompute, whichever is fastest), ``"swap"`` (swap only) or ``"recompute"``
-      (recompute only).
+      recompute, whichever is fastest), ``"swap"`` (swap only), ``"recompute"``
+      (recompute only) or ``"selective"`` (recompute selectively only: keep what matrix
+      products, convolutions and attention write, run the other ops of a segment again).
     * ``observe_every``: in steady state a pass whose plan recomputes nothing runs with the
       engine's hooks only up to its last swapped saved tensor (none at all when it keeps
       everything), and the hooks cost nothing per saved tensor after it, but for one pass of
@@ -198,10 +199,11 @@ measures bytes, not the times recomputation is weighed by): use policy 'swap' or
             f"whole_model_backend must be one of {', '.join(COMPILERS)} (what the whole-model route compiles "
             f"the model with), got {config.whole_model_backend!r}"
         )
-    if config.policy == "recompute":
+    if config.policy in ("recompute", "selective"):
         raise ValueError(
             "whole_model_compile='experimental' plans keep or swap per layer (its trial partition measures "
-            "bytes, not the times recomputation is weighed by): use policy 'swap' or 'auto', not 'recompute'"
+            "bytes, not the times recomputation is weighed by): use policy 'swap' or 'auto', not "
+            f"{config.policy!r}"
         )
 
 

@@ -132,14 +132,29 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
 
 
 def _merged_segments(profiles: Sequence[StepProfile]) -> tuple[SegmentProfile, ...]:
-    """The segments every rank may recompute, each with the most input bytes any rank saw."""
+    """The segments every rank may recompute, each with the most input, output and selectively
+    kept and rebuilt bytes any rank saw and the largest share recomputed selectively (measured
+    for selective recomputation only where every rank measured it)."""
     common = set.intersection(*({segment.name for segment in p.segments} for p in profiles))
-    most: dict[str, int] = {}
+    seen: dict[str, list[SegmentProfile]] = {}
     for profile in profiles:
         for segment in profile.segments:
             if segment.name in common:
-                most[segment.name] = max(most.get(segment.name, 0), segment.input_bytes)
-    return tuple(SegmentProfile(name, most[name]) for name in sorted(common))
+                seen.setdefault(segment.name, []).append(segment)
+    return tuple(_merged_segment(name, seen[name]) for name in sorted(common))
+
+
+def _merged_segment(name: str, segments: Sequence[SegmentProfile]) -> SegmentProfile:
+    kept = [segment.selective_kept_bytes for segment in segments]
+    rebuilt = [segment.selective_recomputed_bytes for segment in segments]
+    return SegmentProfile(
+        name,
+        max(segment.input_bytes for segment in segments),
+        max(segment.output_bytes for segment in segments),
+        selective_kept_bytes=None if None in kept else max(n for n in kept if n is not None),
+        selective_recompute_share=max(segment.selective_recompute_share for segment in segments),
+        selective_recomputed_bytes=None if None in rebuilt else max(n for n in rebuilt if n is not None),
+    )
 
 
 def _distributed() -> bool:

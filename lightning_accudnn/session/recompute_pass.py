@@ -24,7 +24,8 @@ def schedule_for(plan: Plan) -> SwapSchedule:
     never saw is swapped, the safe side). Under recomputation layers the profiling pass never
     saw save for the first time (a recomputed segment's output, saved by the layer after it):
     the plan counts those bytes as kept by the layer after the segment, so the schedule
-    swaps exactly the layers the plan swaps and keeps every other.
+    swaps exactly the layers the plan swaps and keeps every other (the layers inside a
+    segment recomputed selectively too: what they save there is what the plan keeps).
 
     Example:
         >>> from lightning_accudnn.planner import plan_swaps
@@ -47,6 +48,8 @@ def departs_from_plan(plan: Plan, measured: StepProfile) -> bool:
     once) and may save less (the plan counts a segment's inputs even when they were saved
     before); a layer the plan does not list may save what the plan counts elsewhere (a
     recomputed segment's output, first saved by a layer the profiling pass saw save nothing).
+    Inside a segment recomputed selectively the engine sees what the expensive ops keep,
+    saved by the layers inside it: those count as the segment's layer.
 
     Example:
         >>> from lightning_accudnn.planner import plan_swaps
@@ -63,14 +66,28 @@ def departs_from_plan(plan: Plan, measured: StepProfile) -> bool:
     """
     expected = {layer.name: (i, layer.saved_bytes) for i, layer in enumerate(plan.engine_profile.layers)}
     position = -1
-    for layer in measured.layers:
-        known = expected.get(layer.name)
+    for name, saved_bytes in _selective_folded(plan, measured):
+        known = expected.get(name)
         if known is None:
             continue
-        if known[0] <= position or layer.saved_bytes > known[1]:
+        if known[0] <= position or saved_bytes > known[1]:
             return True
         position = known[0]
     return measured.saved_bytes > plan.engine_profile.saved_bytes
+
+
+def _selective_folded(plan: Plan, measured: StepProfile) -> list[tuple[str, int]]:
+    """``(layer, saved bytes)`` of ``measured``, the layers inside a segment the plan recomputes
+    selectively (whose kept outputs the engine sees there) counted as that segment's layer."""
+    segments = [SegmentProfile(name, 0) for name in plan.selective]
+    folded: list[tuple[str, int]] = []
+    for layer in measured.layers:
+        owner = next((segment.name for segment in segments if segment.covers(layer.name)), None)
+        if owner is not None and folded and folded[-1][0] == owner:
+            folded[-1] = (owner, folded[-1][1] + layer.saved_bytes)
+        else:
+            folded.append((owner or layer.name, layer.saved_bytes))
+    return folded
 
 
 def profile_to_plan_from(plan: Plan | None, measured: StepProfile, graph_changed: bool) -> StepProfile:

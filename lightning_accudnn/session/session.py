@@ -593,7 +593,7 @@ class OffloadSession:
             )
         else:
             schedule = self._steady.schedule(key, plan)
-        self.recomputer.install(block.model, recomputed)
+        self.recomputer.install(block.model, recomputed, selective=plan.selective if plan is not None else ())
         self.recomputer.enabled = bool(recomputed)
         self.recomputer.last_recomputed = None
         sequence = None if hooked else self._sequences[key]
@@ -606,7 +606,8 @@ class OffloadSession:
         block.engine_context = context
         block.pass_closed = False
         if plan is None:
-            self._probe.attach(block.model)  # inside the engine's hooks: what it sees is a segment
+            # Inside the engine's hooks: what it sees is a segment.
+            self._probe.attach(block.model, selective=self.config.policy == "selective")
 
     def _observation_due(self, key: PassKey) -> bool:
         """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in

@@ -33,22 +33,26 @@ class Workload:
 
 @dataclass
 class Outcome:
-    """What one run under a plan did: the last plan, the budget and every pass's ledger peak."""
+    """What one run under a plan did: the last plan, the budget, every pass's ledger peak and
+    the plan each pass ran under (``None`` for the profiling pass; a later pass may run under a
+    plan refined from the passes before it)."""
 
     plan: Plan
     budget: int
     peaks: list[int]
     excluded: tuple[str, ...]
+    plans: list[Plan | None]
 
 
 def _train(
     workload: Workload, session: OffloadSession | None, steps: int = STEPS
-) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
+) -> tuple[list[dict[str, torch.Tensor]], list[int], list[Plan | None]]:
     torch.manual_seed(0)
     model = workload.build()
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     record, peaks = [], []
+    plans: list[Plan | None] = []
     for step in range(steps):
         torch.manual_seed(100 + step)
         batch = workload.batch(step)
@@ -57,6 +61,7 @@ def _train(
         else:
             with session.step(model, optimizer):
                 loss = workload.loss(model, batch)
+                plans.append(session.plan if session.stats is not None else None)  # this pass's plan
         loss.backward()
         state = {f"grad:{name}": p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         optimizer.step()
@@ -66,7 +71,7 @@ def _train(
         if session is not None:
             assert session.stats is not None
             peaks.append(session.stats.ledger_peak_bytes)
-    return record, peaks
+    return record, peaks, plans
 
 
 def _session(config: OffloadConfig) -> OffloadSession:
@@ -80,9 +85,10 @@ def plain_record(workload: Workload) -> list[dict[str, torch.Tensor]]:
     return _train(workload, None)[0]
 
 
-def least_recompute_budget(workload: Workload) -> int:
-    """The least budget at which keeping or recomputing fits, as a session names it."""
-    session = _session(OffloadConfig(budget=4 * 10**9, min_swap_bytes=0, reserve_bytes=0, policy="recompute"))
+def least_recompute_budget(workload: Workload, policy: str = "recompute") -> int:
+    """The least budget at which keeping or recomputing (``policy="selective"``: selectively)
+    fits, as a session names it."""
+    session = _session(OffloadConfig(budget=4 * 10**9, min_swap_bytes=0, reserve_bytes=0, policy=policy))
     _train(workload, session, steps=2)  # the profiling pass, then one planned pass
     session.close()
     assert session.plan is not None
@@ -96,14 +102,14 @@ def check_model(
     within the budget."""
     config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy=policy)
     session = _session(config)
-    got, peaks = _train(workload, session)
+    got, peaks, plans = _train(workload, session)
     plan = session.plan
     session.close()
     assert plan is not None
     difference = _equal(got, expected)
     assert difference is None, (policy, difference)
     assert all(peak <= budget for peak in peaks), (policy, peaks, budget)
-    return Outcome(plan, budget, peaks, tuple(entry.name for entry in plan.profile.excluded_segments))
+    return Outcome(plan, budget, peaks, tuple(entry.name for entry in plan.profile.excluded_segments), plans)
 
 
 def _equal(got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]]) -> tuple[int, str] | None:
@@ -138,3 +144,19 @@ def sweep(workload: Workload, monkeypatch: Any) -> None:
         if budget < outcome.plan.profile.unconstrained_peak_bytes:  # else the profiling pass's peak binds
             assert outcome.plan.recomputed, (policy, outcome.plan.profile.excluded_segments)
         assert all(entry.reason for entry in outcome.plan.profile.excluded_segments)
+
+
+def sweep_selective(workload: Workload) -> Outcome:
+    """Plain training, then ``policy="selective"`` at the least budget at which keeping or
+    recomputing selectively fits: bit for bit, every pass within the budget, and each planned
+    pass's ledger peak never above the predicted ledger peak of the plan it ran under."""
+    expected = plain_record(workload)
+    budget = least_recompute_budget(workload, "selective")
+    outcome = check_model(workload, "selective", budget, expected)
+    plan = outcome.plan
+    if budget < plan.profile.unconstrained_peak_bytes:  # else the profiling pass's peak binds
+        assert plan.selective and set(plan.selective) == set(plan.recomputed), plan.recomputed
+    for peak, running in zip(outcome.peaks, outcome.plans, strict=True):
+        if running is not None:
+            assert peak <= running.predicted_ledger_peak_bytes, (outcome.peaks, running)
+    return outcome

@@ -33,16 +33,19 @@ def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def measured_profile(kind: str, config: OffloadConfig, runtime=None) -> StepProfile:
-    """The profile of a planned pass (its layers and segments do not depend on the policy)."""
+    """The profile of a planned pass (its layers and segments do not depend on the policy; under
+    policy "selective" the segments' selective recomputation is measured too)."""
     return profiled(kind, config, runtime)[0]
 
 
 def profiled(kind: str, config: OffloadConfig, runtime=None) -> tuple[StepProfile, int]:
     """The profile of a planned pass and the ledger peak of the profiling pass, measured under
-    ``config`` with room for everything (policy "recompute", which never swaps, plans fastest)."""
+    ``config`` with room for everything (policy "recompute", which never swaps, plans fastest,
+    or "selective", which measures what recomputing selectively keeps)."""
+    policy = "selective" if config.policy == "selective" else "recompute"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        session = OffloadSession(config.replace(budget=10**9, policy="recompute"), "cpu", runtime=runtime)
+        session = OffloadSession(config.replace(budget=10**9, policy=policy), "cpu", runtime=runtime)
     model = build(kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     peaks = []

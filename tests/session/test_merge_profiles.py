@@ -25,3 +25,49 @@ def test_the_merge_keeps_the_segments_every_rank_may_recompute_with_their_most_i
     a = StepProfile(layers, 0, segments=(SegmentProfile("block", 4), SegmentProfile("only_a", 1)))
     b = StepProfile(layers, 0, segments=(SegmentProfile("block", 6),))
     assert merge_profiles([a, b]).segments == (SegmentProfile("block", 6),)
+
+
+def test_the_merge_keeps_each_segment_s_most_output_and_selective_bytes():
+    layers = (LayerProfile("block.conv", 10, 10),)
+    a = StepProfile(
+        layers,
+        0,
+        segments=(
+            SegmentProfile(
+                "block",
+                4,
+                8,
+                selective_kept_bytes=5,
+                selective_recompute_share=0.2,
+                selective_recomputed_bytes=3,
+            ),
+            SegmentProfile("other", 1, selective_kept_bytes=1),
+        ),
+    )
+    b = StepProfile(
+        layers,
+        0,
+        segments=(
+            SegmentProfile(
+                "block",
+                6,
+                7,
+                selective_kept_bytes=4,
+                selective_recompute_share=0.3,
+                selective_recomputed_bytes=2,
+            ),
+            SegmentProfile("other", 1),
+        ),
+    )
+    block, other = merge_profiles([a, b]).segments
+    assert (block.input_bytes, block.output_bytes) == (6, 8)
+    assert (
+        block.selective_kept_bytes,
+        block.selective_recompute_share,
+        block.selective_recomputed_bytes,
+    ) == (
+        5,
+        0.3,
+        3,
+    )
+    assert other.selective_kept_bytes is None  # one rank did not measure it: never recomputed selectively

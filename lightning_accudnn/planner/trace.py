@@ -360,6 +360,9 @@ class _Segments:
     inputs: dict[str, set[int]] = field(default_factory=dict)
     input_bytes: dict[str, int] = field(default_factory=dict)
     output_bytes: dict[str, int] = field(default_factory=dict)
+    outputs: dict[int, list[str]] = field(default_factory=dict)  # storage -> segments whose outputs it is
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)  # per segment: earlier segment -> bytes
+    alive: list[torch.Tensor] = field(default_factory=list)  # segment outputs: their addresses stay unique
     recorder: _Recorder | None = None
     op_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # forward ops of each call
 
@@ -384,6 +387,11 @@ class _Segments:
             storages = _distinct_storages((*args, *kwargs.values()))
             self.inputs[name] = set(storages)
             self.input_bytes[name] = sum(storages.values())
+            sources: dict[str, int] = {}
+            for key, nbytes in storages.items():
+                for source in self.outputs.get(key, ()):
+                    sources[source] = sources.get(source, 0) + nbytes
+            self.sources[name] = sources
             if self.recorder is not None:
                 self.recorder.selective.enter(name, set(storages))
                 self.op_ranges[name] = (len(self.recorder.ops), len(self.recorder.ops))
@@ -397,6 +405,13 @@ class _Segments:
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             storages = _distinct_storages(outputs)
             self.output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
+            for value in outputs:
+                key = _storage_key(value) if isinstance(value, torch.Tensor) else None
+                if key is not None:
+                    self.alive.append(value)
+                    known = self.outputs.setdefault(key, [])
+                    if name not in known:
+                        known.append(name)
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """Containers called once (a module called twice cannot be wrapped as one segment)."""
@@ -411,6 +426,7 @@ class _Segments:
                     name,
                     nbytes,
                     self.output_bytes.get(name, 0),
+                    tuple(self.sources.get(name, {}).items()),
                     selective_kept_bytes=kept,
                     selective_recomputed_bytes=rebuilt,
                 )

@@ -217,8 +217,8 @@ class StepProfile:
     recomputation was measured, segments still listed in ``segments`` that are never
     recomputed selectively, with why).
     ``resaves_listed`` says that the layers' ``resaved_by`` list every storage of swappable
-    bytes saved again by a later layer (a profile the engine measured); without it (a trace,
-    a hand-written profile) recomputation is accounted on the safe side: a segment's outputs
+    bytes saved again by a later layer (a profile the engine measured, or a trace); without it
+    (a hand-written profile) recomputation is accounted on the safe side: a segment's outputs
     may be saved inside it and again after it.
 
     Example:

@@ -59,18 +59,25 @@ class LayerTrace:
     """What one layer invocation saved and computed.
 
     ``saved`` lists the byte size of each storage the layer saved for backward (each
-    storage once, in the first layer that saved it).
+    storage once, in the first layer that saved it). ``resaved`` lists, per storage of
+    ``saved`` that a later layer saves again, ``(later layer, storage bytes)`` under the
+    **last** layer that saves it (or, if that layer saves nothing of its own, the next layer
+    that does), as the offload engine lists re-saves (:attr:`.LayerProfile.resaved_by`).
 
     Example:
-        >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20)
+        >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20,
+        ...                    resaved=(("conv2", 4_000_000), ("conv2", 512)))
         >>> layer.saved_bytes, layer.swappable_bytes(min_swap_bytes=2**20)
         (4000512, 4000000)
+        >>> layer.resaved_by(min_swap_bytes=2**20)
+        (('conv2', 4000000),)
     """
 
     name: str
     saved: tuple[int, ...]
     forward_flops: int
     backward_flops: int
+    resaved: tuple[tuple[str, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -83,6 +90,15 @@ class LayerTrace:
     def small_storages(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[int, ...]:
         """Sizes of the (non-empty) storages too small for the engine to swap."""
         return tuple(size for size in self.saved if 0 < size < min_swap_bytes)
+
+    def resaved_by(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[tuple[str, int], ...]:
+        """The bytes of swappable storages saved again, per later layer
+        (:attr:`.LayerProfile.resaved_by`)."""
+        per_layer: dict[str, int] = {}
+        for later, size in self.resaved:
+            if size > 0 and size >= min_swap_bytes:
+                per_layer[later] = per_layer.get(later, 0) + size
+        return tuple(per_layer.items())
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,9 @@ class StepTrace:
     GPU's: ``(op, kernel, calls)``, e.g. ``("scaled_dot_product_attention", "flash", 24)``.
     ``segment_ops`` gives each segment's forward kernels as ``(name, first, end)`` indices into
     ``ops``: what times a segment's selective recomputation (its kernels not ``kept``).
+    ``resaves_listed`` says that the layers' ``resaved`` list every storage saved again by a
+    later layer (a trace of :func:`~.trace.trace_step`): the profile then says so too
+    (:attr:`.StepProfile.resaves_listed`).
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -115,6 +134,7 @@ class StepTrace:
     segments: tuple[SegmentProfile, ...] = ()
     kernels: tuple[tuple[str, str, int], ...] = ()
     segment_ops: tuple[tuple[str, int, int], ...] = ()
+    resaves_listed: bool = False
 
     @property
     def saved_bytes(self) -> int:
@@ -186,6 +206,7 @@ class StepTrace:
                 forward_seconds=seconds[layer.name][0],
                 backward_seconds=seconds[layer.name][1],
                 small_storages=layer.small_storages(min_swap_bytes),
+                resaved_by=layer.resaved_by(min_swap_bytes),
             )
             for layer in self.layers
         )
@@ -196,6 +217,7 @@ class StepTrace:
             d2h_bytes_per_second=link,
             h2d_bytes_per_second=link,
             segments=self.timed_segments(gpu),
+            resaves_listed=self.resaves_listed,
         )
 
     def timed_segments(self, gpu: GpuSpec) -> tuple[SegmentProfile, ...]:

@@ -11,7 +11,9 @@ storages but no data) and runs one forward and backward. Three observers watch i
   running now (the ``tracker``, normally :class:`lightning_accudnn.ops.layers.LayerTracker`,
   which names layer invocations exactly as the offload engine does). Parameters, buffers and
   views of them are skipped and each storage counts once, by storage identity, as the engine
-  filters them.
+  filters them. A storage saved again by a later layer is listed under the last such layer
+  (:attr:`.LayerTrace.resaved`), as the engine lists re-saves, so the profile says
+  ``resaves_listed``.
 * a dispatch mode records every kernel: FLOPs (from :mod:`torch.utils.flop_counter`'s
   formulas, plus the CPU flash attention kernels) and bytes moved (tensor bytes read and
   written). Forward kernels belong to the running layer; backward kernels to the layer whose
@@ -222,6 +224,12 @@ class _Recorder:
     ops: list[OpCost] = field(default_factory=list)
     param_storages: set[int] = field(default_factory=set)
     seen_storages: dict[int, torch.Tensor] = field(default_factory=dict)
+    first_layer: dict[int, str] = field(default_factory=dict)  # storage -> the layer that saved it first
+    saving: dict[str, None] = field(default_factory=dict)  # layers in order of their first own save
+    resaved_from: dict[int, int] = field(
+        default_factory=dict
+    )  # storage -> its last re-save's index in saving
+    read_in_forward: set[int] = field(default_factory=set)  # storages unpacked during the forward
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
     selective: _Selective = field(default_factory=lambda: _Selective())
 
@@ -234,22 +242,46 @@ class _Recorder:
     # -- saved_tensors_hooks ------------------------------------------------------------
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         key = _storage_key(tensor)
-        if key is not None and (key in self.param_storages or key in self.seen_storages):
+        if key is not None and key in self.param_storages:
             return tensor
         layer = self.tracker.current
+        if key is not None and key in self.seen_storages:
+            # Saved again: backward needs it from the backward of this layer on (or, if this
+            # layer saves nothing of its own, of the next that does), as the engine counts it.
+            saving = self.saving
+            self.resaved_from[key] = list(saving).index(layer) if layer in saving else len(saving)
+            return tensor
         self._touch(layer)
+        self.saving.setdefault(layer, None)
         if key is None:
             self.saved[layer].append(_tensor_bytes(tensor))
         else:
             self.seen_storages[key] = tensor  # keep it alive: its address stays unique
+            self.first_layer[key] = layer
             self.saved[layer].append(tensor.untyped_storage().nbytes())
             if not self.backward:
                 self.selective.saved(key, tensor.untyped_storage().nbytes())
         return tensor
 
-    @staticmethod
-    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+    def unpack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self.backward:  # a backward inside the forward: needed from the start
+            key = _storage_key(tensor)
+            if key is not None:
+                self.read_in_forward.add(key)
         return tensor
+
+    def resaved(self) -> dict[str, list[tuple[str, int]]]:
+        """Per layer, ``(later layer, storage bytes)`` for each storage it saved first that a
+        later layer saves again (:attr:`.LayerTrace.resaved`)."""
+        saving = list(self.saving)
+        resaved: dict[str, list[tuple[str, int]]] = {}
+        for key, index in self.resaved_from.items():
+            first = self.first_layer[key]
+            later = saving[min(index, len(saving) - 1)]
+            if later != first and key not in self.read_in_forward:
+                nbytes = self.seen_storages[key].untyped_storage().nbytes()
+                resaved.setdefault(first, []).append((later, nbytes))
+        return resaved
 
     # -- kernels ------------------------------------------------------------------------
     def record_op(
@@ -672,8 +704,15 @@ def trace_step(
             recorder.backward = True
             loss.backward()  # type: ignore[no-untyped-call]
     trainable = sum(_tensor_bytes(p) for p in params if p.requires_grad)
+    resaved = recorder.resaved()
     layers = tuple(
-        LayerTrace(name, tuple(recorder.saved[name]), *recorder.flops[name])
+        LayerTrace(
+            name,
+            tuple(recorder.saved[name]),
+            forward_flops=recorder.flops[name][0],
+            backward_flops=recorder.flops[name][1],
+            resaved=tuple(resaved.get(name, ())),
+        )
         for name in sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
     )
     return StepTrace(
@@ -686,4 +725,5 @@ def trace_step(
         segments=segments.segments(),
         segment_ops=tuple((name, first, end) for name, (first, end) in segments.op_ranges.items()),
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
+        resaves_listed=True,
     )

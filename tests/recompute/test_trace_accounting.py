@@ -1,7 +1,8 @@
 """The fake-tensor trace's recompute accounting against live CPU training of the same model.
 
 The trace measures what the live probe measures for each segment (inputs, outputs, and which
-earlier segments' outputs its inputs are), and for every plan a live session ran under, the
+earlier segments' outputs its inputs are) and lists the storages a later layer saves again as
+the engine does, and for every plan a live session ran under, the
 trace's profile predicts a ledger peak never below the one measured (less, for a model with
 dropout, the bytes of the masks the trace takes as CUDA's bool ones).
 """
@@ -53,12 +54,19 @@ def _segments(profile: StepProfile) -> dict[str, tuple[int, int, dict[str, int]]
     return {s.name: (s.input_bytes, s.output_bytes, dict(s.input_sources)) for s in profile.segments}
 
 
+def _resaves(profile: StepProfile) -> dict[str, dict[str, int]]:
+    return {layer.name: dict(layer.resaved_by) for layer in profile.layers if layer.resaved_by}
+
+
 @pytest.mark.parametrize("kind", [pytest.param("resnet18", marks=pytest.mark.slow), "densenet", "gpt"])
 def test_trace_accounts_recomputation_as_live_training_measures(kind):
     live = _profile(kind)
     traced = _traced(kind)
     assert _segments(traced) == _segments(live)
     assert any(s.input_sources for s in traced.segments)
+    assert traced.resaves_listed and live.resaves_listed
+    assert any(layer.resaved_by for layer in traced.layers)
+    assert _resaves(traced) == _resaves(live)
     # The trace saves CUDA's bool dropout masks where the CPU saves masks in the activation's
     # dtype: the live run holds that much more, which the comparison below adds to the trace.
     gap = live.saved_bytes - traced.saved_bytes

@@ -79,6 +79,9 @@ class LayerProfile:
     later layer's backward until this layer's backward ends; the planner counts them so
     (see :mod:`lightning_accudnn.planner.timeline`). The later layer must be in the profile
     (with 0 saved bytes if it saved nothing new); an entry naming this layer has no effect.
+    ``small_resaved_by`` lists the same, one entry per storage, for the storages of
+    ``small_storages`` (empty when unknown): the re-saves that a smaller ``min_swap_bytes``
+    would list (:meth:`StepProfile.with_min_swap_bytes`).
 
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
@@ -93,6 +96,7 @@ forward_seconds=0.0, backward_seconds=0.0)
     backward_seconds: float = 0.0
     small_storages: tuple[int, ...] = field(default=(), repr=False)
     resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+    small_resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
@@ -110,6 +114,12 @@ forward_seconds=0.0, backward_seconds=0.0)
             raise ValueError(
                 f"layer {self.name!r}: resaved_by must hold positive byte counts summing to at most "
                 f"swappable_bytes ({self.swappable_bytes}), got {self.resaved_by}"
+            )
+        small = [nbytes for _, nbytes in self.small_resaved_by]
+        if any(nbytes <= 0 for nbytes in small) or sum(small) > sum(self.small_storages):
+            raise ValueError(
+                f"layer {self.name!r}: small_resaved_by must hold positive byte counts summing to "
+                f"at most those of small_storages ({self.small_storages}), got {self.small_resaved_by}"
             )
 
     @property
@@ -267,21 +277,31 @@ class StepProfile:
 
     def with_min_swap_bytes(self, min_swap_bytes: int) -> StepProfile:
         """This profile as if ``min_swap_bytes`` were lower: the listed small storages of at
-        least that size become swappable.
+        least that size become swappable, and their listed re-saves (``small_resaved_by``)
+        join ``resaved_by``.
 
         Example:
-            >>> layer = LayerProfile("a", 100, 60, small_storages=(30, 10))
-            >>> StepProfile((layer,), 0).with_min_swap_bytes(20).layers[0].swappable_bytes
-            90
+            >>> layer = LayerProfile("a", 100, 60, small_storages=(30, 10), small_resaved_by=(("b", 30),))
+            >>> lowered = StepProfile((layer, LayerProfile("b", 0, 0)), 0).with_min_swap_bytes(20)
+            >>> lowered.layers[0].swappable_bytes, lowered.layers[0].resaved_by
+            (90, (('b', 30),))
         """
         layers = []
         for layer in self.layers:
             moved = tuple(size for size in layer.small_storages if size >= min_swap_bytes)
+            resaved = dict(layer.resaved_by)
+            for later, nbytes in layer.small_resaved_by:
+                if nbytes >= min_swap_bytes:
+                    resaved[later] = resaved.get(later, 0) + nbytes
             layers.append(
                 replace(
                     layer,
                     swappable_bytes=layer.swappable_bytes + sum(moved),
                     small_storages=tuple(size for size in layer.small_storages if size < min_swap_bytes),
+                    resaved_by=tuple(resaved.items()),
+                    small_resaved_by=tuple(
+                        (later, nbytes) for later, nbytes in layer.small_resaved_by if nbytes < min_swap_bytes
+                    ),
                 )
             )
         return replace(self, layers=tuple(layers))

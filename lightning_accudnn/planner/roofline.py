@@ -100,6 +100,11 @@ class LayerTrace:
                 per_layer[later] = per_layer.get(later, 0) + size
         return tuple(per_layer.items())
 
+    def small_resaved_by(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[tuple[str, int], ...]:
+        """The re-saves of the storages too small for the engine to swap, one per storage
+        (:attr:`.LayerProfile.small_resaved_by`)."""
+        return tuple((later, size) for later, size in self.resaved if 0 < size < min_swap_bytes)
+
 
 @dataclass(frozen=True)
 class StepTrace:
@@ -207,6 +212,7 @@ class StepTrace:
                 backward_seconds=seconds[layer.name][1],
                 small_storages=layer.small_storages(min_swap_bytes),
                 resaved_by=layer.resaved_by(min_swap_bytes),
+                small_resaved_by=layer.small_resaved_by(min_swap_bytes),
             )
             for layer in self.layers
         )

@@ -56,7 +56,9 @@ of forward and whenever one is consumed, while the bytes admitted and not consum
 next layer's fit ``w`` (or nothing admitted waits); a copy in starts when admitted and the
 copy stream is free, and ``B_j`` waits for it. A retired layer's re-saved bytes are copied in
 at the position of their last save (before ``B_p``, which waits for them) and leave the window
-when ``B_f`` ends.
+when ``B_f`` ends. The copies a backward reads are admitted before it starts even when the
+window is full (re-saved bytes held until ``B_f`` ends can fill it): the engine cannot run
+``B_j`` without them.
 
 A layer marked swapped whose swappable bytes are 0 has nothing to copy: it is kept (and
 reported as not swapped).
@@ -583,11 +585,13 @@ class Simulator:
         ready = [0.0] * k  # when every copy B_i needs is in
         owned = [0] * k  # bytes of each layer's copies in, freed when its backward ends
 
-        def prefetch(at: float) -> None:
+        def prefetch(at: float, due: int = k) -> None:
+            """Admit copies while the window allows, and those needed by ``B_due`` or a later
+            backward whatever the window holds (that backward reads them)."""
             nonlocal admitted, waiting_bytes, stream
             while admitted < len(order):
                 needed_by, nbytes, owner = order[admitted]
-                if waiting_bytes > 0 and waiting_bytes + nbytes > window:
+                if needed_by < due and waiting_bytes > 0 and waiting_bytes + nbytes > window:
                     return
                 admitted += 1
                 waiting_bytes += nbytes
@@ -603,6 +607,7 @@ class Simulator:
         backward_start = [0.0] * k
         backward_end = [0.0] * k
         for i in range(k - 1, -1, -1):
+            prefetch(now, due=i)  # re-saved bytes held in the window may have stopped it
             if now < ready[i]:  # copies this backward reads: its own and re-saved ones
                 wait += ready[i] - now
                 now = ready[i]

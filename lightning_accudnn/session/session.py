@@ -411,13 +411,22 @@ class OffloadSession:
                     self.plan = self._book.plan(key)
 
     def check_model(self, model: nn.Module, compiled_form: str | None = None) -> None:
-        """Refuse what cannot train under the session, before training: ``keep_on_device``
-        patterns matching no module, and a model compiled whole (regional compilation is fine)
+        """Refuse what cannot train under the session, before training: lazy modules not run yet
+        (their state's bytes are unknown), ``keep_on_device`` patterns matching no module, and a
+        model compiled whole (regional compilation is fine)
         unless ``config.whole_model_compile`` puts it on the experimental route
         (:mod:`~lightning_accudnn.session.whole_model`). ``compiled_form`` says how ``model``
         was compiled whole when the model itself does not show it (Lightning compiled it)."""
         if id(model) in self._checked_models:
             return
+        lazy = [name for name, parameter in model.named_parameters() if is_lazy(parameter)]
+        if lazy:
+            raise ValueError(
+                f"{type(model).__name__} has parameters whose shapes are not known yet (lazy modules: "
+                f"{', '.join(lazy[:3])}{', ...' if len(lazy) > 3 else ''}); the plan counts the model's "
+                "state from them. Run one forward pass on a batch first (under torch.no_grad(); in a "
+                "LightningModule, in its setup() hook), or give the layers their sizes."
+            )
         form = compiled_form if compiled_form is not None else whole_model_form(model)
         if form is not None and self.config.whole_model_compile is None:
             raise CompiledModelError(refusal_message(form))
@@ -931,6 +940,16 @@ class OffloadSession:
             observed=step.observed,
             storages_swapped_out=step.storages_swapped_out,
         )
+
+
+def is_lazy(parameter: torch.Tensor) -> bool:
+    """Whether ``parameter`` belongs to a lazy module not run yet (its shape is not known).
+
+    Example:
+        >>> is_lazy(nn.LazyLinear(4).weight), is_lazy(nn.Linear(2, 4).weight)
+        (True, False)
+    """
+    return isinstance(parameter, nn.parameter.UninitializedParameter)
 
 
 def host_total_bytes() -> int:

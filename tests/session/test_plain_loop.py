@@ -3,6 +3,7 @@ profiles, plans, plans a new batch shape from the scaled profile (then refines i
 bitwise like the loop without it."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -76,3 +77,25 @@ def test_session_for_cuda_without_a_gpu_says_so():
         pytest.skip("a CUDA device is available here")
     with pytest.raises(RuntimeError, match="no CUDA device is available"):
         OffloadSession(OffloadConfig(), "cuda")
+
+
+def test_a_model_with_lazy_modules_not_run_yet_is_refused_with_what_to_do():
+    model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = OffloadSession(OffloadConfig(budget=10**8, min_swap_bytes=0), "cpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    refused = pytest.raises(ValueError, match=r"lazy modules: 0\.weight, 0\.bias.*Run one forward pass")
+    with refused, session.step(model, optimizer):
+        model(torch.randn(4, 3))
+    with torch.no_grad():
+        model(torch.randn(4, 3))  # the shapes are known now
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        with session.step(model, optimizer):
+            loss = model(torch.randn(4, 3)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert session.plan is not None
+    session.close()

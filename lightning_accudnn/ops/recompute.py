@@ -429,7 +429,8 @@ class SegmentProbe:
         if top_saved_tensor_hooks() != self._reference:
             self._foreign.add(name)
         if name in self._parents and name not in self._input_bytes:
-            storages = _storages(SegmentInputs.record(args, kwargs)[1])
+            audit = self._audits[name] = CallAudit(module, args, kwargs)
+            storages = _storages(audit.call_tensors)
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
             sources: dict[str, int] = {}
@@ -439,7 +440,6 @@ class SegmentProbe:
                     for source in known[0]:
                         sources[source] = sources.get(source, 0) + nbytes
             self._sources[name] = sources
-            self._audits[name] = CallAudit(module, args, kwargs)
             if self._recorder is not None:
                 self._recorder.open(name, set(storages))
 

@@ -87,6 +87,11 @@ class CallAudit:
         self._arguments_before = _argument_state(args, kwargs)
         self._outputs: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
+    @property
+    def call_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The call's distinct tensor arguments, until :meth:`after_call` (then none)."""
+        return self._tensors
+
     def after_call(self, output: Any) -> str | None:
         """Why the call just ended changed what a replay would see, or ``None``."""
         changed = _changed_module(self._modules_before, _module_state(self.module, _DEPTH))

@@ -22,7 +22,7 @@ placement, an event and a copy each) as it does through Lightning there. The res
   host this is where PyTorch's own CUDA wrappers show, beside the engine.
 
 Writes ``<results-dir>/<device>/<date>-<name>.json`` with the environment. A CPU figure is a CPU
-figure; the GPU host's matter for issue 13's projection onto a GPU step.
+figure; the GPU host's matter for projecting the host cost onto a GPU step.
 
 Example:
     >>> result = profile_host(torch.device("cpu"), layers=4, passes=2, profiled=1)

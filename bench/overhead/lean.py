@@ -2,7 +2,7 @@
 
     python -m bench.overhead.lean [--layers 333] [--rounds 40] [--results-dir bench/results]
 
-Issue 13's half-swapped target leaves a swap little time (README, Performance). How much of the
+The half-swapped target (1.6x the default step) leaves a swap little time. How much of the
 engine's cost is its representation (a record, a device block and weak references per storage)
 and how much is what any swap has to do? :class:`LeanSwaps` runs the engine's replayed
 half-swapped pass of the deep narrow model (its first half swapped, with the planner's window

@@ -8,7 +8,7 @@ graph requires grad:
 * :func:`unused_parameters`: one ``Linear`` and ``count`` scalar parameters that forward
   does not use (what a walk over the parameters costs, and nothing else).
 
-:func:`deep_narrow` is the 333 x Linear/LayerNorm/ReLU model at batch 4 of issue 13; the
+:func:`deep_narrow` is the 333 x Linear/LayerNorm/ReLU model at batch 4 of the overhead benchmark; the
 tiny ResNet-152 and GPT-2-medium models have the real models' module structure (and so
 their module calls and saved tensors per step) at widths and inputs that run in
 milliseconds on a CPU. :func:`gpt2_medium` builds the real-size decoder for the planner.

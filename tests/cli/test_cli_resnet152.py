@@ -72,7 +72,7 @@ def test_readme_plot_example_on_resnet152(tmp_path, capsys) -> None:
 
 
 def test_resnet152_at_a_third_of_its_need_auto_plans_a_faster_step_than_swap() -> None:
-    """Issue 16's case, as `accudnn plan torchvision:resnet152 --batch-size 64 --gpu h100
+    """ResNet-152 at batch 64 for an H100, as `accudnn plan torchvision:resnet152 --batch-size 64 --gpu h100
     --json` plans it (traced once here, planned under both policies): at a third of the
     unconstrained need the link cannot hide the swaps, and recomputing some blocks is faster."""
     command = ["plan", "torchvision:resnet152", "--batch-size", "64", "--gpu", "h100", "--budget", "1GB"]

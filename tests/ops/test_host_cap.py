@@ -1,4 +1,4 @@
-"""Profiling within a host-memory cap smaller than all the activations (issue 10, item 5).
+"""Profiling within a host-memory cap smaller than all the activations.
 
 The profiling pass swaps everything it can; what does not fit in the host pool stays on
 the device and is still measured, so the plan is made from the whole step and checked

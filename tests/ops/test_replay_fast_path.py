@@ -1,4 +1,4 @@
-"""Issue 13, the kept fast path: in a pass replayed by ordinal a kept saved tensor has no record
+"""The kept fast path: in a pass replayed by ordinal a kept saved tensor has no record
 (autograd holds ``(tensor, version, address, ordinal, step)``), yet everything a record did still
 holds: gradients bitwise equal, in-place changes raise, the ledger counts each storage once and
 back to zero, retained graphs and aborted steps behave as in a hooked pass."""

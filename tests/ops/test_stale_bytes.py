@@ -1,4 +1,4 @@
-"""A later save is never served bytes copied before they changed (issue 10, item 1).
+"""A later save is never served bytes copied before they changed.
 
 GRU and LSTM cells split one storage with ``unsafe_chunk`` (outputs that do not share a
 version counter) and write the parts in place after the first part was saved: each save

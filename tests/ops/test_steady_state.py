@@ -1,4 +1,4 @@
-"""The hot path (issue 13): steady-state passes replay the profiled save sequence by ordinal,
+"""The hot path: steady-state passes replay the profiled save sequence by ordinal,
 with no module hooks, and a changed graph is detected and planned again from a hooked pass."""
 
 import copy

@@ -1,4 +1,4 @@
-"""Issue 13, swaps of whole storages in replayed passes: a storage that had one record over all its
+"""Swaps of whole storages in replayed passes: a storage that had one record over all its
 bytes in the profiled pass is swapped on a shorter path (no filter, no extent arithmetic, no
 storage entry), checked at each save to be the same again. What autograd reads, the ledger and
 the device's stream order stay those of the records; a save that does not match leaves the

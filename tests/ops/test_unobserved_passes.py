@@ -1,4 +1,4 @@
-"""Issue 13, passes replayed unobserved: a sequence whose every save the schedule keeps may run
+"""Passes replayed unobserved: a sequence whose every save the schedule keeps may run
 with no saved-tensor hook at all (nothing per saved tensor). The engine only does so once it
 observed a pass of the sequence under the schedule; the step then reports that pass's layers
 and ledger peak. A schedule that swaps passes the hooks only up to the last save through the

@@ -1,4 +1,4 @@
-"""Issue 15, inputs: nested, quantized and subclass tensors saved for backward are kept (never
+"""Unusual inputs: nested, quantized and subclass tensors saved for backward are kept (never
 crash), and an in-place change of a saved activation raises the error plain PyTorch raises."""
 
 import pytest

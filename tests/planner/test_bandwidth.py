@@ -1,4 +1,4 @@
-"""The link probe (issue 15): NVML by PCI bus id, rates at the sizes the plan moves (no GPU needed)."""
+"""The link probe: NVML by PCI bus id, rates at the sizes the plan moves (no GPU needed)."""
 
 from __future__ import annotations
 

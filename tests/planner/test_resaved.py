@@ -1,4 +1,4 @@
-"""Storages saved again by a later layer (issue 10's known gap): the engine brings them back for
+"""Storages saved again by a later layer: the engine brings them back for
 the last save and frees them after the first saver's backward; the planner's peak must bound it.
 
 The model below is the smallest case: ``a`` saves ``x``, ``e`` saves a small storage of its own
@@ -67,7 +67,7 @@ def _run(elements: int, small: int, window: int, limit: int | None) -> tuple[Ste
 
 
 def _with_resaves(profile: StepProfile) -> StepProfile:
-    """What the engine must report (issue 10): ``x``'s bytes, first saved by ``a``, are last saved
+    """What the engine must report: ``x``'s bytes, first saved by ``a``, are last saved
     by ``c``, which is listed with no bytes of its own."""
     a, e, b = profile.layers
     assert (a.name, e.name, b.name) == ("a", "e", "b")

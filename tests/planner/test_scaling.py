@@ -1,4 +1,4 @@
-"""A profile carried to another batch shape (issue 14): bounds, measured bytes, growth, reuse."""
+"""A profile carried to another batch shape: bounds, measured bytes, growth, reuse."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13: Python's cyclic garbage collector is off from a pass's forward to the end of its
+"""Python's cyclic garbage collector is off from a pass's forward to the end of its
 backward (``pause_gc``, default on), back on when the pass closes or fails, and a collector the
 user turned off stays off."""
 

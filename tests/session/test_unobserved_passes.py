@@ -1,4 +1,4 @@
-"""Issue 13, steady state under a plan that keeps everything: passes run without the engine's
+"""Steady state under a plan that keeps everything: passes run without the engine's
 hooks but one in ``observe_every`` of each kind, train bitwise like the plain loop, and
 a graph changed in an unobserved pass is planned from once the next observed pass sees it."""
 

@@ -54,7 +54,7 @@ def test_fit_on_a_simulated_gpu_equals_plain_lightning(kind, lag):
 
 @pytest.mark.parametrize("lag", [0, 3, None])
 def test_passes_observed_only_up_to_their_last_swap_equal_plain_lightning(lag):
-    """Between observed passes a swapping plan's hooks go after its last swapped save (issue 13):
+    """Between observed passes a swapping plan's hooks go after its last swapped save:
     those steps swap the same, order their copies the same and train bitwise the same."""
     plain_model, swapped_model = copies("cnn")
     trainer_for("auto", max_steps=8).fit(plain_model, loader("cnn", batches=8))

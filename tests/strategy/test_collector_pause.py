@@ -1,4 +1,4 @@
-"""Issue 13 under Lightning: the garbage collector is off during each training pass (from its
+"""Under Lightning, the garbage collector is off during each training pass (from its
 forward to the end of its backward), on during validation and after fit, and back on after a
 training step that raises."""
 

@@ -4,7 +4,7 @@ An AccUDNN strategy has an ``offload_config`` (an :class:`~lightning_accudnn.Off
 and, once set up, its :class:`~lightning_accudnn.OffloadSession` as ``offload``: budget,
 reserve, plan, stats and how its ranks agree on plans are read there, through public
 attributes only. Any other strategy has no budget: the tuner then learns which sizes fit
-by running them. ``callbacks`` does not import ``strategy`` (see DESIGN.md), so the
+by running them. ``callbacks`` does not import ``strategy`` (see docs/design.md, Layout), so the
 strategy is recognised by what it has.
 """
 

@@ -160,7 +160,7 @@ def _rounded_up(nbytes: int) -> str:
 
 
 def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "swap") -> float:
-    """Physical lower bound on the step time under ``budget_bytes`` (DESIGN.md).
+    """Physical lower bound on the step time under ``budget_bytes`` (docs/design.md, the performance model).
 
     ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
     ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward

@@ -1,7 +1,7 @@
 """The planner's predicted peak bounds the engine/planner memory contract, storage by storage.
 
 ``contract_ledger_peak`` is an independent reference of what an engine that follows the
-contract (HELPERS.md) holds on the device in issue order, written per storage: layers' bytes
+contract (docs/design.md) holds on the device in issue order, written per storage: layers' bytes
 split into storages at random, storages pushed to the in-flight FIFO and retired whole,
 backward reading a layer's storages in a random order, prefetching before every read, one
 storage always allowed in the window. Whatever the split and the order, the planner's peak

@@ -15,7 +15,7 @@ from lightning_accudnn.planner.budget import format_bytes
 from lightning_accudnn.planner.frontier import recompute_cost_lines
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
-    candidate_spans,
+    policy_spans,
     recomputed_profile,
 )
 from lightning_accudnn.planner.search import (
@@ -187,7 +187,7 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     if excess == 0:
         return forward + backward
 
-    lines, most = recompute_cost_lines(candidate_spans(profile, selective=policy == "selective"))
+    lines, most = recompute_cost_lines(policy_spans(profile, policy))
 
     def bound(swapped: float) -> float:
         recompute = _least_recompute_seconds(lines, most, excess - swapped)
@@ -387,11 +387,8 @@ class Plan:
             >>> plan.peak_bytes_on(profile) == plan.predicted_peak_bytes
             True
         """
-        spans = [
-            span
-            for span in candidate_spans(profile, selective=self.policy == "selective")
-            if span.name in set(self.recomputed)
-        ]
+        wanted = {(name, name in self.selective) for name in self.recomputed}
+        spans = [span for span in policy_spans(profile, self.policy) if (span.name, span.selective) in wanted]
         if len(spans) != len(self.recomputed):
             raise ValueError(f"the profile lacks recomputed segments of the plan: {self.recomputed}")
         step = recomputed_profile(profile, spans, swappable=self.policy not in KEEP_OR_RECOMPUTE)
@@ -758,7 +755,7 @@ def _profiling_floor(profile: StepProfile, profiling_peak_bytes: int | None) -> 
 
 def _least_peak(profile: StepProfile, policy: str) -> int:
     """The least peak of the plans :func:`plan_swaps` searches under ``policy``."""
-    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
+    spans = policy_spans(profile, policy)
     least = None
     for chosen in planned_sets(profile, spans):
         step = recomputed_profile(profile, chosen, swappable=policy not in KEEP_OR_RECOMPUTE)

@@ -34,12 +34,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lightning_accudnn.planner.frontier import recompute_frontier
+from lightning_accudnn.planner.frontier import fitting_set, recompute_frontier
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
     SegmentSpan,
-    candidate_spans,
+    policy_spans,
     recomputed_profile,
+    set_key,
 )
 from lightning_accudnn.planner.timeline import PlanChoice, SimulationResult, Simulator
 from lightning_accudnn.profile import StepProfile
@@ -418,12 +419,21 @@ def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpa
     """
     if len(spans) <= EXACT_MAX_SEGMENTS:
         return []
-    innermost = [
-        span for span in spans if not any(other is not span and span.holds(other) for other in spans)
-    ]
-    largest = max(span.saved_bytes for span in innermost)
+    largest = max(span.saved_bytes for span in _innermost(spans))
     small = [span for span in spans if span.saved_bytes <= largest]
     return _prefixes(small, lambda span: -span.freed_bytes / max(span.recompute_seconds, 1e-12))
+
+
+def _innermost(spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
+    """The candidates that hold no other over fewer layers (a segment's selective twin, over the
+    same layers, does not count)."""
+    return [
+        span
+        for span in spans
+        if not any(
+            span.holds(other) and (other.first, other.last) != (span.first, span.last) for other in spans
+        )
+    ]
 
 
 def _prefixes(
@@ -476,7 +486,7 @@ def search_mixed(
     still beat the best plan found.
     """
     check_policy(policy)
-    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
+    spans = policy_spans(profile, policy)
     swappable = policy not in KEEP_OR_RECOMPUTE
     if len(spans) > EXACT_MAX_SEGMENTS:
         return _search_many(profile, spans, cap, max_limit, swappable, host_fits)
@@ -485,11 +495,11 @@ def search_mixed(
     best_key: _MixedKey | None = None
     least: int | None = None
     exact = True
-    steps: dict[tuple[str, ...], RecomputedProfile] = {}
+    steps: dict[tuple[tuple[str, bool], ...], RecomputedProfile] = {}
     for chosen in recompute_sets(spans):
-        names = tuple(span.name for span in chosen)
-        if names not in steps:
-            steps[names] = recomputed_profile(profile, chosen, swappable=swappable)
+        known = set_key(chosen)
+        if known not in steps:
+            steps[known] = recomputed_profile(profile, chosen, swappable=swappable)
     # Least recomputation first: a set whose compute alone (nothing swapped, so nothing waited
     # for) is slower than the best plan so far can only lose, and is not searched.
     for step in sorted(steps.values(), key=lambda step: step.recompute_seconds):
@@ -551,13 +561,14 @@ def frontier_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tu
         >>> layers = tuple(LayerProfile(name, 50, 50, 1.0, 2.0) for name in names)
         >>> segments = (SegmentProfile("s", 10), SegmentProfile("s.b0", 10), SegmentProfile("s.b1", 10))
         >>> profile = StepProfile(layers, 0, segments=segments)
-        >>> [[span.name for span in chosen] for chosen in frontier_sets(profile, candidate_spans(profile))]
+        >>> spans = policy_spans(profile, "auto")
+        >>> [[span.name for span in chosen] for chosen in frontier_sets(profile, spans)]
         [[], ['s.b0'], ['s.b0', 's.b1'], ['s']]
     """
-    sets: dict[tuple[str, ...], tuple[SegmentSpan, ...]] = {}
+    sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
     for frontier in _frontiers(profile, spans):
         for chosen in frontier:
-            sets.setdefault(tuple(span.name for span in chosen), chosen)
+            sets.setdefault(set_key(chosen), chosen)
     return list(sets.values())
 
 
@@ -565,11 +576,7 @@ def _frontiers(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[list[
     """One frontier per limit on what a recomputed segment saves (see :func:`frontier_sets`)."""
     if not spans:
         return [[()]]
-    innermost = max(
-        span.saved_bytes
-        for span in spans
-        if not any(other is not span and span.holds(other) for other in spans)
-    )
+    innermost = max(span.saved_bytes for span in _innermost(spans))
     larger = sorted({span.saved_bytes for span in spans if span.saved_bytes > innermost})
     if len(larger) >= TRANSIENT_LEVELS:  # spread the levels over the larger ones, the largest last
         step = len(larger) / (TRANSIENT_LEVELS - 1)
@@ -600,10 +607,14 @@ def _search_many(
     least = min(sets.score(chosen).least_peak for chosen in bounding)
     if cap < least:  # below the smallest budget named: refused, whatever else might fit
         return MixedResult(None, None, least, "heuristic")
-    for chosen in faster_recompute_sets(spans):
-        sets.score(chosen)
-    for frontier in _frontiers(profile, spans):
-        sets.walk(frontier)
+    for group in span_groups(spans):
+        for chosen in faster_recompute_sets(group):
+            sets.score(chosen)
+        for frontier in _frontiers(profile, group):
+            sets.walk(frontier)
+    for group in span_groups(spans):  # each kind alone as its own policy asks (nothing swapped)
+        for chosen in fitting_sets(profile, group, cap, swappable and len(group) == len(spans)):
+            sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
     best_key: _MixedKey | None = None
@@ -657,10 +668,10 @@ class _SetScores:
 
     def __init__(self, profile: StepProfile, cap: int, swappable: bool) -> None:
         self.profile, self.cap, self.swappable = profile, cap, swappable
-        self.scores: dict[tuple[str, ...], _SetScore] = {}
+        self.scores: dict[tuple[tuple[str, bool], ...], _SetScore] = {}
 
     def score(self, chosen: tuple[SegmentSpan, ...]) -> _SetScore:
-        names = tuple(span.name for span in chosen)
+        names = set_key(chosen)
         known = self.scores.get(names)
         if known is None:
             step = recomputed_profile(self.profile, chosen, swappable=self.swappable)
@@ -700,19 +711,80 @@ class _SetScores:
 
 def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
     """The recompute sets whose least peak bounds the smallest budget (they depend on the
-    profile only, never on timings or the budget): :func:`recompute_sets`, and with more
-    candidates than :data:`EXACT_MAX_SEGMENTS` also the set of each frontier of
-    :func:`frontier_sets` that frees the most.
+    profile only, never on timings or the budget): for each group of :func:`span_groups`,
+    :func:`recompute_sets`, and with more candidates than :data:`EXACT_MAX_SEGMENTS` also the
+    set of each frontier of :func:`frontier_sets` that frees the most.
 
     Example:
         >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
         >>> len(planned_sets(StepProfile((), 0), spans))
         3
     """
-    sets = recompute_sets(spans)
-    if len(spans) > EXACT_MAX_SEGMENTS:
-        sets = [*sets, *(frontier[-1] for frontier in _frontiers(profile, spans))]
+    sets: list[tuple[SegmentSpan, ...]] = []
+    for group in span_groups(spans):
+        sets += recompute_sets(group)
+        if len(group) > EXACT_MAX_SEGMENTS:
+            sets += [frontier[-1] for frontier in _frontiers(profile, group)]
     return sets
+
+
+def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+    """The groups of candidates whose sets are searched: all of them, and where whole and
+    selective candidates mix (policy ``"auto"``), each kind alone too, so that ``auto`` searches
+    every set that ``"recompute"`` and ``"selective"`` search.
+
+    Example:
+        >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a", 0, 1, 0, 10, 1.0, selective=True)]
+        >>> [len(group) for group in span_groups(spans)]
+        [2, 1, 1]
+    """
+    whole = tuple(span for span in spans if not span.selective)
+    selective = tuple(span for span in spans if span.selective)
+    if whole and selective:
+        return [tuple(spans), whole, selective]
+    return [tuple(spans)]
+
+
+#: :func:`fitting_sets` asks for sets that leave these shares of the bytes the link can copy
+#: behind the compute to be swapped...
+SWAP_SHARES = (0.0, 0.125, 0.25, 0.5)
+#: ...each within these shares of the memory left (the reduction may count a little low).
+FIT_MARGINS = (1.0, 0.97)
+
+
+def fitting_sets(
+    profile: StepProfile, spans: Sequence[SegmentSpan], cap: int, swappable: bool = True
+) -> list[tuple[SegmentSpan, ...]]:
+    """The cheapest recompute sets that fit ``cap`` with nothing swapped by the reduction of
+    :func:`~lightning_accudnn.planner.frontier.fitting_set`, and (``swappable``) those that
+    leave some bytes to swap: a share (:data:`SWAP_SHARES`) of what the link copies out during
+    the forward and back during the backward, the copies the compute can hide.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile(tuple(LayerProfile(f"l{i}", 100, 100, 1.0, 1.0) for i in range(4)), 0)
+        >>> spans = [SegmentSpan("a", 0, 1, 10, 200, 1.0), SegmentSpan("b", 2, 3, 10, 200, 1.0)]
+        >>> [[span.name for span in chosen] for chosen in fitting_sets(profile, spans, 320, False)]
+        [['a']]
+    """
+    saved = [layer.saved_bytes for layer in profile.layers]
+    available = cap - profile.static_bytes
+    hidden = 0.0
+    if swappable:
+        forward = sum(layer.forward_seconds for layer in profile.layers)
+        backward = sum(layer.backward_seconds for layer in profile.layers)
+        hidden = min(
+            float(profile.swappable_bytes),
+            forward * profile.d2h_bytes_per_second,
+            backward * profile.h2d_bytes_per_second,
+        )
+    sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
+    for share in SWAP_SHARES if hidden > 0 else (0.0,):
+        for margin in FIT_MARGINS:
+            chosen = fitting_set(spans, saved, int(margin * available + share * hidden))
+            if chosen is not None:
+                sets.setdefault(set_key(chosen), chosen)
+    return list(sets.values())
 
 
 def _copy_bound(profile: StepProfile, over: int) -> float:

@@ -101,19 +101,21 @@ def _slow_link(profile: StepProfile) -> StepProfile:
     return dataclasses.replace(profile, d2h_bytes_per_second=1.0, h2d_bytes_per_second=1.0)
 
 
-def _mixed_budget(profile: StepProfile) -> tuple[int, Plan]:
-    """The largest budget (in steps of 2 % of the activations) whose auto plan mixes whole and
-    selective recomputation."""
+def _mixed_budget(profile: StepProfile) -> int:
+    """The middle of the budgets (in steps of 8 % of the activations) whose auto plan mixes
+    whole and selective recomputation (the middle: a re-measured profile's timings differ)."""
     activations = profile.unconstrained_peak_bytes - profile.static_bytes
-    for percent in range(100, 0, -2):
+    mixed = []
+    for percent in range(88, 0, -8):
         budget = profile.static_bytes + activations * percent // 100
         try:
             plan = planner_plan.plan_swaps(_slow_link(profile), budget, policy="auto")
         except BudgetTooSmallError:
             break
         if plan.selective and set(plan.recomputed) - set(plan.selective):
-            return budget, plan
-    raise AssertionError("no budget gives a plan mixing whole and selective recomputation")
+            mixed.append(budget)
+    assert mixed, "no budget gives a plan mixing whole and selective recomputation"
+    return mixed[len(mixed) // 2]
 
 
 def test_a_plan_mixing_whole_and_selective_recomputation_trains_bitwise_within_its_prediction(
@@ -126,8 +128,7 @@ def test_a_plan_mixing_whole_and_selective_recomputation_trains_bitwise_within_i
     profiling.close()
     measured = {segment.name for segment in profile.segments if segment.selective_kept_bytes is not None}
     assert {"0", "1", "2"} <= measured
-    budget, expected_plan = _mixed_budget(profile)
-    whole = set(expected_plan.recomputed) - set(expected_plan.selective)
+    budget = _mixed_budget(profile)
 
     real = planner_plan.plan_swaps
 
@@ -145,15 +146,15 @@ def test_a_plan_mixing_whole_and_selective_recomputation_trains_bitwise_within_i
         assert got.keys() == want.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), (step, name)
-    checked = 0
+    checked, mixed = 0, 0
     for plan, ledger in peaks:
         if plan is None:
             continue
-        assert plan.policy == "auto" and plan.selective, (plan.recomputed, plan.selective)
-        assert set(plan.recomputed) - set(plan.selective) == whole
+        assert plan.policy == "auto" and plan.recomputed, plan
+        mixed += bool(plan.selective and set(plan.recomputed) - set(plan.selective))
         static = plan.profile.static_bytes
         predicted = plan.predicted_ledger_peak_bytes
         assert ledger <= predicted <= plan.predicted_peak_bytes <= budget, (ledger, predicted)
         assert predicted - static <= TOLERANCE * (ledger - static), (ledger, predicted, static)
         checked += 1
-    assert checked >= 2, peaks
+    assert checked >= 2 and mixed >= 1, peaks

@@ -73,6 +73,7 @@ def test_more_budget_is_never_slower_and_auto_beats_each_single_policy(profile, 
     for budget in budgets:
         auto = plan_swaps(profile, budget, policy="auto")
         assert auto.predicted_peak_bytes <= budget
+        assert auto.peak_bytes_on(profile) == auto.predicted_peak_bytes  # whole and selective alike
         assert auto.predicted_step_seconds >= auto.lower_bound_seconds * (1 - 1e-9)
         for policy in ("swap", "recompute", "selective") if measured else ("swap", "recompute"):
             single = _step(profile, budget, policy)

@@ -18,7 +18,7 @@ stage and its blocks) overlap, so a set never holds both. It is exact for the ro
 in ``O(candidates * resolution)``: only the candidates' boundaries are positions.
 
 Example:
-    >>> from lightning_accudnn.planner.recompute import SegmentSpan
+    >>> from lightning_accudnn.planner.recompute import SegmentSpan, set_key
     >>> spans = [SegmentSpan("stage", 0, 3, 10, 410, 4.0), SegmentSpan("stage.b0", 0, 1, 10, 210, 1.0),
     ...          SegmentSpan("stage.b1", 2, 3, 10, 200, 3.5)]
     >>> [[span.name for span in chosen] for chosen in recompute_frontier(spans, 4, resolution=8)]
@@ -30,9 +30,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from lightning_accudnn.planner.recompute import SegmentSpan
+from lightning_accudnn.planner.recompute import SegmentSpan, set_key
 
-__all__ = ["DEFAULT_RESOLUTION", "freed_bytes", "recompute_cost_lines", "recompute_frontier"]
+__all__ = [
+    "DEFAULT_RESOLUTION",
+    "FITTING_RESOLUTION",
+    "fitting_set",
+    "freed_bytes",
+    "recompute_cost_lines",
+    "recompute_frontier",
+]
 
 #: Amounts of bytes freed the frontier tells apart (its step: the most freed / this).
 DEFAULT_RESOLUTION = 128
@@ -103,7 +110,7 @@ def recompute_frontier(
                 if value < target[reached]:
                     target[reached], target_back[reached] = value, (q, index)
     sets: list[tuple[SegmentSpan, ...]] = []
-    seen: set[tuple[str, ...]] = set()
+    seen: set[tuple[tuple[str, bool], ...]] = set()
     last = len(points) - 1
     for q in range(top + 1):
         if cost[last][q] == inf:
@@ -119,7 +126,7 @@ def recompute_frontier(
                 p = at[useful[index].first]
             if p == 0 and amount_left == 0:
                 break
-        names = tuple(span.name for span in reversed(chosen))
+        names = set_key(tuple(reversed(chosen)))
         if names not in seen:
             seen.add(names)
             sets.append(tuple(reversed(chosen)))
@@ -204,3 +211,116 @@ def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[floa
         freed, seconds = schedule(slope)
         lines.append((slope, seconds - slope * freed))
     return tuple(lines), high[0]
+
+
+# seconds, held bytes, (point, previous span, bucket) it came from, the span taken to it or -1
+_State = tuple[float, int, tuple[int, int, int] | None, int]
+
+#: Amounts of held bytes :func:`fitting_set` tells apart (its step: the bytes available / this).
+FITTING_RESOLUTION = 512
+
+
+def fitting_set(
+    spans: Sequence[SegmentSpan],
+    saved_bytes: Sequence[int],
+    available_bytes: int,
+    *,
+    resolution: int = FITTING_RESOLUTION,
+) -> tuple[SegmentSpan, ...] | None:
+    """The non-overlapping set of ``spans`` with the least recompute seconds whose step, with
+    nothing swapped, holds at most ``available_bytes`` of activations at every moment, by a
+    reduction of the timeline's memory (``None`` if no set does; ``saved_bytes`` per profile
+    layer).
+
+    The reduction: walking the forward order, a kept layer holds its saved bytes; a recomputed
+    span holds its :attr:`~.recompute.SegmentSpan.held_bytes` (less the inputs an earlier kept
+    layer saves, ``input_sources``, when the layer before it is kept), and its outputs are held
+    once more by what follows unless the next span takes them as inputs. Everything held before
+    a recomputed span's backward plus its saves rebuilt then (its transient) must fit, and so
+    must everything held at the end of the forward. Unlike :func:`recompute_frontier`, where a
+    span lies matters: a stage early in the forward rebuilds its saves while little else is held.
+
+    A dynamic program over the forward order whose state is the bytes held so far (in units of
+    ``available_bytes / resolution``; each state keeps the exact bytes of its cheapest set) and
+    the span just before (whose outputs may be the next one's inputs). The timeline judges the
+    set it gives.
+
+    Example:
+        >>> spans = [SegmentSpan("a", 0, 1, 10, 200, 1.0), SegmentSpan("b", 2, 3, 10, 200, 1.0)]
+        >>> [span.name for span in fitting_set(spans, [100] * 4, 320)]  # b's transient too large
+        ['a']
+        >>> fitting_set(spans, [100] * 4, 200) is None
+        True
+    """
+    layers = len(saved_bytes)
+    useful = [span for span in spans if span.freed_bytes > 0]
+    prefix = [0]
+    for nbytes in saved_bytes:
+        prefix.append(prefix[-1] + nbytes)
+    points = sorted({0, layers, *(span.first for span in useful), *(span.last + 1 for span in useful)})
+    at = {point: p for p, point in enumerate(points)}
+    starting: list[list[int]] = [[] for _ in points]
+    for index, span in enumerate(useful):
+        starting[at[span.first]].append(index)
+    unit = max(1, available_bytes // resolution)
+    transient = [span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes for span in useful]
+    covered = [min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources)) for span in useful]
+    # states[p]: (previous span or -1, bucket) -> (seconds, held bytes, back pointer, span taken)
+    states: list[dict[tuple[int, int], _State]] = [{} for _ in points]
+    states[0][(-1, 0)] = (0.0, 0, None, -1)
+
+    def offer(
+        p: int, previous: int, held: int, seconds: float, back: tuple[int, int, int], span: int
+    ) -> None:
+        if held > available_bytes:
+            return
+        key = (previous, held // unit)
+        known = states[p].get(key)
+        if known is None or (seconds, held) < known[:2]:
+            states[p][key] = (seconds, held, back, span)
+
+    for p in range(len(points) - 1):
+        for (previous, bucket), (seconds, held, _, _) in _undominated(states[p]):
+            back = (p, previous, bucket)
+            before = useful[previous] if previous >= 0 else None
+            # The layers up to the next point are kept.
+            outputs = before.output_bytes if before is not None else 0
+            gap = prefix[points[p + 1]] - prefix[points[p]]
+            offer(p + 1, -1, held + outputs + gap, seconds, back, -1)
+            for index in starting[p]:
+                span = useful[index]
+                if before is not None:
+                    extra = max(0, before.output_bytes - span.sources.get(before.name, 0))
+                    now = held + extra + span.held_bytes
+                else:
+                    now = held + span.held_bytes - covered[index]
+                if now + transient[index] > available_bytes:
+                    continue
+                offer(at[span.last + 1], index, now, seconds + span.recompute_seconds, back, index)
+    final = [(entry[0], entry[1], key) for key, entry in states[-1].items()]
+    if not final:
+        return None
+    _, _, key = min(final)
+    chosen: list[SegmentSpan] = []
+    p = len(points) - 1
+    while True:
+        entry = states[p][key]
+        if entry[3] >= 0:
+            chosen.append(useful[entry[3]])
+        if entry[2] is None:
+            break
+        p, previous, bucket = entry[2]
+        key = (previous, bucket)
+    return tuple(reversed(chosen))
+
+
+def _undominated(states: dict[tuple[int, int], _State]) -> list[tuple[tuple[int, int], _State]]:
+    """The states no other with the same previous span beats in both bytes held and seconds
+    (those can only lead to sets no cheaper and no smaller)."""
+    kept: list[tuple[tuple[int, int], _State]] = []
+    least: dict[int, float] = {}
+    for key, entry in sorted(states.items(), key=lambda item: (item[1][1], item[1][0])):
+        if entry[0] < least.get(key[0], math.inf):
+            least[key[0]] = entry[0]
+            kept.append((key, entry))
+    return kept

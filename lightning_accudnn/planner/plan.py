@@ -11,12 +11,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from lightning_accudnn.planner.bounds import lower_bound_seconds
 from lightning_accudnn.planner.budget import format_bytes
-from lightning_accudnn.planner.frontier import recompute_cost_lines
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
-    candidate_spans,
+    policy_spans,
     recomputed_profile,
+)
+from lightning_accudnn.planner.refusals import (
+    BudgetTooSmallError,
+    HostLimitTooSmallError,
+    NothingToRecomputeError,
+    refuse_recompute_without_segments,
 )
 from lightning_accudnn.planner.search import (
     KEEP_OR_RECOMPUTE,
@@ -32,194 +38,14 @@ from lightning_accudnn.profile import LayerChoice, StepProfile
 __all__ = [
     "BudgetTooSmallError",
     "HostLimitTooSmallError",
+    "NothingToRecomputeError",
     "Plan",
     "lower_bound_seconds",
     "min_budget_bytes",
     "plan_swaps",
+    "refuse_recompute_without_segments",
     "swap_everything_peak_bytes",
 ]
-
-
-class BudgetTooSmallError(ValueError):
-    """No plan fits the budget. ``min_budget_bytes`` is the smallest budget (reserve included)
-    at which :func:`plan_swaps` succeeds for this profile: the larger of the least peak of any
-    plan and the peak of the session's profiling pass (every activation swapped, nothing
-    recomputed), plus the reserve; the same whatever budget was asked and whatever the timings.
-    ``profiling_binds`` is true when the profiling pass is what sets it (plans that recompute
-    would need less, but that pass runs first). When that pass's measured peak passed the
-    computed one (the host-memory limit kept storages on the device),
-    ``with_host_memory_for_all_bytes`` is the smallest budget with host memory for everything.
-
-    When saved tensors below ``min_swap_bytes`` stay on the device and a smaller threshold
-    would lower the smallest budget by at least 1%, ``smaller_min_swap_bytes`` is
-    ``(threshold, smallest budget with it)`` (``None`` otherwise, or when the profile does not
-    list them).
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
-        >>> profile = StepProfile((LayerProfile("a", 100, 0),), static_bytes=1_000)
-        >>> try:
-        ...     plan_swaps(profile, budget_bytes=1_000)
-        ... except BudgetTooSmallError as error:
-        ...     error.min_budget_bytes
-        1100
-    """
-
-    def __init__(
-        self,
-        min_budget_bytes: int,
-        budget_bytes: int,
-        reserve_bytes: int,
-        smaller_min_swap_bytes: tuple[int, int] | None = None,
-        *,
-        profiling_binds: bool = False,
-        with_host_memory_for_all_bytes: int | None = None,
-    ) -> None:
-        self.min_budget_bytes = min_budget_bytes
-        self.budget_bytes = budget_bytes
-        self.reserve_bytes = reserve_bytes
-        self.smaller_min_swap_bytes = smaller_min_swap_bytes
-        self.profiling_binds = profiling_binds
-        self.with_host_memory_for_all_bytes = with_host_memory_for_all_bytes
-        needed = _rounded_up(min_budget_bytes)  # rounded up: that much is enough
-        reserve = f" (including the {format_bytes(reserve_bytes)} reserve)" if reserve_bytes else ""
-        who = (
-            "the first pass of a new batch shape (the profiling pass) swaps every activation and "
-            f"recomputes none, and needs {needed} ({min_budget_bytes} bytes){reserve}; the plans made "
-            "after it need less, but that pass runs first"
-            if profiling_binds
-            else f"even the least memory-hungry plan needs {needed} ({min_budget_bytes} bytes){reserve}"
-        )
-        message = (
-            f"memory budget {format_bytes(budget_bytes)} is too small for this training step: {who}. "
-            f"Raise the budget to at least {needed}, or lower the batch size so that the "
-            "activations shrink."
-        )
-        if with_host_memory_for_all_bytes is not None:
-            message += (
-                " The profiling pass measured more than swapping every activation holds: what the "
-                "host-memory limit could not take stayed on the device. With host memory for all of it "
-                f"the smallest budget would be {_rounded_up(with_host_memory_for_all_bytes)}: raise "
-                "host_memory_limit, or the budget."
-            )
-        if smaller_min_swap_bytes is not None:
-            threshold, smaller = smaller_min_swap_bytes
-            message += (
-                f" The smallest budget is limited by min_swap_bytes: saved tensors below it stay on "
-                f"the device; with min_swap_bytes={threshold} the smallest budget would be "
-                f"{_rounded_up(smaller)} ({format_bytes(min_budget_bytes - smaller)} less)."
-            )
-        super().__init__(message)
-
-
-class HostLimitTooSmallError(ValueError):
-    """Plans fit the device budget, but none within the host-memory limit as well.
-
-    ``host_bytes_needed`` is what a plan within the device budget that swaps few bytes puts
-    in host memory (rounded as the host pool rounds); ``nothing_swapped_budget_bytes`` the
-    device budget at which nothing is swapped.
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
-        >>> layers = (LayerProfile("a", 400, 400), *(LayerProfile(name, 100, 100) for name in "bcd"))
-        >>> try:
-        ...     plan_swaps(StepProfile(layers, static_bytes=1_000), budget_bytes=1_600, host_limit_bytes=250)
-        ... except HostLimitTooSmallError as error:
-        ...     error.host_bytes_needed, error.nothing_swapped_budget_bytes
-        (300, 1700)
-    """
-
-    def __init__(
-        self,
-        host_limit_bytes: int,
-        host_bytes_needed: int,
-        budget_bytes: int,
-        nothing_swapped_budget_bytes: int,
-    ) -> None:
-        self.host_limit_bytes = host_limit_bytes
-        self.host_bytes_needed = host_bytes_needed
-        self.budget_bytes = budget_bytes
-        self.nothing_swapped_budget_bytes = nothing_swapped_budget_bytes
-        short = host_bytes_needed - host_limit_bytes
-        super().__init__(
-            f"no plan fits both the device budget of {format_bytes(budget_bytes)} and the host-memory "
-            f"limit of {format_bytes(host_limit_bytes)}: a plan within the device budget swaps "
-            f"{format_bytes(host_bytes_needed)} to host memory. Raise host_memory_limit by at least "
-            f"{format_bytes(short)} (to {format_bytes(host_bytes_needed)}, system RAM permitting), or "
-            "raise the device budget so that less is swapped (at "
-            f"{_rounded_up(nothing_swapped_budget_bytes)} nothing is), or lower the batch size."
-        )
-
-
-def _rounded_up(nbytes: int) -> str:
-    """``nbytes`` in the unit :func:`format_bytes` picks, rounded up to two decimals."""
-    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if nbytes >= size:
-            return f"{math.ceil(nbytes * 100 / size) / 100:.2f}{unit}"
-    return f"{nbytes}B"
-
-
-def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "swap") -> float:
-    """Physical lower bound on the step time under ``budget_bytes`` (docs/design.md, the performance model).
-
-    ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
-    ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
-    (copies hidden perfectly behind compute); recomputing frees the rest, ``y = X - x``, at
-    the least forward time that frees ``y`` bytes, ``R(y)`` (bounded from below by the
-    Lagrangian relaxation of choosing non-overlapping segments, a stage never with its blocks:
-    :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`), added to the backward:
-    ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
-    ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
-    ``x = 0`` under ``"recompute"`` and ``"selective"``. It ignores the transient a recomputed
-    segment holds and the bytes a plan cannot move, so every plan is at least this slow.
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
-        >>> profile = StepProfile((LayerProfile("a", 400, 400, 1.0, 2.0),), static_bytes=100,
-        ...                       d2h_bytes_per_second=100.0, h2d_bytes_per_second=50.0)
-        >>> lower_bound_seconds(profile, budget_bytes=200)  # X = 300: max(1, 3) + max(2, 6)
-        9.0
-    """
-    check_policy(policy)
-    excess = max(0, profile.unconstrained_peak_bytes - budget_bytes)
-    forward = float(sum(layer.forward_seconds for layer in profile.layers))
-    backward = float(sum(layer.backward_seconds for layer in profile.layers))
-    if excess == 0:
-        return forward + backward
-
-    lines, most = recompute_cost_lines(candidate_spans(profile, selective=policy == "selective"))
-
-    def bound(swapped: float) -> float:
-        recompute = _least_recompute_seconds(lines, most, excess - swapped)
-        return max(forward, swapped / profile.d2h_bytes_per_second) + max(
-            backward + recompute, swapped / profile.h2d_bytes_per_second
-        )
-
-    if policy == "swap":
-        return bound(excess)
-    if policy in KEEP_OR_RECOMPUTE:
-        return bound(0.0)
-    # Convex in the swapped bytes: a golden-section search finds the least value.
-    low, high = 0.0, float(excess)
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(80):
-        left, right = high - ratio * (high - low), low + ratio * (high - low)
-        if bound(left) <= bound(right):
-            high = right
-        else:
-            low = left
-    return min(bound(low), bound(high), bound(0.0), bound(float(excess)))
-
-
-def _least_recompute_seconds(lines: Sequence[tuple[float, float]], most: int, freed: float) -> float:
-    """A lower bound on the forward time run again that frees ``freed`` bytes: the maximum of
-    :func:`~lightning_accudnn.planner.frontier.recompute_cost_lines`' lines, ``inf`` beyond the
-    most bytes any set of non-overlapping segments frees."""
-    if freed <= 0:
-        return 0.0
-    if freed > most:
-        return math.inf
-    return max(slope * freed + intercept for slope, intercept in lines)
 
 
 #: Which route a model's plan is applied by (``Plan.route``): hooks per layer, per compiled block, or
@@ -387,11 +213,8 @@ class Plan:
             >>> plan.peak_bytes_on(profile) == plan.predicted_peak_bytes
             True
         """
-        spans = [
-            span
-            for span in candidate_spans(profile, selective=self.policy == "selective")
-            if span.name in set(self.recomputed)
-        ]
+        wanted = {(name, name in self.selective) for name in self.recomputed}
+        spans = [span for span in policy_spans(profile, self.policy) if (span.name, span.selective) in wanted]
         if len(spans) != len(self.recomputed):
             raise ValueError(f"the profile lacks recomputed segments of the plan: {self.recomputed}")
         step = recomputed_profile(profile, spans, swappable=self.policy not in KEEP_OR_RECOMPUTE)
@@ -638,55 +461,6 @@ def plan_swaps(
     )
 
 
-class NothingToRecomputeError(ValueError):
-    """``policy="recompute"`` on a step with no segment that can be recomputed exactly."""
-
-
-def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None:
-    """Raise :class:`NothingToRecomputeError` when ``policy`` is ``"recompute"`` (or
-    ``"selective"``) and ``profile`` found no segment to recompute (selectively: whose selective
-    recomputation was measured); the message names why each candidate was excluded.
-
-    Example:
-        >>> from lightning_accudnn.profile import ExcludedSegment, LayerProfile, StepProfile
-        >>> profile = StepProfile((LayerProfile("a", 1, 1),), 0,
-        ...                       excluded_segments=(ExcludedSegment("a", "calling it changes a.calls"),))
-        >>> refuse_recompute_without_segments(profile, "auto")
-        >>> refuse_recompute_without_segments(profile, "recompute")
-        Traceback (most recent call last):
-        ...
-        lightning_accudnn.planner.plan.NothingToRecomputeError: policy='recompute' needs a segment ...
-    """
-    if policy not in KEEP_OR_RECOMPUTE:
-        return
-    if policy == "selective":
-        if any(segment.selective_kept_bytes is not None for segment in profile.segments):
-            return
-        if profile.segments:
-            reasons = "; ".join(
-                f"{excluded.name}: {excluded.reason}" for excluded in profile.excluded_segments
-            )
-            raise NothingToRecomputeError(
-                "policy='selective' needs a segment whose selective recomputation was measured, and "
-                "this profile measured none (a profiling pass run for policy 'selective' measures it; "
-                "a model with compiled blocks is not measured"
-                + (f"; excluded: {reasons}" if reasons else "")
-                + "). Use policy='recompute' or policy='auto'."
-            )
-    elif profile.segments:
-        return
-    reasons = "; ".join(f"{excluded.name}: {excluded.reason}" for excluded in profile.excluded_segments)
-    found = (
-        f"every candidate would not be replayed exactly ({reasons})"
-        if reasons
-        else "no module is called once per step with submodules under the engine's hooks"
-    )
-    raise NothingToRecomputeError(
-        f"policy={policy!r} needs a segment that can be recomputed exactly, and this model has none: "
-        f"{found}. Use policy='auto' or policy='swap'."
-    )
-
-
 def _host_costs(
     profile: StepProfile, host_limit_bytes: int | None, host_bytes: Sequence[int] | None
 ) -> tuple[int, ...] | None:
@@ -758,7 +532,7 @@ def _profiling_floor(profile: StepProfile, profiling_peak_bytes: int | None) -> 
 
 def _least_peak(profile: StepProfile, policy: str) -> int:
     """The least peak of the plans :func:`plan_swaps` searches under ``policy``."""
-    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
+    spans = policy_spans(profile, policy)
     least = None
     for chosen in planned_sets(profile, spans):
         step = recomputed_profile(profile, chosen, swappable=policy not in KEEP_OR_RECOMPUTE)

@@ -55,7 +55,14 @@ from dataclasses import dataclass
 
 from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, StepProfile
 
-__all__ = ["RecomputedProfile", "SegmentSpan", "candidate_spans", "recomputed_profile"]
+__all__ = [
+    "RecomputedProfile",
+    "SegmentSpan",
+    "candidate_spans",
+    "policy_spans",
+    "recomputed_profile",
+    "set_key",
+]
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,40 @@ def candidate_spans(profile: StepProfile, *, selective: bool = False) -> tuple[S
     return tuple(sorted(by_range.values(), key=lambda span: (span.first, -span.last)))
 
 
+def policy_spans(profile: StepProfile, policy: str) -> tuple[SegmentSpan, ...]:
+    """The candidates a plan under ``policy`` may recompute, in forward order: none under
+    ``"swap"``, whole segments under ``"recompute"``, selective ones under ``"selective"``, and
+    both under ``"auto"`` (a segment whose selective recomputation was measured is then two
+    candidates over the same layers: they overlap, so a set holds at most one of them).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
+        >>> layers = (LayerProfile("b.x", 100, 100, 1.0), LayerProfile("b.y", 100, 100, 1.0))
+        >>> segment = SegmentProfile("b", 10, selective_kept_bytes=50, selective_recompute_share=0.5)
+        >>> profile = StepProfile(layers, 0, segments=(segment,))
+        >>> [(span.name, span.selective) for span in policy_spans(profile, "auto")]
+        [('b', False), ('b', True)]
+    """
+    if policy == "swap":
+        return ()
+    if policy == "recompute":
+        return candidate_spans(profile)
+    if policy == "selective":
+        return candidate_spans(profile, selective=True)
+    both = (*candidate_spans(profile), *candidate_spans(profile, selective=True))
+    return tuple(sorted(both, key=lambda span: (span.first, -span.last, span.selective)))
+
+
+def set_key(chosen: Sequence[SegmentSpan]) -> tuple[tuple[str, bool], ...]:
+    """What tells recompute sets apart: each span's name and whether it is selective.
+
+    Example:
+        >>> set_key([SegmentSpan("b", 0, 1, 10, 100, 1.0, selective=True)])
+        (('b', True),)
+    """
+    return tuple((span.name, span.selective) for span in chosen)
+
+
 @dataclass(frozen=True)
 class RecomputedProfile:
     """The step the engine sees when ``spans`` are recomputed, and what the timeline adds.
@@ -203,6 +244,24 @@ class RecomputedProfile:
         return tuple(span.name for span in self.spans if span.selective)
 
 
+_innermost_cache: list[tuple[StepProfile, dict[int, str]]] = []
+
+
+def _innermost_segments(profile: StepProfile) -> dict[int, str]:
+    """Per layer that others save again, the innermost segment it runs in (the last profile's
+    answer is kept: a search asks for the same profile many times)."""
+    if _innermost_cache and _innermost_cache[0][0] is profile:
+        return _innermost_cache[0][1]
+    innermost: dict[int, str] = {}
+    for i, layer in enumerate(profile.layers):
+        if layer.resaved_by:
+            around = [segment.name for segment in profile.segments if segment.covers(layer.name)]
+            if around:
+                innermost[i] = max(around, key=len)
+    _innermost_cache[:] = [(profile, innermost)]
+    return innermost
+
+
 def recomputed_profile(
     profile: StepProfile, spans: Sequence[SegmentSpan], *, swappable: bool = True
 ) -> RecomputedProfile:
@@ -230,12 +289,7 @@ def recomputed_profile(
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
     # a segment saves what the segment's outputs are made from, rarely the outputs themselves.
-    innermost: dict[int, str] = {}
-    for i, layer in enumerate(layers):
-        if layer.resaved_by:
-            around = [segment.name for segment in profile.segments if segment.covers(layer.name)]
-            if around:
-                innermost[i] = max(around, key=len)
+    innermost = _innermost_segments(profile)
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).

@@ -1,32 +1,17 @@
-"""Search for the fastest plan that fits: which segments to recompute, which layers to swap,
-the copy-out limit and the window.
+"""Search for the fastest plan that fits: which segments to recompute (whole or selectively),
+then which layers to swap, the copy-out limit and the window.
 
 Internal to :func:`lightning_accudnn.planner.plan.plan_swaps`; every candidate is scored by
-the public :class:`~lightning_accudnn.planner.timeline.Simulator`.
-
-Facts the search relies on (they follow from the simulator's rules):
-
-* Memory never increases when a layer is swapped or when the copy-out limit or the window
-  shrink, so the least peak of any plan is swapping everything swappable with limit 0 and
-  window 0, whatever the timings and whatever the budget asked; a swap set is feasible iff it
-  fits with limit 0 and window 0.
-* Time only changes at the limit and window candidates
-  (:meth:`~lightning_accudnn.planner.timeline.Simulator.limit_candidates`,
-  :meth:`~lightning_accudnn.planner.timeline.Simulator.window_candidates`) while memory grows
-  between them, so only candidates are worth choosing; for a fixed swap set and limit, time
-  never increases with the window, so the best window is the largest that fits, or a smaller
-  one as fast.
+the public :class:`~lightning_accudnn.planner.timeline.Simulator`, the keep/swap part by
+:mod:`.swap_search`.
 
 :func:`search_mixed` adds recomputation: for each recompute set it searches the keep/swap
 plan of the step the engine would then see (:mod:`.recompute`), and keeps the fastest. With
 few candidates every non-overlapping set is searched; with many, the sets come from the
 frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, by a dynamic
-program over the forward order), each simulated exactly, and only a few of those that still
+program over the forward order) and from its transient-aware dynamic program (the cheapest set
+that fits, :func:`fitting_sets`), each simulated exactly, and only a few of those that still
 need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
-
-Choosing the swap set exactly is subset-sum-like, so small instances are searched
-exhaustively and large ones heuristically (forward prefixes, then a bounded greedy
-refinement), with a bounded number of simulations.
 """
 
 from __future__ import annotations
@@ -34,307 +19,41 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lightning_accudnn.planner.frontier import recompute_frontier
+from lightning_accudnn.planner.frontier import fitting_set, recompute_frontier
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
     SegmentSpan,
-    candidate_spans,
+    policy_spans,
     recomputed_profile,
+    set_key,
+)
+from lightning_accudnn.planner.swap_search import (
+    SearchResult,
+    fewest_bytes_swapped,
+    least_peak_choice,
+    powers_of_two,
+    search,
 )
 from lightning_accudnn.planner.timeline import PlanChoice, SimulationResult, Simulator
 from lightning_accudnn.profile import StepProfile
 
-#: Exhaustive search when the profile has at most this many swappable layers...
-EXACT_MAX_SWAPPABLE = 10
-#: ...and ``2**swappable * layers`` is at most this (bounds the simulated layer-steps).
-EXACT_MAX_WORK = 2**14
-#: Bisections on the limit and the window stop when the interval is below ``total >> this``.
-_BISECTION_BITS = 10
-#: Greedy refinement in the heuristic: at most this many layer-steps simulated.
-_REFINE_WORK = 150_000
-
-_Key = tuple[float, int, int, int, int]
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The best plan that fits (``None`` if none does) and the least peak of any plan.
-
-    ``min_peak_bytes`` is the peak of swapping everything swappable with limit and window 0:
-    the least peak of any plan, so the search finds a plan whenever ``cap >= min_peak_bytes``.
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
-        >>> simulator = Simulator(StepProfile((LayerProfile("a", 10, 10),), static_bytes=0))
-        >>> result = search(simulator, cap=10)
-        >>> result.best.choice.swap, result.min_peak_bytes, result.method
-        ((False,), 10, 'exhaustive')
-    """
-
-    best: SimulationResult | None
-    min_peak_bytes: int
-    method: str  # "nothing to swap", "exhaustive" or "heuristic"
-
-
-def least_peak_choice(simulator: Simulator) -> PlanChoice:
-    """The plan with the least peak: swap everything swappable, limit 0, window 0."""
-    return PlanChoice(simulator.swap_everything(), 0, 0)
-
-
-def fewest_bytes_swapped(simulator: Simulator, cap: int) -> tuple[bool, ...]:
-    """A swap set within ``cap`` (limit and window 0) that swaps few bytes: from swapping
-    everything, each layer, largest first, is kept whenever the rest still fits. Call it
-    only when swapping everything fits (``cap >= min_peak_bytes``).
-
-    Example:
-        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
-        >>> layers = (LayerProfile("a", 400, 400), *(LayerProfile(name, 100, 100) for name in "bcd"))
-        >>> fewest_bytes_swapped(Simulator(StepProfile(layers, static_bytes=1_000)), cap=1_600)
-        (False, True, True, True)
-    """
-    swap = list(simulator.swap_everything())
-    for i in sorted(range(simulator.k), key=lambda i: -simulator.swappable[i]):
-        if swap[i]:
-            swap[i] = False
-            if simulator.peak_bytes(PlanChoice(tuple(swap), 0, 0)) > cap:
-                swap[i] = True
-    return tuple(swap)
-
-
-def search(
-    simulator: Simulator,
-    cap: int,
-    max_limit: int | None = None,
-    host_fits: Callable[[tuple[bool, ...]], bool] | None = None,
-) -> SearchResult:
-    """The fastest plan with peak at most ``cap`` bytes, and the least peak of any plan.
-
-    ``max_limit`` bounds the copy-out limits considered (``None``: any); ``host_fits``, if
-    given, says whether a swap set fits the host memory (sets it refuses are never chosen).
-    """
-    swappable = [i for i in range(simulator.k) if simulator.swappable[i] > 0]
-    least = simulator.peak_bytes(least_peak_choice(simulator))
-    if not swappable:
-        run = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
-        return SearchResult(run if run.peak_bytes <= cap else None, least, "nothing to swap")
-    if least > cap:
-        exact = (
-            len(swappable) <= EXACT_MAX_SWAPPABLE and (1 << len(swappable)) * simulator.k <= EXACT_MAX_WORK
-        )
-        return SearchResult(None, least, "exhaustive" if exact else "heuristic")
-    finder = _Finder(simulator, cap, max_limit, host_fits)
-    n = len(swappable)
-    if n <= EXACT_MAX_SWAPPABLE and (1 << n) * max(simulator.k, 1) <= EXACT_MAX_WORK:
-        for mask in range(1 << n):
-            finder.offer_exact(
-                _swap_of(simulator.k, [i for bit, i in enumerate(swappable) if mask >> bit & 1])
-            )
-        return SearchResult(finder.best, least, "exhaustive")
-    finder.heuristic(swappable)
-    return SearchResult(finder.best, least, "heuristic")
-
-
-def _swap_of(k: int, layers: Sequence[int]) -> tuple[bool, ...]:
-    swap = [False] * k
-    for i in layers:
-        swap[i] = True
-    return tuple(swap)
-
-
-def _largest_fitting(values: Sequence[int], fits: Callable[[int], bool]) -> int | None:
-    """The largest value of sorted ``values`` for which ``fits`` holds (``fits`` is monotone)."""
-    low, high = -1, len(values)  # fits(values[low]) holds, fits(values[high]) does not
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(values[middle]):
-            low = middle
-        else:
-            high = middle
-    return values[low] if low >= 0 else None
-
-
-class _Finder:
-    """Keeps the best plan found so far and scores swap sets (exactly or by bisection)."""
-
-    def __init__(
-        self,
-        simulator: Simulator,
-        cap: int,
-        max_limit: int | None,
-        host_fits: Callable[[tuple[bool, ...]], bool] | None = None,
-    ) -> None:
-        self.simulator, self.cap, self.max_limit = simulator, cap, max_limit
-        self.host_fits = host_fits
-        self.best: SimulationResult | None = None
-        self.best_key: _Key | None = None
-        self.seen: set[tuple[bool, ...]] = set()
-        self.layer_steps = 0  # simulated layers so far (the cost measure)
-
-    # -- scoring ----------------------------------------------------------------------------
-    def peak(self, swap: tuple[bool, ...], window: int, limit: int) -> int:
-        self.layer_steps += self.simulator.k
-        return self.simulator.peak_bytes(PlanChoice(swap, window, limit))
-
-    def fits(self, swap: tuple[bool, ...], window: int = 0, limit: int = 0) -> bool:
-        if self.host_fits is not None and not self.host_fits(swap):
-            return False
-        return self.peak(swap, window, limit) <= self.cap
-
-    def step(self, swap: tuple[bool, ...], window: int, limit: int) -> float:
-        self.layer_steps += self.simulator.k
-        return self.simulator.times(PlanChoice(swap, window, limit)).step_seconds
-
-    def key(self, result: SimulationResult) -> _Key:
-        choice = result.choice
-        swapped = sum(w for s, w in zip(choice.swap, self.simulator.swappable, strict=True) if s)
-        limit = choice.max_copying_out_bytes or 0
-        return (result.step_seconds, swapped, result.peak_bytes, choice.prefetch_window_bytes, limit)
-
-    def offer(self, swap: tuple[bool, ...], window: int, limit: int) -> bool:
-        result = self.simulator.run(PlanChoice(swap, window, limit))
-        self.layer_steps += 2 * self.simulator.k
-        key = self.key(result)
-        if self.best_key is None or key < self.best_key:
-            self.best, self.best_key = result, key
-            return True
-        return False
-
-    def best_window(self, swap: tuple[bool, ...], limit: int, windows: Sequence[int]) -> int:
-        """The smallest window as fast as the largest one that fits (windows sorted, 0 fits)."""
-        self.layer_steps += self.simulator.k
-        fitting = self.simulator.largest_window(swap, limit, self.cap)
-        assert fitting is not None
-        largest = _largest_fitting(windows, lambda w: w <= fitting)
-        assert largest is not None
-        top = windows.index(largest)
-        fastest = self.step(swap, largest, limit)
-        low, high = -1, top  # step(windows[high]) == fastest; step(windows[low]) > fastest
-        while high - low > 1:
-            middle = (low + high) // 2
-            if self.step(swap, windows[middle], limit) <= fastest:
-                high = middle
-            else:
-                low = middle
-        return windows[high]
-
-    # -- exhaustive -------------------------------------------------------------------------
-    def offer_exact(self, swap: tuple[bool, ...]) -> None:
-        """Every limit candidate that fits, each with its best window."""
-        if not self.fits(swap):
-            return
-        if not any(swap):
-            self.offer(swap, 0, 0)
-            return
-        for limit in self.simulator.limit_candidates(swap):
-            if self.max_limit is not None and limit > self.max_limit:
-                break
-            if not self.fits(swap, 0, limit):
-                break  # memory grows with the limit
-            windows = self.simulator.window_candidates(swap, limit)
-            self.offer(swap, self.best_window(swap, limit, windows), limit)
-
-    # -- heuristic --------------------------------------------------------------------------
-    def consider(self, swap: tuple[bool, ...]) -> bool:
-        """A few limits (the largest that fits and smaller ones), each with the largest window
-        that fits (by bisection). True if it improved the best plan."""
-        if swap in self.seen:
-            return False
-        self.seen.add(swap)
-        if not self.fits(swap):
-            return False
-        simulator = self.simulator
-        swapped = [simulator.swappable[i] for i in range(simulator.k) if swap[i]]
-        total = sum(swapped)
-        top = total if self.max_limit is None else min(total, self.max_limit)
-        largest = self._bisect(top, lambda limit: self.fits(swap, 0, limit))
-        improved = False
-        for limit in sorted({largest, largest // 2, largest // 8, 0}, reverse=True):
-            limit = _snap(swapped, limit)
-            retired = [simulator.swappable[i] for i in reversed(simulator.retired_layers(swap, limit))]
-            self.layer_steps += simulator.k
-            window = simulator.largest_window(swap, limit, self.cap)
-            assert window is not None  # the limit was chosen to fit with window 0
-            improved |= self.offer(swap, _snap(retired, window), limit)
-        return improved
-
-    @staticmethod
-    def _bisect(top: int, fits: Callable[[int], bool]) -> int:
-        """The largest value in [0, top] that fits, to within ``top >> _BISECTION_BITS`` (0 fits)."""
-        if fits(top):
-            return top
-        low, high = 0, top
-        tolerance = max(1, top >> _BISECTION_BITS)
-        while high - low > tolerance:
-            middle = (low + high) // 2
-            if fits(middle):
-                low = middle
-            else:
-                high = middle
-        return low
-
-    def heuristic(self, swappable: list[int]) -> None:
-        k, n = self.simulator.k, len(swappable)
-        nothing = (False,) * k
-        if self.fits(nothing):
-            self.offer(nothing, 0, 0)
-            return
-        self.consider(_swap_of(k, swappable))
-        # Smallest forward prefix that fits, by bisection: prefix 0 does not fit.
-        low, high = 0, n
-        while high - low > 1:
-            middle = (low + high) // 2
-            if self.peak(_swap_of(k, swappable[:middle]), 0, 0) <= self.cap:  # the device alone
-                high = middle
-            else:
-                low = middle
-        lengths = sorted({high, *(min(n, high + step) for step in _powers_of_two(n))})
-        for length in lengths:
-            self.consider(_swap_of(k, swappable[:length]))
-        if self.best is None and self.host_fits is not None:  # every prefix passes the host limit
-            self.consider(fewest_bytes_swapped(self.simulator, self.cap))
-        self._refine(swappable)
-
-    def _refine(self, swappable: list[int]) -> None:
-        """Greedy: flip one layer (largest swapped, first kept) while that helps."""
-        simulator = self.simulator
-        limit = self.layer_steps + _REFINE_WORK
-        improved = True
-        while improved and self.layer_steps < limit and self.best is not None:
-            improved = False
-            swap = self.best.choice.swap
-            swapped = sorted(
-                (i for i in range(simulator.k) if swap[i]), key=lambda i: -simulator.swappable[i]
-            )
-            kept = [i for i in swappable if not swap[i]]
-            for i in dict.fromkeys([*swapped[:8], *kept[:6]]):
-                if self.layer_steps >= limit:
-                    break
-                trial = list(swap)
-                trial[i] = not trial[i]
-                if self.consider(tuple(trial)):
-                    improved = True
-                    break
-
-
-def _snap(sizes: Sequence[int], value: int) -> int:
-    """The largest sum of a contiguous run of ``sizes`` (all > 0) not above ``value``, or 0."""
-    best, total, first = 0, 0, 0
-    for size in sizes:
-        total += size
-        while total > value:
-            total -= sizes[first]
-            first += 1
-        best = max(best, total)
-    return best
-
-
-def _powers_of_two(n: int) -> list[int]:
-    steps, step = [], 1
-    while step < n:
-        steps.append(step)
-        step *= 2
-    return steps
-
+__all__ = [
+    "EXACT_MAX_SEGMENTS",
+    "KEEP_OR_RECOMPUTE",
+    "POLICIES",
+    "MixedResult",
+    "SearchResult",
+    "check_policy",
+    "fewest_bytes_swapped",
+    "fitting_sets",
+    "frontier_sets",
+    "least_peak_choice",
+    "planned_sets",
+    "recompute_sets",
+    "search",
+    "search_mixed",
+    "span_groups",
+]
 
 #: The policies a plan may follow: what it may do with a layer besides keeping it.
 POLICIES = ("auto", "swap", "recompute", "selective")
@@ -418,12 +137,21 @@ def faster_recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpa
     """
     if len(spans) <= EXACT_MAX_SEGMENTS:
         return []
-    innermost = [
-        span for span in spans if not any(other is not span and span.holds(other) for other in spans)
-    ]
-    largest = max(span.saved_bytes for span in innermost)
+    largest = max(span.saved_bytes for span in _innermost(spans))
     small = [span for span in spans if span.saved_bytes <= largest]
     return _prefixes(small, lambda span: -span.freed_bytes / max(span.recompute_seconds, 1e-12))
+
+
+def _innermost(spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
+    """The candidates that hold no other over fewer layers (a segment's selective twin, over the
+    same layers, does not count)."""
+    return [
+        span
+        for span in spans
+        if not any(
+            span.holds(other) and (other.first, other.last) != (span.first, span.last) for other in spans
+        )
+    ]
 
 
 def _prefixes(
@@ -434,7 +162,7 @@ def _prefixes(
     for i in order:
         if all(not spans[i].overlaps(other) for other in picked):
             picked.append(spans[i])
-    lengths = sorted({0, len(picked), *_powers_of_two(len(picked))[::2]})  # 1, 4, 16, ...
+    lengths = sorted({0, len(picked), *powers_of_two(len(picked))[::2]})  # 1, 4, 16, ...
     return [tuple(picked[:length]) for length in lengths]
 
 
@@ -476,7 +204,7 @@ def search_mixed(
     still beat the best plan found.
     """
     check_policy(policy)
-    spans = candidate_spans(profile, selective=policy == "selective") if policy != "swap" else ()
+    spans = policy_spans(profile, policy)
     swappable = policy not in KEEP_OR_RECOMPUTE
     if len(spans) > EXACT_MAX_SEGMENTS:
         return _search_many(profile, spans, cap, max_limit, swappable, host_fits)
@@ -485,11 +213,11 @@ def search_mixed(
     best_key: _MixedKey | None = None
     least: int | None = None
     exact = True
-    steps: dict[tuple[str, ...], RecomputedProfile] = {}
+    steps: dict[tuple[tuple[str, bool], ...], RecomputedProfile] = {}
     for chosen in recompute_sets(spans):
-        names = tuple(span.name for span in chosen)
-        if names not in steps:
-            steps[names] = recomputed_profile(profile, chosen, swappable=swappable)
+        known = set_key(chosen)
+        if known not in steps:
+            steps[known] = recomputed_profile(profile, chosen, swappable=swappable)
     # Least recomputation first: a set whose compute alone (nothing swapped, so nothing waited
     # for) is slower than the best plan so far can only lose, and is not searched.
     for step in sorted(steps.values(), key=lambda step: step.recompute_seconds):
@@ -551,13 +279,14 @@ def frontier_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tu
         >>> layers = tuple(LayerProfile(name, 50, 50, 1.0, 2.0) for name in names)
         >>> segments = (SegmentProfile("s", 10), SegmentProfile("s.b0", 10), SegmentProfile("s.b1", 10))
         >>> profile = StepProfile(layers, 0, segments=segments)
-        >>> [[span.name for span in chosen] for chosen in frontier_sets(profile, candidate_spans(profile))]
+        >>> spans = policy_spans(profile, "auto")
+        >>> [[span.name for span in chosen] for chosen in frontier_sets(profile, spans)]
         [[], ['s.b0'], ['s.b0', 's.b1'], ['s']]
     """
-    sets: dict[tuple[str, ...], tuple[SegmentSpan, ...]] = {}
+    sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
     for frontier in _frontiers(profile, spans):
         for chosen in frontier:
-            sets.setdefault(tuple(span.name for span in chosen), chosen)
+            sets.setdefault(set_key(chosen), chosen)
     return list(sets.values())
 
 
@@ -565,11 +294,7 @@ def _frontiers(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[list[
     """One frontier per limit on what a recomputed segment saves (see :func:`frontier_sets`)."""
     if not spans:
         return [[()]]
-    innermost = max(
-        span.saved_bytes
-        for span in spans
-        if not any(other is not span and span.holds(other) for other in spans)
-    )
+    innermost = max(span.saved_bytes for span in _innermost(spans))
     larger = sorted({span.saved_bytes for span in spans if span.saved_bytes > innermost})
     if len(larger) >= TRANSIENT_LEVELS:  # spread the levels over the larger ones, the largest last
         step = len(larger) / (TRANSIENT_LEVELS - 1)
@@ -600,10 +325,14 @@ def _search_many(
     least = min(sets.score(chosen).least_peak for chosen in bounding)
     if cap < least:  # below the smallest budget named: refused, whatever else might fit
         return MixedResult(None, None, least, "heuristic")
-    for chosen in faster_recompute_sets(spans):
-        sets.score(chosen)
-    for frontier in _frontiers(profile, spans):
-        sets.walk(frontier)
+    for group in span_groups(spans):
+        for chosen in faster_recompute_sets(group):
+            sets.score(chosen)
+        for frontier in _frontiers(profile, group):
+            sets.walk(frontier)
+    for group in span_groups(spans):  # each kind alone as its own policy asks (nothing swapped)
+        for chosen in fitting_sets(profile, group, cap, swappable and len(group) == len(spans)):
+            sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
     best_key: _MixedKey | None = None
@@ -657,10 +386,10 @@ class _SetScores:
 
     def __init__(self, profile: StepProfile, cap: int, swappable: bool) -> None:
         self.profile, self.cap, self.swappable = profile, cap, swappable
-        self.scores: dict[tuple[str, ...], _SetScore] = {}
+        self.scores: dict[tuple[tuple[str, bool], ...], _SetScore] = {}
 
     def score(self, chosen: tuple[SegmentSpan, ...]) -> _SetScore:
-        names = tuple(span.name for span in chosen)
+        names = set_key(chosen)
         known = self.scores.get(names)
         if known is None:
             step = recomputed_profile(self.profile, chosen, swappable=self.swappable)
@@ -700,19 +429,80 @@ class _SetScores:
 
 def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
     """The recompute sets whose least peak bounds the smallest budget (they depend on the
-    profile only, never on timings or the budget): :func:`recompute_sets`, and with more
-    candidates than :data:`EXACT_MAX_SEGMENTS` also the set of each frontier of
-    :func:`frontier_sets` that frees the most.
+    profile only, never on timings or the budget): for each group of :func:`span_groups`,
+    :func:`recompute_sets`, and with more candidates than :data:`EXACT_MAX_SEGMENTS` also the
+    set of each frontier of :func:`frontier_sets` that frees the most.
 
     Example:
         >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
         >>> len(planned_sets(StepProfile((), 0), spans))
         3
     """
-    sets = recompute_sets(spans)
-    if len(spans) > EXACT_MAX_SEGMENTS:
-        sets = [*sets, *(frontier[-1] for frontier in _frontiers(profile, spans))]
+    sets: list[tuple[SegmentSpan, ...]] = []
+    for group in span_groups(spans):
+        sets += recompute_sets(group)
+        if len(group) > EXACT_MAX_SEGMENTS:
+            sets += [frontier[-1] for frontier in _frontiers(profile, group)]
     return sets
+
+
+def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+    """The groups of candidates whose sets are searched: all of them, and where whole and
+    selective candidates mix (policy ``"auto"``), each kind alone too, so that ``auto`` searches
+    every set that ``"recompute"`` and ``"selective"`` search.
+
+    Example:
+        >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a", 0, 1, 0, 10, 1.0, selective=True)]
+        >>> [len(group) for group in span_groups(spans)]
+        [2, 1, 1]
+    """
+    whole = tuple(span for span in spans if not span.selective)
+    selective = tuple(span for span in spans if span.selective)
+    if whole and selective:
+        return [tuple(spans), whole, selective]
+    return [tuple(spans)]
+
+
+#: :func:`fitting_sets` asks for sets that leave these shares of the bytes the link can copy
+#: behind the compute to be swapped...
+SWAP_SHARES = (0.0, 0.125, 0.25, 0.5)
+#: ...each within these shares of the memory left (the reduction may count a little low).
+FIT_MARGINS = (1.0, 0.97)
+
+
+def fitting_sets(
+    profile: StepProfile, spans: Sequence[SegmentSpan], cap: int, swappable: bool = True
+) -> list[tuple[SegmentSpan, ...]]:
+    """The cheapest recompute sets that fit ``cap`` with nothing swapped by the reduction of
+    :func:`~lightning_accudnn.planner.frontier.fitting_set`, and (``swappable``) those that
+    leave some bytes to swap: a share (:data:`SWAP_SHARES`) of what the link copies out during
+    the forward and back during the backward, the copies the compute can hide.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile(tuple(LayerProfile(f"l{i}", 100, 100, 1.0, 1.0) for i in range(4)), 0)
+        >>> spans = [SegmentSpan("a", 0, 1, 10, 200, 1.0), SegmentSpan("b", 2, 3, 10, 200, 1.0)]
+        >>> [[span.name for span in chosen] for chosen in fitting_sets(profile, spans, 320, False)]
+        [['a']]
+    """
+    saved = [layer.saved_bytes for layer in profile.layers]
+    available = cap - profile.static_bytes
+    hidden = 0.0
+    if swappable:
+        forward = sum(layer.forward_seconds for layer in profile.layers)
+        backward = sum(layer.backward_seconds for layer in profile.layers)
+        hidden = min(
+            float(profile.swappable_bytes),
+            forward * profile.d2h_bytes_per_second,
+            backward * profile.h2d_bytes_per_second,
+        )
+    sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
+    for share in SWAP_SHARES if hidden > 0 else (0.0,):
+        for margin in FIT_MARGINS:
+            chosen = fitting_set(spans, saved, int(margin * available + share * hidden))
+            if chosen is not None:
+                sets.setdefault(set_key(chosen), chosen)
+    return list(sets.values())
 
 
 def _copy_bound(profile: StepProfile, over: int) -> float:

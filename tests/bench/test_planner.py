@@ -78,3 +78,43 @@ def test_files_say_what_was_computed_where(tiny) -> None:
     markdown = json_path.with_suffix(".md").read_text()
     assert written["label"] in markdown
     assert "## tiny transformer" in markdown and "full per-block checkpointing" in markdown
+
+
+def _auto_properties(case: dict) -> None:
+    """Per fraction, ``auto`` is never slower than another policy that plans, its bound is never
+    above theirs (it searches a superset), a plan more than 2 % slower than the unconstrained
+    step uses at least 90 % of the budget, and more budget is never slower."""
+    rows = {(row["fraction"], row["policy"]): row for row in case["rows"]}
+    previous = None
+    for name, _ in FRACTIONS:
+        auto = rows[(name, "auto")]
+        assert auto["status"] == "planned", name
+        for policy in TABLE_POLICIES:
+            other = rows[(name, policy)]
+            where = (name, policy)
+            if other["status"] == "planned":
+                assert auto["predicted_step_seconds"] <= other["predicted_step_seconds"] * (1 + 1e-9), where
+            if policy in POLICIES and other["status"] != NOT_AVAILABLE:
+                assert auto["lower_bound_seconds"] <= other["lower_bound_seconds"] * (1 + 1e-9), where
+        if auto["step_vs_unconstrained"] > 1.02:
+            assert auto["peak_share_of_budget"] >= 0.9, name
+        if previous is not None:
+            assert previous <= auto["predicted_step_seconds"] * (1 + 1e-9), name
+        previous = auto["predicted_step_seconds"]
+
+
+def test_auto_beats_every_policy_uses_the_budget_and_is_monotone(tiny) -> None:
+    record, _ = tiny
+    (case,) = record["cases"]
+    assert any(row["selective_segments"] for row in case["rows"] if row["policy"] == "auto")
+    _auto_properties(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["resnet152-bf16", "gpt2-medium-bf16", "llama-1b-bf16", "resnet152-fp32"])
+def test_auto_properties_on_the_table_models(key: str) -> None:
+    from bench.planner.cases import CASES, trace_case
+    from lightning_accudnn.planner.gpus import get_gpu
+
+    case = cli.case_record(trace_case(CASES[key], get_gpu("h100")))
+    _auto_properties(case)

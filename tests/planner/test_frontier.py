@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_accudnn.planner.frontier import freed_bytes, recompute_cost_lines, recompute_frontier
+from lightning_accudnn.planner.frontier import (
+    fitting_set,
+    freed_bytes,
+    recompute_cost_lines,
+    recompute_frontier,
+)
 from lightning_accudnn.planner.recompute import SegmentSpan
 
 
@@ -115,3 +121,48 @@ def test_the_recompute_cost_bound_lies_between_the_relaxation_and_every_set(case
         )
         assert bound <= least + 1e-9
         assert bound >= _fractional(useful, amount) - 1e-9
+
+
+def _held_walk(chosen: tuple[SegmentSpan, ...], saved: list[int], available: int) -> bool:
+    """Whether ``chosen`` fits ``available`` by the reduction, walked layer by layer: a kept
+    layer holds its bytes, a recomputed span its inputs, the outputs of a recomputed span are
+    held once more after it, and each span's rebuilt saves must fit on top of what is held."""
+    starts = {span.first: span for span in chosen}
+    held, before, layer = 0, None, 0
+    while layer < len(saved):
+        outputs = before.output_bytes if before is not None else 0
+        span = starts.get(layer)
+        if span is None:
+            held += outputs + saved[layer]
+            before, layer = None, layer + 1
+            continue
+        held += outputs + span.held_bytes
+        if held + span.saved_bytes > available:
+            return False
+        before, layer = span, span.last + 1
+    return held <= available
+
+
+@settings(max_examples=80, deadline=None)
+@given(nested_spans(), st.data())
+def test_the_fitting_set_is_the_cheapest_that_fits_written_without_the_dp(case, data):
+    spans, layers = case
+    saved = [data.draw(st.integers(0, 80)) for _ in range(layers)]
+    spans = [replace(span, saved_bytes=sum(saved[span.first : span.last + 1])) for span in spans]
+    available = data.draw(st.integers(0, sum(saved) + 20))
+    useful = [span for span in spans if span.freed_bytes > 0]
+    feasible = [
+        chosen
+        for size in range(len(useful) + 1)
+        for chosen in itertools.combinations(useful, size)
+        if all(not a.overlaps(b) for a, b in itertools.combinations(chosen, 2))
+        and _held_walk(chosen, saved, available)
+    ]
+    found = fitting_set(spans, saved, available, resolution=max(1, available))  # exact bytes
+    if not feasible:
+        assert found is None
+        return
+    assert found is not None and _held_walk(found, saved, available)
+    assert all(not a.overlaps(b) for a, b in itertools.combinations(found, 2))
+    least = min(sum(span.recompute_seconds for span in chosen) for chosen in feasible)
+    assert sum(span.recompute_seconds for span in found) == least

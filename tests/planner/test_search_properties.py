@@ -1,5 +1,6 @@
 """Properties of the mixed search with more recompute candidates than every subset allows:
-more budget is never slower, ``auto`` is never slower than swap-only or recompute-only, and
+more budget is never slower, ``auto`` is never slower than swap-only, recompute-only or
+selective-only (blocks whose selective recomputation was measured are a choice per segment), and
 the smallest budget named plans."""
 
 from __future__ import annotations
@@ -8,7 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_accudnn.planner.plan import BudgetTooSmallError, min_budget_bytes, plan_swaps
+from lightning_accudnn.planner.plan import (
+    BudgetTooSmallError,
+    lower_bound_seconds,
+    min_budget_bytes,
+    plan_swaps,
+)
 from lightning_accudnn.planner.recompute import candidate_spans
 from lightning_accudnn.planner.search import EXACT_MAX_SEGMENTS
 from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
@@ -17,21 +23,32 @@ _seconds = st.sampled_from([0.5, 1.0, 2.0])
 
 
 @st.composite
-def staged_profiles(draw) -> StepProfile:
-    """A stem, stages of blocks of two layers (each stage and each block a candidate), a head."""
+def staged_profiles(draw, selective: bool = False) -> StepProfile:
+    """A stem, stages of blocks of two layers (each stage and each block a candidate), a head;
+    with ``selective``, some blocks' selective recomputation measured (the conv output kept)."""
     layers = [LayerProfile("stem", draw(st.integers(10, 100)), draw(st.integers(0, 10)), 1.0, 2.0)]
     segments = []
     for stage in range(draw(st.integers(2, 3))):
         segments.append(SegmentProfile(f"s{stage}", draw(st.integers(1, 30))))
         for block in range(draw(st.integers(3, 4))):
             name = f"s{stage}.b{block}"
-            segments.append(SegmentProfile(name, draw(st.integers(1, 30)), draw(st.integers(0, 30))))
+            block = []
             for part in ("conv", "relu"):
                 saved = draw(st.integers(20, 120))
                 swappable = draw(st.one_of(st.just(saved), st.integers(0, saved)))
-                layers.append(
-                    LayerProfile(f"{name}.{part}", saved, swappable, draw(_seconds), draw(_seconds))
+                block.append(LayerProfile(f"{name}.{part}", saved, swappable, draw(_seconds), draw(_seconds)))
+            layers += block
+            measured = selective and draw(st.booleans())
+            segments.append(
+                SegmentProfile(
+                    name,
+                    draw(st.integers(1, 30)),
+                    draw(st.integers(0, 30)),
+                    selective_kept_bytes=block[0].saved_bytes if measured else None,
+                    selective_recompute_share=draw(st.sampled_from([0.1, 0.5, 0.9])) if measured else 1.0,
+                    selective_recomputed_bytes=block[1].saved_bytes if measured else None,
                 )
+            )
     layers.append(LayerProfile("head", draw(st.integers(1, 20)), 0, 0.5, 1.0))
     link = draw(st.sampled_from([float("inf"), 50.0, 200.0, 1000.0]))
     return StepProfile(tuple(layers), draw(st.integers(0, 200)), link, link, segments=tuple(segments))
@@ -45,9 +62,10 @@ def _step(profile: StepProfile, budget: int, policy: str) -> float | None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(staged_profiles(), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+@given(staged_profiles(selective=True), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
 def test_more_budget_is_never_slower_and_auto_beats_each_single_policy(profile, low, high):
     assert len(candidate_spans(profile)) > EXACT_MAX_SEGMENTS  # the search, not every subset
+    measured = bool(candidate_spans(profile, selective=True))
     smallest = min_budget_bytes(profile)
     top = profile.unconstrained_peak_bytes
     budgets = sorted(smallest + int(f * (top - smallest)) for f in (low, high))
@@ -55,18 +73,23 @@ def test_more_budget_is_never_slower_and_auto_beats_each_single_policy(profile, 
     for budget in budgets:
         auto = plan_swaps(profile, budget, policy="auto")
         assert auto.predicted_peak_bytes <= budget
+        assert auto.peak_bytes_on(profile) == auto.predicted_peak_bytes  # whole and selective alike
         assert auto.predicted_step_seconds >= auto.lower_bound_seconds * (1 - 1e-9)
-        for policy in ("swap", "recompute"):
+        for policy in ("swap", "recompute", "selective") if measured else ("swap", "recompute"):
             single = _step(profile, budget, policy)
             if single is not None:
                 assert auto.predicted_step_seconds <= single * (1 + 1e-9), policy
+            # auto's search space holds every single policy's: its bound is never above theirs
+            assert auto.lower_bound_seconds <= lower_bound_seconds(profile, budget, policy) * (1 + 1e-9)
         steps.append(auto.predicted_step_seconds)
     assert steps[1] <= steps[0] * (1 + 1e-9), budgets
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(staged_profiles(), st.sampled_from(["auto", "recompute", "swap"]))
+@given(staged_profiles(selective=True), st.sampled_from(["auto", "recompute", "swap", "selective"]))
 def test_the_smallest_budget_named_plans_and_one_byte_less_is_refused(profile, policy):
+    if policy == "selective" and not candidate_spans(profile, selective=True):
+        return  # refused: nothing measured (tested with the refusals)
     smallest = min_budget_bytes(profile, policy=policy)
     plan = plan_swaps(profile, smallest, policy=policy)
     assert plan.predicted_peak_bytes <= smallest and plan.min_budget_bytes == smallest

@@ -54,7 +54,7 @@ class OffloadConfig:
       (:mod:`lightning_accudnn.session.collector_pause`); ``False`` leaves it alone.
     * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
       or ``"experimental"``: such a model is planned inside its compiled graph (see
-      :mod:`lightning_accudnn.session.whole_model`; PyTorch 2.14.1 only, swap or keep per
+      :mod:`lightning_accudnn.whole_model_compile`; PyTorch 2.14.1 only, swap or keep per
       layer; ``keep_on_device`` then names modules of the compiled graph, checked after its
       first forward).
     * ``whole_model_backend``: what that route compiles the model with, ``"inductor"``
@@ -191,7 +191,10 @@ measures bytes, not the times recomputation is weighed by): use policy 'swap' or
         raise ValueError(
             f"whole_model_compile must be None or 'experimental', got {config.whole_model_compile!r}"
         )
-    from lightning_accudnn.compile import COMPILERS, check_torch_version  # imports Dynamo: only when asked
+    from lightning_accudnn.whole_model_compile.backend import (
+        COMPILERS,
+        check_torch_version,
+    )  # imports Dynamo: only when asked
 
     check_torch_version()
     if config.whole_model_backend not in COMPILERS:

@@ -75,6 +75,19 @@ class SessionPlanning:
             format_bytes(self.headroom.usable_bytes),
         )
 
+    def exclude_segment(self, model: int, segment: str, reason: str) -> bool:
+        """Keep ``segment`` of ``model`` out of its plans from now on (logged as a warning);
+        ``False`` when it already was (the plans recomputing it need no re-making)."""
+        if not self.recompute_failures.exclude(model, segment, reason):
+            return False
+        log.warning(
+            "accudnn: recomputing segment %r failed in backward (%s); the step was aborted, the segment "
+            "is no longer recomputed and the step is re-planned",
+            segment,
+            reason,
+        )
+        return True
+
     def note_profiling_peak(self, key: PassKey, activation_peak_bytes: int) -> None:
         """``key``'s profiling pass peaked at ``activation_peak_bytes`` over its model state."""
         self._profiling_activation_peaks[key] = activation_peak_bytes

@@ -11,22 +11,22 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_accudnn.ops import OffloadEngine, Runtime, StepStats
+from lightning_accudnn.ops import OffloadEngine, Runtime
 from lightning_accudnn.ops.errors import RecomputationError
-from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
-from lightning_accudnn.planner import Plan, StepProfile, format_bytes
+from lightning_accudnn.ops.recompute import SegmentRecomputer
+from lightning_accudnn.planner import Plan, format_bytes
 from lightning_accudnn.planner.bandwidth import probe_host_link
-from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
+from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.headroom import Headroom
-from lightning_accudnn.planner.plan import ROUTE_EAGER, ROUTE_WHOLE_MODEL
-from lightning_accudnn.session.agreement import Measured, PlanAgreement
+from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL
+from lightning_accudnn.session.agreement import PlanAgreement
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
 from lightning_accudnn.session.collector_pause import CollectorPause
@@ -40,23 +40,18 @@ from lightning_accudnn.session.compiled import (
 from lightning_accudnn.session.config import OffloadConfig
 from lightning_accudnn.session.device import require_available, resolve_headroom, with_index
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
-from lightning_accudnn.session.host_buffers import HostBufferReservation
 from lightning_accudnn.session.host_memory import host_memory_limit
 from lightning_accudnn.session.out_of_memory import (
     MAX_OUT_OF_MEMORY_RETRIES,
-    OutOfMemoryRetries,
     is_out_of_memory,
     release_failed_pass,
 )
 from lightning_accudnn.session.pass_records import SMALLEST_COPY_OUT_LIMIT, PassRecords
+from lightning_accudnn.session.passes import PassRunner
 from lightning_accudnn.session.patterns import check_keep_on_device
-from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
+from lightning_accudnn.session.plan_book import PassKey, batch_signature
 from lightning_accudnn.session.planning import SessionPlanning
-from lightning_accudnn.session.recompute_failures import RecomputeFailures
-from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
-from lightning_accudnn.session.shapes import ShapePlanner
-from lightning_accudnn.session.stats import OffloadStats, measured_stats
-from lightning_accudnn.session.transfers import swapped_buffer_sizes
+from lightning_accudnn.session.stats import OffloadStats
 
 if TYPE_CHECKING:  # imported where a model compiled whole needs it: it imports Inductor (about 1 s)
     from lightning_accudnn.whole_model_compile.route import WholeModelRoute
@@ -64,15 +59,6 @@ if TYPE_CHECKING:  # imported where a model compiled whole needs it: it imports 
 __all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "SMALLEST_COPY_OUT_LIMIT", "OffloadSession", "is_out_of_memory"]
 
 log = logging.getLogger("lightning_accudnn")
-
-
-@dataclass
-class _Pass:
-    """The forward/backward pass in progress: which one it is and what it runs under."""
-
-    key: PassKey
-    plan: Plan | None  # None: a profiling pass
-    source: PlanSource  # how the plan was made
 
 
 @dataclass
@@ -167,30 +153,11 @@ class OffloadSession:
         """True inside :meth:`planning_alone`: steps run on this rank alone, and what runs them
         (the batch-size search) settles their errors with the other ranks itself."""
         self.report = report if report is not None else log.info
-        self.on_stats = on_stats
-        self.plan: Plan | None = None
-        self.stats: OffloadStats | None = None
-        self._book = PlanBook()
-        self._shapes = ShapePlanner(self._book, self._make_plan)
-        self._pass: _Pass | None = None
         self._block: _Block | None = None
         self._backward_end = BackwardEnd(self._close_pass_from_backward)
-        self._collector = CollectorPause(config.pause_gc)  # off from a pass's forward to its end
         self._checked_models: set[int] = set()
-        self._routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
         self._whole_models: dict[int, WholeModelRoute] = {}  # models compiled whole, on that route
-        # Steady state (the hot path): each pass kind's save sequence, replayed by ordinal with
-        # no module hooks, and the model-state bytes, recomputed only when they may change.
-        self._records = PassRecords(
-            self.device, min_swap_bytes=config.min_swap_bytes, observe_every=config.observe_every
-        )
-        self.recomputer = SegmentRecomputer()  # the plan's recomputed segments (ops/recompute.py)
-        self._probe = SegmentProbe()  # in profiling passes: which segments could be recomputed
         self._closed = False
-        self._last_entered: _Pass | None = None  # the pass that ran last (what an OOM hit)
-        self._out_of_memory_retries = OutOfMemoryRetries()
-        self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state (count_gradient_buckets)
-        self._agreement = PlanAgreement(coordinator if coordinator is not None else RankCoordinator())
         self.allocator: AllocatorControl = (
             allocator if allocator is not None else allocator_control_for(self.device)
         )
@@ -210,14 +177,26 @@ class OffloadSession:
             host_memory_limit=host_limit,
             runtime=runtime,
         )
-        self._planning = SessionPlanning(
-            headroom,
+        self._passes = PassRunner(
             self.engine,
-            policy=config.policy,
-            min_swap_bytes=config.min_swap_bytes,
-            report=self.report,
+            PassRecords(
+                self.device, min_swap_bytes=config.min_swap_bytes, observe_every=config.observe_every
+            ),
+            SessionPlanning(
+                headroom,
+                self.engine,
+                policy=config.policy,
+                min_swap_bytes=config.min_swap_bytes,
+                report=self.report,
+            ),
+            PlanAgreement(coordinator if coordinator is not None else RankCoordinator()),
+            self.allocator,
+            CollectorPause(config.pause_gc),  # off from a pass's forward to its end
+            probe_host_link,
+            selective_probe=config.policy == "selective",
+            on_stats=on_stats,
         )
-        self._host_buffers = HostBufferReservation(self.engine)
+        self.recomputer: SegmentRecomputer = self._passes.recomputer  # the plan's recomputed segments
         # The link probe allocates device memory: before the allocator is capped (each step caps it).
         probe_host_link(self.device)
         spec = "" if config.parsed_budget.kind == "bytes" else f" ({config.budget})"
@@ -231,22 +210,37 @@ class OffloadSession:
     def headroom(self) -> Headroom:
         """The budget the allocator is capped at and the reserve kept free under it (the reserve
         grows when a pass goes past its room); every plan is made under its usable bytes."""
-        return self._planning.headroom
+        return self._passes.planning.headroom
 
     @property
     def budget_bytes(self) -> int:
         """The budget, in bytes (``config.budget`` resolved on the device)."""
-        return self._planning.headroom.budget_bytes
+        return self.headroom.budget_bytes
 
     @property
     def reserve_bytes(self) -> int:
         """The reserve kept free under the budget, in bytes (it grows when a pass goes past its room)."""
-        return self._planning.headroom.reserve_bytes
+        return self.headroom.reserve_bytes
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan of the last pass entered or planned (``None`` until the first plan)."""
+        return self._passes.plan
+
+    @property
+    def stats(self) -> OffloadStats | None:
+        """The last closed pass's figures (``None`` before the first)."""
+        return self._passes.stats
+
+    @property
+    def gradient_bucket_bytes(self) -> int:
+        """DDP's gradient buckets, counted as model state (:meth:`count_gradient_buckets`)."""
+        return self._passes.gradient_bucket_bytes
 
     @property
     def coordinator(self) -> RankCoordinator:
         """How ranks agree on planning (see :class:`~lightning_accudnn.session.DistributedCoordinator`)."""
-        return self._agreement.coordinator
+        return self._passes.agreement.coordinator
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -261,8 +255,8 @@ class OffloadSession:
             for release in (
                 self.allocator.lift,
                 self.recomputer.remove,
-                self._probe.detach,
-                self._collector.resume,
+                self._passes.segment_probe.detach,
+                self._passes.collector.resume,
                 self.engine.close,
                 self._backward_end.remove,
             ):
@@ -276,7 +270,7 @@ class OffloadSession:
         the allocator again.
         """
         self.allocator.lift()
-        self._collector.resume()
+        self._passes.collector.resume()
 
     def count_gradient_buckets(self, wrapper: nn.Module) -> None:
         """Count ``wrapper``'s gradient buckets (a ``DistributedDataParallel``) as model state.
@@ -284,7 +278,7 @@ class OffloadSession:
         See :func:`~lightning_accudnn.session.gradient_buckets.gradient_bucket_bytes` for
         what is counted; the figure is added to every pass's static memory from now on.
         """
-        self.gradient_bucket_bytes = gradient_bucket_bytes(wrapper)
+        self._passes.gradient_bucket_bytes = gradient_bucket_bytes(wrapper)
 
     def recover_from_out_of_memory(self) -> bool:
         """A pass ran out of device memory: abort it and re-plan with a larger reserve.
@@ -298,20 +292,7 @@ class OffloadSession:
         :class:`~lightning_accudnn.planner.BudgetTooSmallError`.
         """
         self.abort()
-        failed = self._last_entered
-        if failed is None or failed.plan is None or not self._out_of_memory_retries.take():
-            return False
-        retry = self._out_of_memory_retries.count
-        self._planning.raise_reserve(
-            max(1, self.budget_bytes // 8),
-            f"device out of memory in a planned pass (retry {retry} of {MAX_OUT_OF_MEMORY_RETRIES})",
-        )
-        for key in self._book.passes():
-            plan = self._book.plan(key)
-            assert plan is not None
-            self._book.replan(key, self._make_plan(plan.profile, key))
-        self.plan = self._book.plan(failed.key)
-        return True
+        return self._passes.retry_out_of_memory()
 
     def release_failed_pass(self) -> None:
         """Free what a failed pass left unreachable, before its step runs again
@@ -335,39 +316,7 @@ class OffloadSession:
         trustworthy gradient, and running it again under the new plan is exact.
         """
         self._backward_end.remove()
-        self.engine.abort_step()
-        self._collector.resume()
-        self.engine.weight_copies.take()  # the aborted pass's count
-        self._probe.detach()
-        failed = RecomputeFailures.failed_in(error, self.recomputer)
-        recorded, self.recomputer.failures = self.recomputer.failures, {}
-        self.recomputer.remove()  # the next pass installs its plan's segments again
-        self._pass = None
-        failures = dict(recorded)
-        if failed is not None:
-            failures[failed.segment] = failed.reason
-        last = self._last_entered
-        if last is not None:
-            for segment, reason in failures.items():
-                self._exclude_segment(last.key.model, segment, reason)
-        return failed
-
-    def _exclude_segment(self, model: int, segment: str, reason: str) -> None:
-        """Keep ``segment`` of ``model`` out of its plans from now on; re-make those recomputing it."""
-        if not self._planning.recompute_failures.exclude(model, segment, reason):
-            return
-        log.warning(
-            "accudnn: recomputing segment %r failed in backward (%s); the step was aborted, the segment "
-            "is no longer recomputed and the step is re-planned",
-            segment,
-            reason,
-        )
-        for key in self._book.passes():
-            plan = self._book.plan(key)
-            if key.model == model and plan is not None and segment in plan.recomputed:
-                self._book.replan(key, self._make_plan(plan.profile, key))
-                if self.plan is plan:
-                    self.plan = self._book.plan(key)
+        return self._passes.abort(error)
 
     def check_model(self, model: nn.Module, compiled_form: str | None = None) -> None:
         """Refuse what cannot train under the session, before training: lazy modules not run yet
@@ -392,7 +341,7 @@ class OffloadSession:
         if form is None:
             refuse_whole_model_compile(model, self.config.keep_on_device)
             check_keep_on_device(self.config.keep_on_device, model)  # on the route: once its graph is seen
-            self._routes[id(model)] = route_of(model)
+            self._passes.routes[id(model)] = route_of(model)
         else:
             from lightning_accudnn.whole_model_compile.route import WholeModelRoute
 
@@ -402,7 +351,7 @@ class OffloadSession:
                 accelerator=self.device.type != "cpu",
                 report=self.report,
             )
-            self._routes[id(model)] = ROUTE_WHOLE_MODEL
+            self._passes.routes[id(model)] = ROUTE_WHOLE_MODEL
         self._checked_models.add(id(model))
 
     def whole_model_route(self, model: nn.Module) -> WholeModelRoute | None:
@@ -415,7 +364,7 @@ class OffloadSession:
         (the batch-size search runs each rank on its own)."""
         alone, self.plans_alone = self.plans_alone, True
         try:
-            with self._agreement.alone():
+            with self._passes.agreement.alone():
                 yield
         finally:
             self.plans_alone = alone
@@ -534,56 +483,15 @@ class OffloadSession:
             block.pass_closed = False
             return
         key = PassKey(model=id(block.model), batch=block.signature, position=block.position)
-        plan = self._book.plan(key)
-        records = self._records
-        hooked = records.hooked(key, plan, refining=self._book.needs_refining(key))
-        static_bytes = self._model_state_bytes(block, refresh=hooked) + records.weight_copy_bytes(key)
-        if plan is None:  # a new batch shape: planned from other shapes of the pass if it can be
-            plan = self._shapes.plan_for(key, static_bytes)
-        if plan is not None and static_bytes != plan.profile.static_bytes:
-            plan = self._make_plan(replace(plan.profile, static_bytes=static_bytes), key)
-            self._book.replan(key, plan)
-        recomputed = plan.recomputed if plan is not None else ()
-        # A plan re-made just now may recompute other segments than the sequence recorded.
-        hooked = hooked or not records.ran_under(key, recomputed)
-        self.plan = plan if plan is not None else self.plan
-        self._pass = self._last_entered = _Pass(key, plan, self._book.source(key))
-        schedule = records.schedule(key, plan)
-        self.recomputer.install(block.model, recomputed, selective=plan.selective if plan is not None else ())
-        self.recomputer.enabled = bool(recomputed)
-        self.recomputer.last_recomputed = None
-        sequence = None if hooked else records.sequence(key)
-        observe = hooked or bool(recomputed) or records.observation_due(key)
-        context = self.engine.offload(
-            block.model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
-        )
-        context.__enter__()
-        self._collector.pause()  # once nothing here can fail: a pass that did not start leaves it on
-        block.engine_context = context
+        block.engine_context = self._passes.enter(block.model, block.optimizers, key)
         block.pass_closed = False
-        if plan is None:
-            # Inside the engine's hooks: what it sees is a segment.
-            self._probe.attach(block.model, selective=self.config.policy == "selective")
-
-    def _model_state_bytes(self, block: _Block, *, refresh: bool) -> int:
-        """The model's state (:meth:`PassRecords.model_state_bytes`) and DDP's gradient buckets."""
-        state = self._records.model_state_bytes(block.model, block.optimizers, refresh=refresh)
-        return state + self.gradient_bucket_bytes
 
     def _leave_pass(self, error: BaseException | None) -> None:
         block = self._block
         if block is None or block.engine_context is None:
             return
         context, block.engine_context = block.engine_context, None
-        if error is None:
-            self._probe.finish_forward()
-        self._probe.detach()
-        self.recomputer.enabled = False
-        if error is None:
-            context.__exit__(None, None, None)
-        else:
-            self._collector.resume()
-            context.__exit__(type(error), error, error.__traceback__)  # aborts the engine's step
+        self._passes.leave(context, error)
         whole_model = self._whole_models.get(id(block.model))
         if whole_model is not None and error is None and not whole_model.planned:
             self._plan_whole_model(block, whole_model)
@@ -591,11 +499,11 @@ class OffloadSession:
     def _plan_whole_model(self, block: _Block, whole_model: WholeModelRoute) -> None:
         """After the trial forward of a model compiled whole: plan from what its graph saves."""
         key = PassKey(model=id(block.model), batch=(), position=0)  # one plan for every batch shape
-        self.plan = whole_model.plan_from_trial(
-            self._model_state_bytes(block, refresh=True),
+        self._passes.plan = whole_model.plan_from_trial(
+            self._passes.model_state_bytes(block.model, block.optimizers, refresh=True),
             self.config.min_swap_bytes,
             self.config.keep_on_device,
-            lambda profile: self._make_plan(profile, key),
+            lambda profile: self._passes.make_plan(profile, key),
         )
 
     def _close_pass_from_backward(self) -> None:
@@ -603,113 +511,16 @@ class OffloadSession:
         self._close_pass()
 
     def _close_pass(self) -> OffloadStats | None:
-        """Measure the pass that just ran backward; plan when the ranks agree to.
-
-        What this rank alone notices (a peak over the budget, a changed graph) waits as a
-        request until the coordinator's next agreement point; a profiling or refining pass
-        (every rank runs it at the same pass) is one. All ranks then plan alike, from merged
-        profiles, with no collective on the other passes.
-        """
-        try:
-            step = self.engine.end_step()
-        finally:
-            self._collector.resume()  # the pass's objects are freed now: nothing to promote
-        current, self._pass = self._pass, None
-        if step is None or current is None:
+        """Measure the pass that just ran backward, and plan when the ranks agree to
+        (:meth:`PassRunner.conclude`); ``None`` when no pass was open."""
+        ended = self._passes.end()
+        if ended is None:
             return None
         block = self._block
         if block is not None:
             block.position += 1
             block.pass_closed = True
-        key = current.key
-        profiling = current.plan is None
-        self._out_of_memory_retries.reset()
-        stats = measured_stats(step, self.allocator.peaks(), current.plan, current.source)
-        self.stats = stats
-        copies = self.engine.weight_copies.take()
-        static_bytes = self._records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
-        known = self._book.plan(key)
-        profile, changed = self._conclude(step, key, static_bytes, current.plan, known)
-        # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
-        overshoot = (
-            0 if profiling else self.headroom.overshoot(stats.ledger_peak_bytes, stats.peak_device_bytes)
-        )
-        if step.graph_changed:
-            # Replayed by ordinal, the graph departed from its sequence: the next pass of this
-            # kind runs hooked, and its layers (which then differ) are planned from.
-            self._records.forget_sequence(key)
-            overshoot, changed = 0, False
-        scheduled = profiling or self._book.needs_refining(key)
-        request = ReplanRequest(replan=changed or scheduled)
-        if overshoot:
-            # The reserve grows at once, on this rank (its next pass must not pass the budget
-            # again while it waits for an agreement point); the agreement leaves every rank with
-            # as much as the rank that raised it most.
-            self._planning.raise_reserve(overshoot, "a planned pass's peak passed the usable budget")
-            request = self._agreement.overshoot(overshoot)
-            scheduled = True
-        measured = Measured(profile, None if step.timed else known, planned=not profiling)
-        self._agreement.record(key, measured, request)
-        if self._agreement.due():
-            agreed = self._agreement.agree()
-            if agreed.catch_up_bytes:
-                self._planning.raise_reserve(
-                    agreed.catch_up_bytes, "another rank's pass passed its usable budget"
-                )
-            for other, merged in agreed.profiles.items():
-                self._keep_new_plan(other, merged, current=other == key)
-        elif scheduled:
-            # Between agreement points a profiling or refining pass (or one over the budget) is
-            # planned from this rank's own figures (ranks may see other batch shapes); the next
-            # agreement merges them.
-            self._keep_new_plan(key, measured.profile_to_plan(), current=True)
-        if self.on_stats is not None:
-            self.on_stats(stats)
-        return stats
-
-    def _conclude(
-        self, step: StepStats, key: PassKey, static_bytes: int, plan: Plan | None, known: Plan | None
-    ) -> tuple[StepProfile, bool]:
-        """The profile to plan ``key`` from after ``step`` ran under ``plan``, and whether it
-        departs from ``known`` (the plan kept for it); a replayed pass that measured what the
-        last one did reuses its conclusions (:class:`SteadyMemo`)."""
-        replayed = not step.timed and not step.graph_changed
-        steady = self._records.steady
-        sources = (plan, known, self._records.link(key))
-        if replayed:
-            reused = steady.conclusion(key, step.layers, static_bytes, sources)
-            if reused is not None:
-                return reused
-        else:
-            steady.forget(key)
-        profile = self._records.profile_from(step, key, static_bytes, probe_host_link)
-        if plan is None:
-            segments = recomputable_segments(self._probe.segments(), step.layers_read_in_forward)
-            profile = replace(profile, segments=segments, excluded_segments=self._probe.excluded())
-            self._planning.note_profiling_peak(key, step.ledger_peak_bytes - self.engine.ledger.static_bytes)
-        profile = profile_to_plan_from(plan, profile, step.graph_changed)
-        changed = known is not None and self._book.departs(key, profile)
-        if replayed:
-            steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
-        return profile, changed
-
-    def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
-        """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""
-        plan = self._make_plan(profile, key)
-        sequence = self._records.sequence(key)
-        if sequence is not None:
-            self._host_buffers.reserve(key, swapped_buffer_sizes(sequence, plan.swapped_layers))
-        planned = self._agreement.measured(key).planned
-        self._book.keep(key, plan, PlanSource.REFINED if planned else PlanSource.PROFILED)
-        if current:
-            self.plan = plan
-
-    # -- planning and measuring ----------------------------------------------------------
-
-    def _make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
-        """The fastest plan for ``key`` under the headroom (:meth:`SessionPlanning.make_plan`)."""
-        route = self._routes.get(key.model, ROUTE_EAGER)
-        return self._planning.make_plan(profile, key, self._records.sequence(key), route)
+        return self._passes.conclude(*ended)
 
 
 def is_lazy(parameter: torch.Tensor) -> bool:

@@ -2,8 +2,8 @@
 
 A thin Lightning callback over :mod:`.batch_search` (which size), :mod:`.trials` (measure
 one), :mod:`.prediction` (what the swap planner expects), :mod:`.lr_scaling` and
-:mod:`.schedules` (the matching learning rate) and :mod:`.training_snapshot` (undo the
-trials).
+:mod:`.schedules` (the matching learning rate, applied by :mod:`.tuner_learning_rates`) and
+:mod:`.training_snapshot` (undo the trials).
 """
 
 from __future__ import annotations
@@ -29,14 +29,19 @@ from lightning_accudnn.callbacks.batch_search import (
     search_batch_size,
 )
 from lightning_accudnn.callbacks.decision import TunerDecision
-from lightning_accudnn.callbacks.lr_scaling import LR_RULES, LinearWarmup, WarmupOverlay, lr_factor, rule_for
+from lightning_accudnn.callbacks.lr_scaling import LR_RULES, LinearWarmup, WarmupOverlay
 from lightning_accudnn.callbacks.prediction import predict_batch_sizes
 from lightning_accudnn.callbacks.rank_agreement import RankAgreement
 from lightning_accudnn.callbacks.report import format_search_table, require_matplotlib, save_throughput_plot
-from lightning_accudnn.callbacks.schedules import rescale_step_counts, scale_learning_rates
 from lightning_accudnn.callbacks.strategy_view import StrategyView
 from lightning_accudnn.callbacks.training_snapshot import TrainingSnapshot
 from lightning_accudnn.callbacks.trials import TrialSession, rebuild_dataloaders
+from lightning_accudnn.callbacks.tuner_learning_rates import (
+    check_learning_rates,
+    choose_lr_factors,
+    decision_hyperparams,
+    scale_to_decision,
+)
 
 __all__ = ["EfficiencyTuner"]
 
@@ -261,7 +266,7 @@ class EfficiencyTuner(Callback):
                 f"EfficiencyTuner: the strategy wraps the model in {type(trainer.strategy.model).__name__}, "
                 "which it cannot run rank by rank; use a DDP or single-device strategy, or remove the tuner."
             )
-        self._check_learning_rates(trainer)
+        check_learning_rates(trainer.optimizers, self.lr_scaling)
         self._tune(trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -269,8 +274,9 @@ class EfficiencyTuner(Callback):
         # decision restores it after on_fit_start): scale now, or the restore would undo it.
         if self._lr_pending and self.decision is not None:
             self._lr_pending = False
-            self._scale_learning_rates(trainer)
-            self._log_hyperparams(trainer)
+            scale_to_decision(trainer, self.decision, self.rescale_step_schedules)
+            for logger in trainer.loggers:
+                logger.log_hyperparams(decision_hyperparams(self.decision))
         self._attach_warmup(trainer)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -389,14 +395,7 @@ class EfficiencyTuner(Callback):
             samples_per_second=result.chosen_trial.samples_per_second,
             trials=[_trial_record(t) for t in result.trials],
         )
-        ratio = decision.batch_ratio
-        for optimizer in trainer.optimizers:
-            rule = rule_for(optimizer, self.lr_scaling)
-            factor = lr_factor(rule, ratio)
-            decision.lr_rules.append(rule if isinstance(rule, str) else "callable")
-            decision.lr_factors.append(factor)
-            start_factor = self.warmup_start_factor if self.warmup_start_factor is not None else 1.0 / factor
-            decision.warmup_start_factors.append(min(1.0, start_factor))
+        choose_lr_factors(decision, trainer.optimizers, self.lr_scaling, self.warmup_start_factor)
         steps_after = trainer.estimated_stepping_batches
         if math.isfinite(steps_before) and math.isfinite(steps_after) and steps_before > 0:
             decision.step_ratio = float(steps_after) / float(steps_before)
@@ -417,49 +416,6 @@ class EfficiencyTuner(Callback):
         return math.ceil(self.warmup_epochs * math.ceil(batches / accumulate))
 
     # -- learning rates -------------------------------------------------------------------
-
-    def _check_learning_rates(self, trainer: pl.Trainer) -> None:
-        if self.lr_scaling == "none":
-            return
-        fix = (
-            "Return an optimizer from configure_optimizers, or pass lr_scaling='none' to tune the "
-            "batch size alone."
-        )
-        optimizers = [o for o in trainer.optimizers if type(o).__name__ != "_MockOptimizer"]
-        if not optimizers:
-            raise MisconfigurationException(
-                "EfficiencyTuner scales the learning rate with the batch size, but there is no "
-                f"optimizer. {fix}"
-            )
-        for optimizer in optimizers:
-            if any("lr" not in group for group in optimizer.param_groups):
-                raise MisconfigurationException(
-                    "EfficiencyTuner found no learning rate ('lr') to scale in "
-                    f"{type(optimizer).__name__}'s param groups. {fix}"
-                )
-
-    def _scale_learning_rates(self, trainer: pl.Trainer) -> None:
-        decision = self.decision
-        assert decision is not None
-        configs = trainer.lr_scheduler_configs
-        for optimizer, factor in zip(trainer.optimizers, decision.lr_factors, strict=False):
-            driving = [c.scheduler for c in configs if getattr(c.scheduler, "optimizer", None) is optimizer]
-            scale_learning_rates(optimizer, driving, factor)
-        if self.rescale_step_schedules and decision.step_ratio != 1.0:
-            for config in configs:
-                if config.interval == "step" and not rescale_step_counts(
-                    config.scheduler, decision.step_ratio
-                ):
-                    rank_zero_warn(
-                        f"EfficiencyTuner: the run now takes {decision.step_ratio:.3g}x as many optimizer "
-                        f"steps, but the length of {type(config.scheduler).__name__} (stepped every step) "
-                        "cannot be rescaled; compute it from trainer.estimated_stepping_batches in "
-                        "configure_optimizers, or pass rescale_step_schedules=False to silence this."
-                    )
-        decision.learning_rates = [
-            [float(group["lr"]) for group in optimizer.param_groups] for optimizer in trainer.optimizers
-        ]
-        decision.warmup_start_step = trainer.global_step
 
     def _attach_warmup(self, trainer: pl.Trainer) -> None:
         decision = self.decision
@@ -492,28 +448,6 @@ class EfficiencyTuner(Callback):
         # A new fit with the same callback: configure_optimizers built unscaled optimizers.
         decision.step_ratio = 1.0
         self._lr_pending = True
-
-    def _log_hyperparams(self, trainer: pl.Trainer) -> None:
-        decision = self.decision
-        if decision is None or not trainer.loggers:
-            return
-        params: dict[str, Any] = {
-            "efficiency_tuner/batch_size": decision.batch_size,
-            "efficiency_tuner/global_batch_size": decision.global_batch_size,
-            "efficiency_tuner/base_global_batch_size": decision.base_global_batch_size,
-            "efficiency_tuner/warmup_steps": decision.warmup_steps,
-        }
-        if decision.samples_per_second is not None:
-            params["efficiency_tuner/samples_per_second"] = decision.samples_per_second
-        for index, (factor, rates) in enumerate(
-            zip(decision.lr_factors, decision.learning_rates, strict=False)
-        ):
-            suffix = "" if len(decision.lr_factors) == 1 else f"_{index}"
-            params[f"efficiency_tuner/lr_factor{suffix}"] = factor
-            if rates:
-                params[f"efficiency_tuner/lr{suffix}"] = rates[0]
-        for logger in trainer.loggers:
-            logger.log_hyperparams(params)
 
 
 def _per_device_dataset_length(trainer: pl.Trainer) -> int | None:

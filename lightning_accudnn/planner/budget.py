@@ -2,7 +2,8 @@
 
 Accepted forms: an int of bytes, ``"12GB"`` (powers of 10: B, KB, MB, GB, TB),
 ``"12GiB"`` (powers of 2: KiB, MiB, GiB, TiB), ``"80%"`` of the device, ``"auto"`` (the
-device's free memory less a reserve).
+device's free memory: the session keeps its one reserve under every budget, ``"auto"`` included,
+so ``"auto"`` plans under the free memory less that reserve).
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
-#: Kept free under ``"auto"``: the larger of this and 5% of the device.
-AUTO_RESERVE_BYTES = 512 * 2**20
-
 
 @dataclass(frozen=True)
 class Budget:
@@ -41,6 +39,8 @@ class Budget:
         12000000000
         >>> Budget.parse("50%").resolve(total_bytes=2**30)
         536870912
+        >>> Budget.parse("auto").resolve(total_bytes=80 * 10**9, free_bytes=70 * 10**9)  # all that is free
+        70000000000
     """
 
     kind: str  # "bytes", "fraction" or "auto"
@@ -80,20 +80,19 @@ class Budget:
     def resolve(
         self, total_bytes: int, free_bytes: int | None = None, device_name: str = "the device"
     ) -> int:
-        """Bytes for a device with ``total_bytes`` of memory (``free_bytes`` for ``"auto"``).
+        """Bytes for a device with ``total_bytes`` of memory (``free_bytes`` for ``"auto"``,
+        which resolves to all of them: the reserve is the session's, kept under any budget).
 
         Raises ``ValueError`` when the budget is larger than the device.
         """
         if self.kind == "auto":
             free = total_bytes if free_bytes is None else free_bytes
-            reserve = max(AUTO_RESERVE_BYTES, total_bytes // 20)
-            resolved = free - reserve
-            if resolved <= 0:
+            if free <= 0:
                 raise ValueError(
-                    f'budget "auto": {device_name} has only {format_bytes(free)} free '
-                    f"(reserve {format_bytes(reserve)}); free some memory or give an explicit budget"
+                    f'budget "auto": {device_name} has no memory free; free some memory or give an '
+                    "explicit budget"
                 )
-            return resolved
+            return free
         if self.kind == "fraction":
             return int(total_bytes * self.value)
         resolved = int(self.value)

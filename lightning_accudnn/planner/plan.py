@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from lightning_accudnn.planner.bounds import lower_bound_seconds
 from lightning_accudnn.planner.budget import format_bytes
+from lightning_accudnn.planner.headroom import Headroom
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
     policy_spans,
@@ -239,7 +240,7 @@ class Plan:
                 f"{format_bytes(layer.swappable_bytes):>10}  {layer.forward_seconds * 1e3:>9.3f}  "
                 f"{layer.backward_seconds * 1e3:>9.3f}  {choice.value}"
             )
-        usable = self.budget_bytes - self.reserve_bytes
+        usable = Headroom(self.budget_bytes, self.reserve_bytes).usable_bytes
         swapped_text = (
             f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
         )
@@ -393,13 +394,11 @@ def plan_swaps(
         >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.max_copying_out_bytes
         (['l0', 'l2', 'l3'], 1300, 0)
     """
-    if reserve_bytes < 0:
-        raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
+    cap = Headroom(budget_bytes, reserve_bytes).usable_bytes  # checks the reserve
     if max_copying_out_bytes is not None and max_copying_out_bytes < 0:
         raise ValueError(f"max_copying_out_bytes must be >= 0, got {max_copying_out_bytes}")
     check_policy(policy)
     refuse_recompute_without_segments(profile, policy)
-    cap = budget_bytes - reserve_bytes
     costs = _host_costs(profile, host_limit_bytes, host_bytes)
     floor = _profiling_floor(profile, profiling_peak_bytes)
     if cap < floor:  # the profiling pass itself would not fit: no plan is searched

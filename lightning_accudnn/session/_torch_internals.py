@@ -3,8 +3,7 @@ own distributed code too, so it is as stable as a private name gets)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,9 +11,6 @@ import torch
 __all__ = [
     "copy_all",
     "default_store",
-    "is_recompile_limit_error",
-    "recompile_limit",
-    "recompile_limit_raises",
     "run_when_backward_ends",
     "tensor_leaves",
 ]
@@ -56,24 +52,3 @@ def default_store() -> Any:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     return dist.distributed_c10d._get_default_store()
-
-
-@contextmanager
-def recompile_limit_raises() -> Iterator[None]:
-    """Inside, a frame that reaches Dynamo's recompile limit raises instead of running
-    uncompiled (``torch._dynamo.config.fail_on_recompile_limit_hit``)."""
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        yield
-
-
-def recompile_limit() -> int:
-    """How many graphs Dynamo keeps for one frame (``torch._dynamo.config.recompile_limit``)."""
-    limit: int = torch._dynamo.config.recompile_limit
-    return limit
-
-
-def is_recompile_limit_error(error: BaseException) -> bool:
-    """Whether ``error`` is what :func:`recompile_limit_raises` makes Dynamo raise."""
-    from torch._dynamo.exc import FailOnRecompileLimitHit
-
-    return isinstance(error, FailOnRecompileLimitHit)

@@ -9,7 +9,7 @@ never hooks a module inside it. A model compiled whole (``torch.compile(model)``
 module, so no per-layer plan can apply from outside: it is refused before training, with one
 message that shows the regional form and names the experimental option that plans it inside its
 compiled graph instead (``whole_model_compile="experimental"``, see
-:mod:`lightning_accudnn.session.whole_model`).
+:mod:`lightning_accudnn.whole_model_compile`).
 """
 
 from __future__ import annotations

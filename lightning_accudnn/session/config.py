@@ -27,16 +27,19 @@ class OffloadConfig:
     Both strategies and :class:`~lightning_accudnn.OffloadSession` take one. The fields:
 
     * ``budget``: device memory the training step may use: an int of bytes, ``"12GB"``
-      (powers of 10), ``"12GiB"`` (powers of 2), ``"80%"`` of the device or ``"auto"``
-      (see :class:`~lightning_accudnn.Budget` for every accepted spelling).
+      (powers of 10), ``"12GiB"`` (powers of 2), ``"80%"`` of the device or ``"auto"``, the
+      device's free memory (see :class:`~lightning_accudnn.Budget` for every accepted spelling).
+      The allocator is capped at the budget and plans use the budget less ``reserve_bytes``:
+      one reserve, ``"auto"`` included.
     * ``min_swap_bytes``: saved tensors smaller than this stay on the device.
     * ``keep_on_device``: module-name patterns (``fnmatch``) whose activations never swap,
       e.g. ``("head", "decoder.layers.23.*")``; a pattern that matches no module of the
       model is refused before training. A single string is one pattern.
     * ``host_memory_limit``: cap on pinned host memory (the same forms as ``budget``,
       against system RAM); ``None`` is half of system RAM.
-    * ``reserve_bytes``: kept free under the budget for fragmentation and workspaces;
-      ``None`` is the larger of 256 MiB and 5% of the budget on CUDA, 0 on CPU.
+    * ``reserve_bytes``: kept free under the budget for fragmentation and workspaces (the only
+      reserve: ``"auto"`` keeps no other); ``None`` is the larger of 256 MiB and 5% of the
+      budget on CUDA, 0 on CPU. It grows when a planned pass goes past its room.
     * ``policy``: what a plan may do with a segment besides keeping it: ``"auto"`` (swap or
       recompute, whichever is fastest), ``"swap"`` (swap only), ``"recompute"``
       (recompute only) or ``"selective"`` (recompute selectively only: keep what matrix
@@ -54,7 +57,7 @@ class OffloadConfig:
       (:mod:`lightning_accudnn.session.collector_pause`); ``False`` leaves it alone.
     * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
       or ``"experimental"``: such a model is planned inside its compiled graph (see
-      :mod:`lightning_accudnn.session.whole_model`; PyTorch 2.14.1 only, swap or keep per
+      :mod:`lightning_accudnn.whole_model_compile`; PyTorch 2.14.1 only, swap or keep per
       layer; ``keep_on_device`` then names modules of the compiled graph, checked after its
       first forward).
     * ``whole_model_backend``: what that route compiles the model with, ``"inductor"``
@@ -191,7 +194,10 @@ measures bytes, not the times recomputation is weighed by): use policy 'swap' or
         raise ValueError(
             f"whole_model_compile must be None or 'experimental', got {config.whole_model_compile!r}"
         )
-    from lightning_accudnn.compile import COMPILERS, check_torch_version  # imports Dynamo: only when asked
+    from lightning_accudnn.whole_model_compile.backend import (
+        COMPILERS,
+        check_torch_version,
+    )  # imports Dynamo: only when asked
 
     check_torch_version()
     if config.whole_model_backend not in COMPILERS:

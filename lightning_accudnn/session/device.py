@@ -5,7 +5,11 @@ from __future__ import annotations
 import psutil
 import torch
 
-__all__ = ["device_memory", "require_available", "with_index"]
+from lightning_accudnn.planner.budget import format_bytes
+from lightning_accudnn.planner.headroom import Headroom
+from lightning_accudnn.session.config import OffloadConfig, default_reserve_bytes
+
+__all__ = ["device_memory", "require_available", "resolve_headroom", "with_index"]
 
 
 def require_available(device: torch.device) -> None:
@@ -56,3 +60,26 @@ def with_index(device: torch.device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def resolve_headroom(config: OffloadConfig, device: torch.device) -> tuple[Headroom, str]:
+    """The headroom ``config`` gives on ``device``, and the device's name: the budget resolved
+    against the device's memory (``"auto"``: all of its free memory) and one reserve under it
+    (``config.reserve_bytes``, or :func:`~lightning_accudnn.session.config.default_reserve_bytes`).
+
+    Example:
+        >>> room, name = resolve_headroom(OffloadConfig(budget="1GB"), torch.device("cpu"))
+        >>> room.budget_bytes, room.reserve_bytes, name
+        (1000000000, 0, 'host memory (CPU device)')
+    """
+    total, free, name = device_memory(device)
+    budget_bytes = config.parsed_budget.resolve(total, free, device_name=name)
+    reserve = config.reserve_bytes
+    if reserve is None:
+        reserve = default_reserve_bytes(budget_bytes, device.type)
+    if config.parsed_budget.kind == "auto" and budget_bytes <= reserve:
+        raise ValueError(
+            f'budget "auto": {name} has only {format_bytes(budget_bytes)} free, no more than the reserve '
+            f"of {format_bytes(reserve)}; free some memory or give an explicit budget"
+        )
+    return Headroom(budget_bytes, reserve), name

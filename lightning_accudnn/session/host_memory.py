@@ -15,7 +15,10 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["cgroup_memory_limit", "default_host_memory_limit", "local_world_size"]
+from lightning_accudnn.planner.budget import Budget
+from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE
+
+__all__ = ["cgroup_memory_limit", "default_host_memory_limit", "host_memory_limit", "local_world_size"]
 
 #: cgroup v1 reports "no limit" as a huge number (a page-rounded 2**63 - 1); anything at
 #: or above this is taken as none.
@@ -113,3 +116,17 @@ def default_host_memory_limit(
     usable = machine if limit is None else min(machine, limit)
     ranks = local_world_size() if ranks_on_node is None else ranks_on_node
     return int(usable * share) // ranks
+
+
+def host_memory_limit(limit: Budget | None) -> int:
+    """The cap on pinned host memory for swapped activations: ``limit`` (``OffloadConfig.host_memory_limit``)
+    against the machine's RAM, or :data:`~lightning_accudnn.session.config.DEFAULT_HOST_MEMORY_SHARE`
+    of what this process may use (:func:`default_host_memory_limit`) when it is ``None``.
+
+    Example:
+        >>> host_memory_limit(Budget.parse("1GB"))
+        1000000000
+    """
+    if limit is None:
+        return default_host_memory_limit(DEFAULT_HOST_MEMORY_SHARE)
+    return limit.resolve(int(psutil.virtual_memory().total), device_name="host memory")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from lightning_accudnn.ops import StepStats
+from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.session.plan_book import PlanSource
 
-__all__ = ["OffloadStats"]
+__all__ = ["OffloadStats", "measured_stats"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +88,28 @@ class OffloadStats:
             for source in PlanSource:
                 metrics[f"accudnn/plan_{source.value}"] = float(source is self.plan_source)
         return metrics
+
+
+def measured_stats(
+    step: StepStats, peaks: tuple[int, int] | None, plan: Plan | None, source: PlanSource
+) -> OffloadStats:
+    """The figures of the pass ``step`` measured under ``plan`` (``None``: a profiling pass);
+    ``peaks`` are the allocator's (peak allocated, peak reserved), or ``None`` where there is
+    no allocator (the engine's ledger stands in)."""
+    peak, reserved = (step.ledger_peak_bytes, step.ledger_peak_bytes) if peaks is None else peaks
+    return OffloadStats(
+        bytes_swapped_out=step.bytes_swapped_out,
+        bytes_swapped_in=step.bytes_swapped_in,
+        wait_seconds=step.wait_seconds,
+        peak_device_bytes=peak,
+        peak_reserved_bytes=reserved,
+        ledger_peak_bytes=step.ledger_peak_bytes,
+        swapped_layers=step.swapped_layers,
+        profiling=plan is None,
+        step_seconds=step.forward_seconds + step.backward_seconds,
+        predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes,
+        predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
+        plan_source=source,
+        observed=step.observed,
+        storages_swapped_out=step.storages_swapped_out,
+    )

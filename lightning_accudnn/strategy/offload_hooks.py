@@ -21,8 +21,8 @@ from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStat
 from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.session.buffer_snapshot import BufferSnapshot
 from lightning_accudnn.session.compiled import CompiledModelError, refusal_message
+from lightning_accudnn.session.out_of_memory import is_out_of_memory
 from lightning_accudnn.session.rank_failure import RankFailureWatch
-from lightning_accudnn.session.session import is_out_of_memory
 from lightning_accudnn.strategy._lightning_internals import compiled_by_lightning
 
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_accudnn.compile import TRIAL_PLAN, PlanBackend, PlanPartitioner, plan_choices, profile_of
 from lightning_accudnn.planner.plan import plan_swaps
 from lightning_accudnn.profile import LayerChoice
+from lightning_accudnn.whole_model_compile import (
+    TRIAL_PLAN,
+    PlanBackend,
+    PlanPartitioner,
+    plan_choices,
+    profile_of,
+)
 from tests.compile.helpers import Net, batches, loss_of
 
 SWAP, KEEP, RECOMPUTE = LayerChoice.SWAP, LayerChoice.KEEP, LayerChoice.RECOMPUTE

@@ -7,9 +7,9 @@ import torch
 from lightning.pytorch import LightningModule
 
 from lightning_accudnn import AccUDNNStrategy
-from lightning_accudnn.compile import TESTED_TORCH_VERSIONS, PlanPartitioner, offloading_options
 from lightning_accudnn.profile import LayerChoice
 from lightning_accudnn.session import OffloadConfig, OffloadSession
+from lightning_accudnn.whole_model_compile import TESTED_TORCH_VERSIONS, PlanPartitioner, offloading_options
 from tests.compile.helpers import Net, compile_blocks, loss_of
 from tests.strategy.helpers import trainer_for
 

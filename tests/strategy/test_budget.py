@@ -1,9 +1,12 @@
 """Budgets: the accepted forms resolve to bytes; anything else names the accepted forms."""
 
 import pytest
+import torch
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.planner import Budget
+from lightning_accudnn.session import OffloadConfig
+from lightning_accudnn.session.device import device_memory, resolve_headroom
 
 GB = 10**9
 
@@ -24,9 +27,32 @@ def test_accepted_forms(spec, expected):
     assert Budget.parse(spec).resolve(total_bytes=80 * GB) == expected
 
 
-def test_auto_is_free_memory_less_a_reserve():
+def test_auto_is_the_free_memory_and_the_session_keeps_one_reserve_under_it():
     resolved = Budget.parse("auto").resolve(total_bytes=80 * GB, free_bytes=70 * GB)
-    assert resolved == 70 * GB - 4 * GB  # reserve: 5% of the device
+    assert resolved == 70 * GB  # the budget: all that is free
+    config = OffloadConfig(budget="auto")
+    room, _ = resolve_headroom(config, torch.device("cpu"))
+    _, free, _ = device_memory(torch.device("cpu"))
+    assert room.reserve_bytes == 0  # no reserve on CPU
+    assert abs(room.budget_bytes - free) < free // 10  # what was free a moment ago
+
+
+def test_auto_on_a_gpu_keeps_one_reserve_of_five_percent_of_the_free_memory(monkeypatch):
+    monkeypatch.setattr(
+        "lightning_accudnn.session.device.device_memory", lambda device: (80 * GB, 80 * GB, "an 80 GB GPU")
+    )
+    room, _ = resolve_headroom(OffloadConfig(budget="auto"), torch.device("cuda", 0))
+    assert room.budget_bytes == 80 * GB
+    assert room.reserve_bytes == 4 * GB  # one reserve: the larger of 256 MiB and 5% of the budget
+    assert room.usable_bytes == 76 * GB
+
+
+def test_auto_with_less_free_than_the_reserve_is_refused(monkeypatch):
+    monkeypatch.setattr(
+        "lightning_accudnn.session.device.device_memory", lambda device: (80 * GB, 2**27, "a busy GPU")
+    )
+    with pytest.raises(ValueError, match="no more than the reserve"):
+        resolve_headroom(OffloadConfig(budget="auto"), torch.device("cuda", 0))
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_accudnn.ops import HostCopyRuntime
-from lightning_accudnn.session.session import MAX_OUT_OF_MEMORY_RETRIES
+from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES
 from tests.models import Classifier, loader
 from tests.strategy.helpers import StatsRecorder, copies, swapping_strategy, trainer_for
 

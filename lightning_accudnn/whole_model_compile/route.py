@@ -26,28 +26,28 @@ batch shape.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
 
-from lightning_accudnn.compile import (
-    TRIAL_PLAN,
-    Partition,
-    PlanBackend,
-    PlanPartitioner,
-    plan_choices,
-    profile_of,
-)
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import ROOT_LAYER, StepProfile
-from lightning_accudnn.session._torch_internals import (
+from lightning_accudnn.session.patterns import UnmatchedPatternError
+from lightning_accudnn.whole_model_compile._torch_internals import (
     is_recompile_limit_error,
     recompile_limit,
     recompile_limit_raises,
 )
-from lightning_accudnn.session.patterns import UnmatchedPatternError
+from lightning_accudnn.whole_model_compile.backend import PlanBackend
+from lightning_accudnn.whole_model_compile.partitioner import (
+    TRIAL_PLAN,
+    Partition,
+    PlanPartitioner,
+    plan_choices,
+    profile_of,
+)
 
 __all__ = ["WholeModelRoute", "kept_layers"]
 
@@ -80,6 +80,18 @@ class WholeModelRoute:
         self.trial = PlanBackend(PlanPartitioner(TRIAL_PLAN), compiler, accelerator=accelerator, cached=False)
         self.backend = self.trial
         self._backends: dict[str, PlanBackend] = {}  # one per plan (its partitioner's uuid)
+
+    @classmethod
+    def started(
+        cls, form: str, compiler: str, *, accelerator: bool, report: Callable[[str], None]
+    ) -> WholeModelRoute:
+        """The route for a model compiled whole (``form`` says how), announced through ``report``."""
+        report(
+            f"accudnn: {form}: planned inside its compiled graph (whole_model_compile='experimental'); "
+            f"training passes compile it with {compiler} and the plan's partitioner, not with the backend "
+            "and options it was compiled with; the first pass measures what the graph saves"
+        )
+        return cls(compiler, accelerator=accelerator)
 
     @property
     def planned(self) -> bool:
@@ -138,6 +150,19 @@ class WholeModelRoute:
             replace(layer, swappable_bytes=0) if layer.name in kept else layer for layer in profile.layers
         )
         return replace(profile, layers=layers)
+
+    def plan_from_trial(
+        self,
+        static_bytes: int,
+        min_swap_bytes: int,
+        keep_on_device: Sequence[str],
+        make_plan: Callable[[StepProfile], Plan],
+    ) -> Plan:
+        """After the trial forward: plan with ``make_plan`` from what its graph saves (a budget too
+        small is refused there, before backward), and compile with the plan from the next pass."""
+        plan = make_plan(self.trial_profile(static_bytes, min_swap_bytes, keep_on_device))
+        self.apply(plan)
+        return plan
 
     def apply(self, plan: Plan) -> None:
         """The following passes compile with ``plan`` (again only when it differs from those seen)."""

@@ -42,9 +42,9 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch.utils.checkpoint import CheckpointPolicy
 
-from lightning_accudnn.compile._torch_internals import offload_copy_name
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import ROOT_LAYER, LayerChoice, LayerProfile, StepProfile
+from lightning_accudnn.whole_model_compile._torch_internals import offload_copy_name
 
 __all__ = [
     "PARTITIONER_VERSION",

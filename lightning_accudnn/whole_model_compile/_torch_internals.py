@@ -15,7 +15,10 @@ __all__ = [
     "compile_with_aot_eager",
     "compile_with_inductor",
     "functorch_options",
+    "is_recompile_limit_error",
     "offload_copy_name",
+    "recompile_limit",
+    "recompile_limit_raises",
 ]
 
 
@@ -64,3 +67,24 @@ def offload_copy_name(activation: str) -> str:
     from torch._functorch._activation_offloading.activation_offloading import CPU_OFFLOAD_PREFIX
 
     return f"{CPU_OFFLOAD_PREFIX}{activation}"
+
+
+@contextmanager
+def recompile_limit_raises() -> Iterator[None]:
+    """Inside, a frame that reaches Dynamo's recompile limit raises instead of running
+    uncompiled (``torch._dynamo.config.fail_on_recompile_limit_hit``)."""
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+
+
+def recompile_limit() -> int:
+    """How many graphs Dynamo keeps for one frame (``torch._dynamo.config.recompile_limit``)."""
+    limit: int = torch._dynamo.config.recompile_limit
+    return limit
+
+
+def is_recompile_limit_error(error: BaseException) -> bool:
+    """Whether ``error`` is what :func:`recompile_limit_raises` makes Dynamo raise."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    return isinstance(error, FailOnRecompileLimitHit)

@@ -17,14 +17,18 @@ from typing import Any
 import torch
 from torch import fx
 
-from lightning_accudnn.compile._torch_internals import (
+from lightning_accudnn.profile import LayerChoice
+from lightning_accudnn.whole_model_compile._torch_internals import (
     caches_bypassed,
     compile_with_aot_eager,
     compile_with_inductor,
     functorch_options,
 )
-from lightning_accudnn.compile.partitioner import TESTED_TORCH_VERSIONS, PlanPartitioner, offloading_options
-from lightning_accudnn.profile import LayerChoice
+from lightning_accudnn.whole_model_compile.partitioner import (
+    TESTED_TORCH_VERSIONS,
+    PlanPartitioner,
+    offloading_options,
+)
 
 __all__ = ["COMPILERS", "PlanBackend", "check_torch_version"]
 
@@ -60,7 +64,7 @@ class PlanBackend:
     """A ``torch.compile`` backend: ``compiler`` (one of :data:`COMPILERS`) with ``partitioner``.
 
     While the partitioner runs, PyTorch's offload pass is on when the plan swaps a layer
-    (:func:`~lightning_accudnn.compile.partitioner.offloading_options`, its stream and
+    (:func:`~lightning_accudnn.whole_model_compile.partitioner.offloading_options`, its stream and
     prefetch flags with ``accelerator``). ``cached=False`` bypasses Inductor's and
     AOTAutograd's caches, so that the partitioner runs on every compile (a trial partition
     measures the graph; a cache hit would skip it).

@@ -1,0 +1,147 @@
+"""What one rank brings to the ranks' agreement on plans, and what it takes from it.
+
+The session records here, after each pass, the pass kind's latest measurement and what it
+asks for (a re-plan, a larger reserve); at an agreement point (the coordinator's schedule, the
+same pass on every rank) :meth:`PlanAgreement.agree` merges every rank's requests and profiles
+through the coordinator and hands back what every rank then plans alike. One process agrees
+with itself after every pass (:class:`~lightning_accudnn.planner.coordination.RankCoordinator`);
+:class:`~lightning_accudnn.session.DistributedCoordinator` runs the collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
+from lightning_accudnn.planner.plan import Plan
+from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.session.plan_book import PassKey
+
+__all__ = ["Agreed", "Measured", "PlanAgreement"]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A pass kind's latest measurement: its profile, the plan whose times an untimed pass
+    borrows, and whether it ran under a plan (a plan made from it is then refined)."""
+
+    profile: StepProfile
+    times_of: Plan | None
+    planned: bool
+
+    def profile_to_plan(self) -> StepProfile:
+        """The profile, with the times (and re-saves) of ``times_of`` when the pass was untimed."""
+        if self.times_of is None:
+            return self.profile
+        return replace(self.profile, layers=with_times_of(self.profile.layers, self.times_of.profile.layers))
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What an agreement settled: the reserve this rank must add to end with as much as the
+    rank that raised it most, and the profile to plan each pass kind from."""
+
+    catch_up_bytes: int
+    profiles: dict[PassKey, StepProfile]
+
+
+class PlanAgreement:
+    """One rank's side of the agreement: its pending requests, each pass kind's latest
+    measurement and its name on every rank (the models in the order this rank met them).
+
+    Example:
+        >>> import torch
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> agreement = PlanAgreement(RankCoordinator())
+        >>> key = PassKey(model=1234, batch=(((8, 3), torch.float32),), position=0)
+        >>> profile = StepProfile((LayerProfile("fc", 10, 10, 1e-3, 2e-3),), static_bytes=5)
+        >>> agreement.record(key, Measured(profile, None, planned=False), ReplanRequest(replan=True))
+        >>> agreement.due()
+        True
+        >>> agreed = agreement.agree()
+        >>> agreed.catch_up_bytes, agreed.profiles[key] is profile
+        (0, True)
+    """
+
+    def __init__(self, coordinator: RankCoordinator) -> None:
+        self.coordinator = coordinator
+        self._requests: dict[PassKey, ReplanRequest] = {}
+        self._measured: dict[PassKey, Measured] = {}
+        self._wire_keys: dict[PassKey, tuple[object, ...]] = {}
+        self._model_ordinals: dict[int, int] = {}
+        self._raised = 0  # reserve this rank added for overshoots since the last agreement
+
+    def record(self, key: PassKey, measured: Measured, request: ReplanRequest) -> None:
+        """Keep ``key``'s latest measurement and add ``request`` to what waits for the next agreement."""
+        self._measured[key] = measured
+        self._wire_keys.setdefault(key, (self._model_ordinal(key.model), key.batch, key.position))
+        if request:
+            self._requests[key] = self._requests.get(key, ReplanRequest()) | request
+
+    def overshoot(self, nbytes: int) -> ReplanRequest:
+        """This rank raised its reserve by ``nbytes``: the request carries all it raised since
+        the last agreement, so that the agreement leaves every rank with as much."""
+        self._raised += nbytes
+        return ReplanRequest(replan=True, overshoot_bytes=self._raised)
+
+    def measured(self, key: PassKey) -> Measured:
+        """``key``'s latest measurement (recorded before any plan is made for it)."""
+        return self._measured[key]
+
+    def due(self) -> bool:
+        """Called once per pass: whether the ranks agree after this one."""
+        return self.coordinator.due()
+
+    def agree(self) -> Agreed:
+        """An agreement point: merge every rank's requests, and the profiles of the passes they name."""
+        requests, self._requests = self._requests, {}
+        raised, self._raised = self._raised, 0
+        agreed = self.coordinator.agree({self._wire_keys[key]: request for key, request in requests.items()})
+        if not agreed:
+            return Agreed(0, {})
+        catch_up = max(0, max(request.overshoot_bytes for request in agreed.values()) - raised)
+        keys: dict[Hashable, PassKey] = {wire: key for key, wire in self._wire_keys.items() if wire in agreed}
+        profiles = self.coordinator.merge(
+            {wire: self._measured[key].profile_to_plan() for wire, key in keys.items()}
+        )
+        return Agreed(catch_up, {keys[wire]: profile for wire, profile in profiles.items()})
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Within the block this rank agrees with itself only (no collectives)."""
+        coordinator, self.coordinator = self.coordinator, RankCoordinator()
+        try:
+            yield
+        finally:
+            self.coordinator = coordinator
+
+    def _model_ordinal(self, model: int) -> int:
+        """The model's number in the order this rank met it (the same on every rank)."""
+        return self._model_ordinals.setdefault(model, len(self._model_ordinals))
+
+
+def with_times_of(
+    layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
+) -> tuple[LayerProfile, ...]:
+    """The layers of an untimed pass with the times, and the re-saves, an earlier, timed pass
+    of it measured (a pass replayed by ordinal sees neither).
+
+    Example:
+        >>> untimed = (LayerProfile("fc", 10, 10, 0.0, 0.0),)
+        >>> with_times_of(untimed, (LayerProfile("fc", 10, 10, 1e-3, 2e-3),))[0].backward_seconds
+        0.002
+    """
+    by_name = {layer.name: layer for layer in timed}
+    return tuple(
+        replace(
+            layer,
+            forward_seconds=by_name[layer.name].forward_seconds,
+            backward_seconds=by_name[layer.name].backward_seconds,
+            resaved_by=by_name[layer.name].resaved_by,
+        )
+        if layer.name in by_name
+        else layer
+        for layer in layers
+    )

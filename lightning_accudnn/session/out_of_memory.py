@@ -1,0 +1,72 @@
+"""Out-of-memory errors in planned passes: how many retries in a row, and what a retry frees.
+
+A planned pass that runs out of device memory is aborted and re-planned with a larger reserve
+(:meth:`~lightning_accudnn.session.OffloadSession.recover_from_out_of_memory`), at most
+:data:`MAX_OUT_OF_MEMORY_RETRIES` times in a row; a pass that completes starts the count again.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+__all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "OutOfMemoryRetries", "is_out_of_memory", "release_failed_pass"]
+
+#: How many times in a row a planned pass that ran out of device memory is re-planned with a
+#: larger reserve and retried before the error ends the run.
+MAX_OUT_OF_MEMORY_RETRIES = 3
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for a device out-of-memory error (``torch.OutOfMemoryError``, CUDA's included).
+
+    Example:
+        >>> is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")), is_out_of_memory(ValueError())
+        (True, False)
+    """
+    return isinstance(error, torch.OutOfMemoryError)
+
+
+class OutOfMemoryRetries:
+    """The retries taken in a row since the last pass that completed.
+
+    Example:
+        >>> retries = OutOfMemoryRetries()
+        >>> [retries.take() for _ in range(MAX_OUT_OF_MEMORY_RETRIES + 1)]
+        [True, True, True, False]
+        >>> retries.reset(); retries.take(), retries.count
+        (True, 1)
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def take(self) -> bool:
+        """Count one more retry; ``False`` (nothing counted) when none is left."""
+        if self.count >= MAX_OUT_OF_MEMORY_RETRIES:
+            return False
+        self.count += 1
+        return True
+
+    def reset(self) -> None:
+        """A pass completed."""
+        self.count = 0
+
+
+def release_failed_pass(device: torch.device) -> None:
+    """Free what a failed pass left unreachable, before its step runs again.
+
+    Call it once the error is gone (after the ``except`` block that caught it): the pass's
+    tensors held by reference cycles (its exception's traceback frames, closures) wait for
+    Python's collector, which runs here, and the CUDA allocator's cached blocks go back so
+    that the retry starts from what its plan counts.
+
+    Example:
+        >>> release_failed_pass(torch.device("cpu"))
+    """
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,154 @@
+"""What the session keeps of each pass kind between its passes, for the steady state's hot path.
+
+Per pass kind (:class:`~lightning_accudnn.session.plan_book.PassKey`): the save sequence its
+last hooked pass recorded (replayed by ordinal, with no module hooks) and the segments it ran
+recomputed, autocast's weight copies it counted, the host link's rates at its transfer sizes,
+the passes since it was last observed whole, and the schedules and conclusions reused while
+they hold (:class:`~lightning_accudnn.session.steady_memo.SteadyMemo`); and the model-state
+bytes, walked again only when they may have changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from lightning_accudnn.ops import StepStats, SwapSchedule
+from lightning_accudnn.ops.layers import SaveSequence
+from lightning_accudnn.planner import Plan, StepProfile
+from lightning_accudnn.planner.bandwidth import HostLink, LinkCurve
+from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.session.plan_book import PassKey
+from lightning_accudnn.session.steady_memo import SteadyMemo
+from lightning_accudnn.session.transfers import transfer_sizes
+
+__all__ = ["SMALLEST_COPY_OUT_LIMIT", "PassRecords"]
+
+#: The copy-out limit of the safest mode, which the profiling pass runs under: one storage in
+#: flight at a time (the least memory any plan holds, as the planner's smallest budget assumes).
+SMALLEST_COPY_OUT_LIMIT = 0
+
+
+class PassRecords:
+    """The session's memory of its pass kinds.
+
+    Example:
+        >>> records = PassRecords(torch.device("cpu"), min_swap_bytes=0, observe_every=2)
+        >>> key = PassKey(model=1, batch=(), position=0)
+        >>> records.hooked(key, plan=None, refining=False), records.sequence(key)
+        (True, None)
+        >>> [records.observation_due(key) for _ in range(4)]
+        [False, True, False, True]
+    """
+
+    def __init__(self, device: torch.device, *, min_swap_bytes: int, observe_every: int) -> None:
+        self.device = device
+        self.min_swap_bytes = min_swap_bytes
+        self.observe_every = observe_every
+        self.steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
+        self._sequences: dict[PassKey, SaveSequence] = {}
+        self._recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each sequence ran under
+        self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
+        self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
+        self._unobserved: dict[PassKey, int] = {}  # passes since the last observed one, per pass kind
+        self._state_bytes_key: tuple[object, ...] | None = None
+        self._state_bytes = 0
+
+    def sequence(self, key: PassKey) -> SaveSequence | None:
+        """The save sequence ``key``'s last hooked pass recorded (``None`` before one, or after
+        its graph changed)."""
+        return self._sequences.get(key)
+
+    def hooked(self, key: PassKey, plan: Plan | None, *, refining: bool) -> bool:
+        """Whether ``key``'s next pass under ``plan`` must run with the engine's module hooks: no
+        plan, a plan to refine, no sequence recorded, or one recorded under other recomputed segments."""
+        return (
+            plan is None
+            or refining
+            or key not in self._sequences
+            or self._recomputed.get(key) != plan.recomputed
+        )
+
+    def ran_under(self, key: PassKey, recomputed: tuple[str, ...]) -> bool:
+        """Whether ``key``'s sequence was recorded with ``recomputed`` segments recomputed."""
+        return self._recomputed.get(key) == recomputed
+
+    def schedule(self, key: PassKey, plan: Plan | None) -> SwapSchedule:
+        """The engine's schedule for ``key`` under ``plan``; without one, the profiling pass's:
+        everything swapped within the host cap (what does not fit stays, and is still measured)."""
+        if plan is None:
+            return SwapSchedule.swap_everything(
+                max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
+            )
+        return self.steady.schedule(key, plan)
+
+    def observation_due(self, key: PassKey) -> bool:
+        """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in
+        ``observe_every`` is, so that a changed graph shows within that many passes (the others
+        pass them up to their plan's last swapped save, or not at all when it keeps everything)."""
+        count = self._unobserved.get(key, 0) + 1
+        due = count >= self.observe_every
+        self._unobserved[key] = 0 if due else count
+        return due
+
+    def model_state_bytes(
+        self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], *, refresh: bool
+    ) -> int:
+        """:func:`~lightning_accudnn.planner.static_memory.model_state_bytes`, walked again only
+        when ``refresh`` (hooked passes) or when the model, the optimizers or their number of
+        states changed (the first optimizer step creates them)."""
+        key = (id(model), *(id(optimizer) for optimizer in optimizers), *(len(o.state) for o in optimizers))
+        if refresh or key != self._state_bytes_key:
+            self._state_bytes = model_state_bytes(model, optimizers)
+            self._state_bytes_key = key
+        return self._state_bytes
+
+    def weight_copy_bytes(self, key: PassKey) -> int:
+        """Autocast's weight copies ``key``'s last hooked pass counted (model state, never swapped)."""
+        return self._weight_copy_bytes.get(key, 0)
+
+    def record(
+        self, key: PassKey, step: StepStats, plan: Plan | None, copies: int, ledger_static: int
+    ) -> int:
+        """Keep what ``key``'s pass (``step``, under ``plan``) recorded; returns its static bytes.
+
+        Autocast's weight copies (kept, never swapped) are model state: a hooked pass's own
+        count ``copies`` replaces the one its static bytes (``ledger_static``) started from; a
+        replayed pass leaves them to autograd unlooked-at, as its profiled pass found them: that
+        count stands."""
+        if step.sequence is not None:
+            self._sequences[key] = step.sequence
+            self._recomputed[key] = () if plan is None else plan.recomputed
+            self._links.pop(key, None)
+        else:
+            copies = self.weight_copy_bytes(key)
+        static_bytes = ledger_static - self.weight_copy_bytes(key) + copies
+        self._weight_copy_bytes[key] = copies
+        return static_bytes
+
+    def forget_sequence(self, key: PassKey) -> None:
+        """``key``'s graph departed from its sequence: its next pass runs hooked."""
+        self._sequences.pop(key, None)
+
+    def link(self, key: PassKey) -> HostLink | None:
+        """The host link's rates at ``key``'s transfer sizes, once a profile was made for it."""
+        return self._links.get(key)
+
+    def profile_from(
+        self, step: StepStats, key: PassKey, static_bytes: int, probe: Callable[[torch.device], LinkCurve]
+    ) -> StepProfile:
+        """``key``'s pass as a profile, with the host link's rates at the sizes of its swappable
+        storages (``probe``: the device's link, measured once per process)."""
+        link = self._links.get(key)
+        if link is None:
+            sizes = transfer_sizes(self._sequences.get(key), self.min_swap_bytes)
+            link = self._links[key] = probe(self.device).link_for(sizes)
+        return StepProfile(
+            layers=step.layers,
+            static_bytes=static_bytes,
+            d2h_bytes_per_second=link.d2h_bytes_per_second,
+            h2d_bytes_per_second=link.h2d_bytes_per_second,
+            resaves_listed=True,  # the engine lists every re-save of a swappable storage
+        )

@@ -1,0 +1,333 @@
+"""One training pass after another: its plan and schedule, the engine around it, what it measured.
+
+:class:`PassRunner` is the session's loop body. Entering a pass picks the plan its kind keeps
+(or one scaled from another batch shape, or none: a profiling pass), the engine's schedule and
+whether the engine's module hooks run; closing it measures the pass, concludes the profile to
+plan from, grows the reserve when the pass went past its room and plans when the ranks agree
+to (:class:`~lightning_accudnn.session.agreement.PlanAgreement`). The session around it tells
+passes apart, checks the models and recovers from failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from lightning_accudnn.ops import OffloadEngine, StepStats
+from lightning_accudnn.ops.errors import RecomputationError
+from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
+from lightning_accudnn.planner import Plan, StepProfile
+from lightning_accudnn.planner.bandwidth import LinkCurve
+from lightning_accudnn.planner.coordination import ReplanRequest
+from lightning_accudnn.planner.plan import ROUTE_EAGER
+from lightning_accudnn.session.agreement import Measured, PlanAgreement
+from lightning_accudnn.session.allocator import AllocatorControl
+from lightning_accudnn.session.collector_pause import CollectorPause
+from lightning_accudnn.session.host_buffers import HostBufferReservation
+from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES, OutOfMemoryRetries
+from lightning_accudnn.session.pass_records import PassRecords
+from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource
+from lightning_accudnn.session.planning import SessionPlanning
+from lightning_accudnn.session.recompute_failures import RecomputeFailures
+from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
+from lightning_accudnn.session.shapes import ShapePlanner
+from lightning_accudnn.session.stats import OffloadStats, measured_stats
+from lightning_accudnn.session.transfers import swapped_buffer_sizes
+
+__all__ = ["PassRunner", "RunningPass"]
+
+
+@dataclass
+class RunningPass:
+    """The forward/backward pass in progress: which one it is and what it runs under."""
+
+    key: PassKey
+    plan: Plan | None  # None: a profiling pass
+    source: PlanSource  # how the plan was made
+
+
+class PassRunner:
+    """Runs the passes of one session under the plans it keeps, one pass kind at a time.
+
+    ``probe`` is the host link's probe (called at a pass kind's first profile);
+    ``selective_probe`` whether profiling passes measure selective recomputation.
+
+    Example:
+        >>> from lightning_accudnn.planner.headroom import Headroom
+        >>> from lightning_accudnn.planner.bandwidth import probe_host_link
+        >>> from lightning_accudnn.planner.coordination import RankCoordinator
+        >>> from lightning_accudnn.session.allocator import NoAllocatorControl
+        >>> device = torch.device("cpu")
+        >>> engine = OffloadEngine(device, min_swap_bytes=0, host_memory_limit=10**8)
+        >>> records = PassRecords(device, min_swap_bytes=0, observe_every=8)
+        >>> planning = SessionPlanning(Headroom(10**9), engine, policy="auto", min_swap_bytes=0,
+        ...                            report=lambda line: None)
+        >>> runner = PassRunner(engine, records, planning, PlanAgreement(RankCoordinator()),
+        ...                     NoAllocatorControl(), CollectorPause(True), probe_host_link)
+        >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+        >>> key = PassKey(model=id(model), batch=(), position=0)
+        >>> for _ in range(2):
+        ...     context = runner.enter(model, (), key)
+        ...     loss = model(torch.randn(32, 64)).square().mean()
+        ...     runner.leave(context, None)
+        ...     engine.begin_backward(); loss.backward()
+        ...     step, current = runner.end()
+        ...     stats = runner.conclude(step, current)
+        >>> stats.profiling, runner.plan is not None
+        (False, True)
+    """
+
+    def __init__(
+        self,
+        engine: OffloadEngine,
+        records: PassRecords,
+        planning: SessionPlanning,
+        agreement: PlanAgreement,
+        allocator: AllocatorControl,
+        collector: CollectorPause,
+        probe: Callable[[torch.device], LinkCurve],
+        *,
+        selective_probe: bool = False,
+        on_stats: Callable[[OffloadStats], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.records = records
+        self.planning = planning
+        self.agreement = agreement
+        self.allocator = allocator
+        self.collector = collector
+        self.probe = probe
+        self.selective_probe = selective_probe
+        self.on_stats = on_stats
+        self.book = PlanBook()
+        self.shapes = ShapePlanner(self.book, self.make_plan)
+        self.host_buffers = HostBufferReservation(engine)
+        self.routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
+        self.recomputer = SegmentRecomputer()  # the plan's recomputed segments (ops/recompute.py)
+        self.segment_probe = SegmentProbe()  # in profiling passes: which segments could be recomputed
+        self.plan: Plan | None = None
+        self.stats: OffloadStats | None = None
+        self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state
+        self.current: RunningPass | None = None
+        self.last_entered: RunningPass | None = None  # the pass that ran last (what an OOM hit)
+        self.out_of_memory_retries = OutOfMemoryRetries()
+
+    def make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
+        """The fastest plan for ``key`` under the headroom (:meth:`SessionPlanning.make_plan`)."""
+        route = self.routes.get(key.model, ROUTE_EAGER)
+        return self.planning.make_plan(profile, key, self.records.sequence(key), route)
+
+    def model_state_bytes(
+        self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], *, refresh: bool
+    ) -> int:
+        """The model's state (:meth:`PassRecords.model_state_bytes`) and DDP's gradient buckets."""
+        return self.records.model_state_bytes(model, optimizers, refresh=refresh) + self.gradient_bucket_bytes
+
+    # -- a pass ---------------------------------------------------------------------------
+
+    def enter(
+        self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], key: PassKey
+    ) -> AbstractContextManager[None]:
+        """Start ``key``'s pass of ``model``: returns the engine's context, entered."""
+        plan = self.book.plan(key)
+        records = self.records
+        hooked = records.hooked(key, plan, refining=self.book.needs_refining(key))
+        static_bytes = self.model_state_bytes(model, optimizers, refresh=hooked) + records.weight_copy_bytes(
+            key
+        )
+        if plan is None:  # a new batch shape: planned from other shapes of the pass if it can be
+            plan = self.shapes.plan_for(key, static_bytes)
+        if plan is not None and static_bytes != plan.profile.static_bytes:
+            plan = self.make_plan(replace(plan.profile, static_bytes=static_bytes), key)
+            self.book.replan(key, plan)
+        recomputed = plan.recomputed if plan is not None else ()
+        # A plan re-made just now may recompute other segments than the sequence recorded.
+        hooked = hooked or not records.ran_under(key, recomputed)
+        self.plan = plan if plan is not None else self.plan
+        self.current = self.last_entered = RunningPass(key, plan, self.book.source(key))
+        schedule = records.schedule(key, plan)
+        self.recomputer.install(model, recomputed, selective=plan.selective if plan is not None else ())
+        self.recomputer.enabled = bool(recomputed)
+        self.recomputer.last_recomputed = None
+        sequence = None if hooked else records.sequence(key)
+        observe = hooked or bool(recomputed) or records.observation_due(key)
+        context = self.engine.offload(
+            model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
+        )
+        context.__enter__()
+        self.collector.pause()  # once nothing here can fail: a pass that did not start leaves it on
+        if plan is None:
+            # Inside the engine's hooks: what it sees is a segment.
+            self.segment_probe.attach(model, selective=self.selective_probe)
+        return context
+
+    def leave(self, context: AbstractContextManager[None], error: BaseException | None) -> None:
+        """The forward of the pass ``context`` runs ended (with ``error``, which aborts the engine's step)."""
+        if error is None:
+            self.segment_probe.finish_forward()
+        self.segment_probe.detach()
+        self.recomputer.enabled = False
+        if error is None:
+            context.__exit__(None, None, None)
+        else:
+            self.collector.resume()
+            context.__exit__(type(error), error, error.__traceback__)
+
+    def end(self) -> tuple[StepStats, RunningPass] | None:
+        """The pass's backward ended: the engine's figures and the pass, or ``None`` when none was open."""
+        try:
+            step = self.engine.end_step()
+        finally:
+            self.collector.resume()  # the pass's objects are freed now: nothing to promote
+        current, self.current = self.current, None
+        if step is None or current is None:
+            return None
+        return step, current
+
+    def conclude(self, step: StepStats, current: RunningPass) -> OffloadStats:
+        """Measure the pass that just ran backward; plan when the ranks agree to.
+
+        What this rank alone notices (a peak over the budget, a changed graph) waits as a
+        request until the coordinator's next agreement point; a profiling or refining pass
+        (every rank runs it at the same pass) is one. All ranks then plan alike, from merged
+        profiles, with no collective on the other passes.
+        """
+        key = current.key
+        profiling = current.plan is None
+        self.out_of_memory_retries.reset()
+        stats = self.stats = measured_stats(step, self.allocator.peaks(), current.plan, current.source)
+        copies = self.engine.weight_copies.take()
+        static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
+        known = self.book.plan(key)
+        profile, changed = self._profile_to_plan(step, key, static_bytes, current.plan, known)
+        # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
+        room = self.planning.headroom
+        overshoot = 0 if profiling else room.overshoot(stats.ledger_peak_bytes, stats.peak_device_bytes)
+        if step.graph_changed:
+            # Replayed by ordinal, the graph departed from its sequence: the next pass of this
+            # kind runs hooked, and its layers (which then differ) are planned from.
+            self.records.forget_sequence(key)
+            overshoot, changed = 0, False
+        scheduled = profiling or self.book.needs_refining(key)
+        request = ReplanRequest(replan=changed or scheduled)
+        if overshoot:
+            # The reserve grows at once, on this rank (its next pass must not pass the budget
+            # again while it waits for an agreement point); the agreement leaves every rank with
+            # as much as the rank that raised it most.
+            self.planning.raise_reserve(overshoot, "a planned pass's peak passed the usable budget")
+            request = self.agreement.overshoot(overshoot)
+            scheduled = True
+        measured = Measured(profile, None if step.timed else known, planned=not profiling)
+        self.agreement.record(key, measured, request)
+        if self.agreement.due():
+            agreed = self.agreement.agree()
+            if agreed.catch_up_bytes:
+                self.planning.raise_reserve(
+                    agreed.catch_up_bytes, "another rank's pass passed its usable budget"
+                )
+            for other, merged in agreed.profiles.items():
+                self._keep_new_plan(other, merged, current=other == key)
+        elif scheduled:
+            # Between agreement points a profiling or refining pass (or one over the budget) is
+            # planned from this rank's own figures (ranks may see other batch shapes); the next
+            # agreement merges them.
+            self._keep_new_plan(key, measured.profile_to_plan(), current=True)
+        if self.on_stats is not None:
+            self.on_stats(stats)
+        return stats
+
+    def _profile_to_plan(
+        self, step: StepStats, key: PassKey, static_bytes: int, plan: Plan | None, known: Plan | None
+    ) -> tuple[StepProfile, bool]:
+        """The profile to plan ``key`` from after ``step`` ran under ``plan``, and whether it
+        departs from ``known`` (the plan kept for it); a replayed pass that measured what the
+        last one did reuses its conclusions (:class:`~lightning_accudnn.session.steady_memo.SteadyMemo`)."""
+        replayed = not step.timed and not step.graph_changed
+        steady = self.records.steady
+        sources = (plan, known, self.records.link(key))
+        if replayed:
+            reused = steady.conclusion(key, step.layers, static_bytes, sources)
+            if reused is not None:
+                return reused
+        else:
+            steady.forget(key)
+        profile = self.records.profile_from(step, key, static_bytes, self.probe)
+        if plan is None:
+            probe = self.segment_probe
+            segments = recomputable_segments(probe.segments(), step.layers_read_in_forward)
+            profile = replace(profile, segments=segments, excluded_segments=probe.excluded())
+            self.planning.note_profiling_peak(key, step.ledger_peak_bytes - self.engine.ledger.static_bytes)
+        profile = profile_to_plan_from(plan, profile, step.graph_changed)
+        changed = known is not None and self.book.departs(key, profile)
+        if replayed:
+            steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
+        return profile, changed
+
+    def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
+        """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""
+        plan = self.make_plan(profile, key)
+        sequence = self.records.sequence(key)
+        if sequence is not None:
+            self.host_buffers.reserve(key, swapped_buffer_sizes(sequence, plan.swapped_layers))
+        planned = self.agreement.measured(key).planned
+        self.book.keep(key, plan, PlanSource.REFINED if planned else PlanSource.PROFILED)
+        if current:
+            self.plan = plan
+
+    # -- failures -------------------------------------------------------------------------
+
+    def abort(self, error: BaseException | None) -> RecomputationError | None:
+        """The pass failed: drop its swapped activations; keep a segment whose recomputation
+        failed out of the model's plans (see :meth:`OffloadSession.abort`)."""
+        self.engine.abort_step()
+        self.collector.resume()
+        self.engine.weight_copies.take()  # the aborted pass's count
+        self.segment_probe.detach()
+        failed = RecomputeFailures.failed_in(error, self.recomputer)
+        recorded, self.recomputer.failures = self.recomputer.failures, {}
+        self.recomputer.remove()  # the next pass installs its plan's segments again
+        self.current = None
+        failures = dict(recorded)
+        if failed is not None:
+            failures[failed.segment] = failed.reason
+        last = self.last_entered
+        if last is not None:
+            model = last.key.model
+            excluded = {
+                segment
+                for segment, reason in failures.items()
+                if self.planning.exclude_segment(model, segment, reason)
+            }
+            if excluded:
+                self._remake_plans(
+                    lambda key, plan: key.model == model and not excluded.isdisjoint(plan.recomputed)
+                )
+        return failed
+
+    def retry_out_of_memory(self) -> bool:
+        """After :meth:`abort`: grow the reserve by an eighth of the budget and re-make every plan,
+        unless the pass that failed profiled or failed too often in a row (``False``)."""
+        failed = self.last_entered
+        if failed is None or failed.plan is None or not self.out_of_memory_retries.take():
+            return False
+        retry = self.out_of_memory_retries.count
+        self.planning.raise_reserve(
+            max(1, self.planning.headroom.budget_bytes // 8),
+            f"device out of memory in a planned pass (retry {retry} of {MAX_OUT_OF_MEMORY_RETRIES})",
+        )
+        self._remake_plans(lambda key, plan: True)
+        self.plan = self.book.plan(failed.key)
+        return True
+
+    def _remake_plans(self, which: Callable[[PassKey, Plan], bool]) -> None:
+        """Re-make, from its own profile, every kept plan ``which`` names (the one in force too)."""
+        for key in self.book.passes():
+            plan = self.book.plan(key)
+            if plan is not None and which(key, plan):
+                self.book.replan(key, self.make_plan(plan.profile, key))
+                if self.plan is plan:
+                    self.plan = self.book.plan(key)

@@ -193,7 +193,7 @@ class OffloadSession:
             self.allocator,
             CollectorPause(config.pause_gc),  # off from a pass's forward to its end
             probe_host_link,
-            selective_probe=config.policy == "selective",
+            selective_probe=config.policy in ("auto", "selective"),
             on_stats=on_stats,
         )
         self.recomputer: SegmentRecomputer = self._passes.recomputer  # the plan's recomputed segments

@@ -8,10 +8,9 @@ it whole and a later one selectively. Training under that plan equals plain trai
 every bit, and every pass's ledger peak lies within the plan's prediction (never below it, the
 activation part at most 10 % above it).
 
-The session measures selective recomputation in profiling passes run for policy
-``"selective"``; here its planner is asked for policy ``"auto"`` on that measured profile, with
-a host link too slow for swapping to pay (on CPU the copies cost less than this model's compute,
-and auto would swap instead of recomputing).
+The session runs policy ``"auto"`` (its profiling passes measure selective recomputation),
+with its planner given a host link too slow for swapping to pay (on CPU the copies cost less
+than this model's compute, and auto would swap instead of recomputing).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan
 from lightning_accudnn.profile import StepProfile
-from lightning_accudnn.session import session as session_module
+from lightning_accudnn.session import planning as planning_module
 
 #: The activation part of a prediction is at most this much above the ledger's.
 TOLERANCE = 1.10
@@ -91,7 +90,7 @@ def _train(
 
 
 def _session(budget: int) -> OffloadSession:
-    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="selective")
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="auto")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return OffloadSession(config, "cpu")
@@ -132,11 +131,11 @@ def test_a_plan_mixing_whole_and_selective_recomputation_trains_bitwise_within_i
 
     real = planner_plan.plan_swaps
 
-    def auto(profile: StepProfile, *args: object, **kwargs: object) -> Plan:
-        kwargs["policy"] = "auto"
+    def slow_link(profile: StepProfile, *args: object, **kwargs: object) -> Plan:
+        assert kwargs["policy"] == "auto"
         return real(_slow_link(profile), *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(session_module, "plan_swaps", auto)
+    monkeypatch.setattr(planning_module, "plan_swaps", slow_link)
     model = _model()
     expected, _ = _train(copy.deepcopy(model), None)
     session = _session(budget)

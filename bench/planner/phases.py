@@ -44,9 +44,9 @@ def phases(key: str, budget: int, gpu_name: str) -> dict[str, float]:
     spec = cli.resolve_model(case.model)
     lap("model_library")
     from lightning_accudnn.ops.layers import LayerTracker
-    from lightning_accudnn.planner.gpus import get_gpu
     from lightning_accudnn.planner.plan import plan_swaps
-    from lightning_accudnn.planner.trace import trace_step
+    from lightning_accudnn.profiling.gpus import get_gpu
+    from lightning_accudnn.profiling.trace import trace_step
 
     gpu = get_gpu(gpu_name)
     trace = trace_step(

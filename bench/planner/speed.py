@@ -67,7 +67,7 @@ def _timed(command: list[str], cwd: Path) -> tuple[float, float, str]:
 
 def _half_budget(case: Case, gpu_name: str) -> int:
     from bench.planner.cases import trace_case
-    from lightning_accudnn.planner.gpus import get_gpu
+    from lightning_accudnn.profiling.gpus import get_gpu
 
     profile = trace_case(case, get_gpu(gpu_name)).profile
     return profile.static_bytes + round(profile.saved_bytes / 2)

@@ -26,11 +26,10 @@ from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
-from lightning_accudnn.planner.bandwidth import HostLink, probe_host_link
-from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.planner.plan import ROUTE_EAGER, ROUTE_WHOLE_MODEL, HostLimitTooSmallError, plan_swaps
-from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerProfile
+from lightning_accudnn.profiling.bandwidth import HostLink, probe_host_link
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
 from lightning_accudnn.session.collector_pause import CollectorPause
@@ -42,6 +41,7 @@ from lightning_accudnn.session.compiled import (
     whole_model_form,
 )
 from lightning_accudnn.session.config import DEFAULT_HOST_MEMORY_SHARE, OffloadConfig, default_reserve_bytes
+from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.session.device import device_memory, require_available, with_index
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import default_host_memory_limit

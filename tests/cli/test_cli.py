@@ -8,7 +8,7 @@ import math
 import pytest
 
 from lightning_accudnn.cli import main
-from lightning_accudnn.planner.gpus import get_gpu
+from lightning_accudnn.profiling.gpus import get_gpu
 from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, run_cli
 
 SMALL = ["tests.models:SmallResNet", "--input-shape", "3,32,32", "--batch-size", "8", "--gpu", "l4"]
@@ -174,7 +174,7 @@ def test_plot_writes_a_png(tmp_path, capsys) -> None:
 
 
 def test_gpu_spec_feeds_the_profile_bandwidths() -> None:
-    from lightning_accudnn.planner.roofline import StepTrace
+    from lightning_accudnn.profiling.roofline import StepTrace
 
     profile = StepTrace((), (), 0, 0, 0).to_profile(get_gpu("h100"))
     assert (

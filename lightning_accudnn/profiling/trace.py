@@ -57,7 +57,7 @@ tensors without a GPU). What departs from a real CUDA step:
 Example:
     >>> import torch
     >>> from lightning_accudnn.ops.layers import LayerTracker
-    >>> from lightning_accudnn.planner.gpus import get_gpu
+    >>> from lightning_accudnn.profiling.gpus import get_gpu
     >>> def build():
     ...     return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
     >>> trace = trace_step(build, input_shape=(1024, 512), tracker=LayerTracker())
@@ -93,11 +93,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-from lightning_accudnn.planner.attention import attention_kernel, run_attention
-from lightning_accudnn.planner.cuda_autocast import cuda_autocast_args
-from lightning_accudnn.planner.gpus import GpuSpec
-from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
 from lightning_accudnn.profile import ROOT_LAYER, SELECTIVE_KEPT_OPS, SegmentProfile
+from lightning_accudnn.profiling.attention import attention_kernel, run_attention
+from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
+from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
 
@@ -662,7 +662,7 @@ def trace_step(
     (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"`` or mixed
     precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is the mean
     of every floating-point output. ``tracker`` names layers (pass
-    ``lightning_accudnn.ops.layers.LayerTracker()``; the planner does not import ``ops``).
+    ``lightning_accudnn.ops.layers.LayerTracker()``; this package does not import ``ops``).
     ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
     module docstring); ``None`` keeps the CPU's attention kernels.
 

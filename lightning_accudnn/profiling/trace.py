@@ -593,9 +593,49 @@ def _precision(dtype: str) -> Iterator[None]:
         yield
 
 
+#: In-place initialisers that only write values (a fake tensor has none): under
+#: :class:`_SkipValueFills` they return their tensor without dispatching anything.
+_VALUE_FILLS = frozenset(
+    {
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+        torch.Tensor.zero_,
+        torch.Tensor.fill_,
+        nn.init.normal_,
+        nn.init.uniform_,
+        nn.init.constant_,
+        nn.init.kaiming_uniform_,
+    }
+)
+
+
+class _SkipValueFills(TorchFunctionMode):
+    """While a model is built under fake tensors, in-place value fills do nothing.
+
+    They leave shape, strides and dtype as they are, and a fake tensor holds no values, so
+    dispatching them (thousands of calls for a large model) would only cost time.
+    """
+
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: object,
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
+        if func in _VALUE_FILLS:
+            tensor = args[0] if args else kwargs["tensor"]
+            if isinstance(tensor, FakeTensor):
+                return tensor
+        return func(*args, **kwargs)
+
+
 def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.Module:
     """Build the model with fake parameters and buffers belonging to ``fake_mode``.
 
+    In-place value fills (``normal_``, ``uniform_``, ``zero_``, ``fill_`` and the ``nn.init``
+    functions made of them) are skipped on fake tensors (:class:`_SkipValueFills`).
     Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
     make the builder run on the meta device instead. Either way, a parameter or buffer that
     is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake tensor that
@@ -603,7 +643,7 @@ def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn
     an uninitialised fake CPU tensor of the same shape, strides and dtype.
     """
     try:
-        with fake_mode, warnings.catch_warnings():
+        with fake_mode, _SkipValueFills(), warnings.catch_warnings():
             # copy.deepcopy of a fake tensor (nn.TransformerEncoder clones its layer) checks
             # its data pointer; harmless here, and the copy is replaced below.
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")

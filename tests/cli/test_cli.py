@@ -200,3 +200,19 @@ def test_help_lists_the_options(capsys) -> None:
         "80%",
     ):
         assert option in out
+
+
+@pytest.mark.slow
+def test_the_process_entry_point_prints_what_main_prints_and_exits_with_its_status(capsys) -> None:
+    """``python -m lightning_accudnn`` (:func:`lightning_accudnn.__main__.main`, which freezes the
+    collector around the command) reports the same plan as :func:`lightning_accudnn.cli.main`."""
+    args = ["plan", *SMALL, "--budget", "1GB", "--json"]
+    assert main(args) == 0
+    in_process = json.loads(capsys.readouterr().out)
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    fresh = json.loads(result.stdout)
+    for report in (in_process, fresh):
+        report.pop("trace_seconds")
+    assert fresh == in_process
+    assert run_cli("plan", *SMALL, "--budget", "1000").returncode == 1

@@ -32,8 +32,8 @@ from bench.techniques import AccUDNN, Technique, budget_of, make_technique
 from bench.workloads import Batch, Workload
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.planner import format_bytes, lower_bound_seconds
-from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 
 
 def empty_row(spec: StrategySpec, config: RunConfig) -> ResultRow:

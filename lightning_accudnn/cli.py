@@ -1,7 +1,7 @@
 """``accudnn plan``: plan a model for a GPU you do not have, on a laptop CPU.
 
 The model is traced under fake tensors (no memory is allocated, see
-:mod:`lightning_accudnn.planner.trace`), timed for the chosen GPU's datasheet figures and
+:mod:`lightning_accudnn.profiling.trace`), timed for the chosen GPU's datasheet figures and
 handed to the swap planner. Exit status: 0 planned, 1 the budget cannot fit the step (the
 message gives the smallest budget that would), 2 a usage error (unknown model, GPU, budget,
 missing ``--input-shape`` or missing ``matplotlib`` for ``--plot``).
@@ -29,14 +29,14 @@ from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
-from lightning_accudnn.planner.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
-from lightning_accudnn.planner.roofline import StepTrace
 from lightning_accudnn.planner.search import POLICIES
-from lightning_accudnn.planner.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
-from lightning_accudnn.planner.trace import DTYPES, trace_step
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.profiling.gpus import GpuSpec, get_gpu, gpu_choices
+from lightning_accudnn.profiling.roofline import StepTrace
+from lightning_accudnn.profiling.static_memory import NAMED_OPTIMIZERS
+from lightning_accudnn.profiling.trace import DTYPES, trace_step
 from lightning_accudnn.session.compiled import route_of, whole_model_form
 
 EXIT_OK = 0
@@ -364,7 +364,7 @@ def assumed_kernels(trace: StepTrace) -> dict[str, dict[str, int]]:
     op, then kernel, then calls (what ``--json`` reports as ``assumed_kernels``).
 
     Example:
-        >>> from lightning_accudnn.planner.roofline import StepTrace
+        >>> from lightning_accudnn.profiling.roofline import StepTrace
         >>> trace = StepTrace((), (), 0, 0, 0, kernels=(("scaled_dot_product_attention", "cudnn", 24),))
         >>> assumed_kernels(trace)
         {'scaled_dot_product_attention': {'cudnn': 24}}

@@ -1,7 +1,7 @@
 """The models of the planner table, traced as ``accudnn plan`` traces them.
 
 Example:
-    >>> from lightning_accudnn.planner.gpus import get_gpu
+    >>> from lightning_accudnn.profiling.gpus import get_gpu
     >>> traced = trace_case(CASES["tiny"], get_gpu("h100"))
     >>> traced.profile.saved_bytes == traced.trace.saved_bytes > 0
     True
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from lightning_accudnn.cli import INPUT_DTYPES, assumed_kernels, resolve_model
 from lightning_accudnn.ops.layers import LayerTracker
-from lightning_accudnn.planner.gpus import GpuSpec
-from lightning_accudnn.planner.roofline import StepTrace
-from lightning_accudnn.planner.trace import trace_step
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.roofline import StepTrace
+from lightning_accudnn.profiling.trace import trace_step
 
 __all__ = ["CASES", "TABLE_CASES", "Case", "TracedCase", "trace_case"]
 

@@ -32,8 +32,8 @@ from bench.planner.table import (
     plan_row,
 )
 from bench.report import fmt_bytes, write_result
-from lightning_accudnn.planner.gpus import GpuSpec, get_gpu
 from lightning_accudnn.planner.timeline import unconstrained_seconds
+from lightning_accudnn.profiling.gpus import GpuSpec, get_gpu
 
 __all__ = ["main", "markdown"]
 

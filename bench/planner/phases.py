@@ -1,9 +1,10 @@
 """``python -m bench.planner.phases CASE BUDGET GPU``: the CLI's work in phases, timed in a fresh process.
 
-Prints one JSON line: wall seconds of importing the CLI, the first ``FakeTensorMode`` (it
-imports ``torch._dynamo``), the model's library, the trace, the profile and the plan (at
-``BUDGET`` bytes). Only the standard library is imported before the first phase starts, so
-each phase pays its own imports. :mod:`bench.planner.speed` runs it.
+Prints one JSON line: the wall and the CPU seconds (``{"wall": {...}, "cpu": {...}}``; CPU
+seconds count this process only and vary less on a shared machine) of importing the CLI,
+the first ``FakeTensorMode`` (it imports ``torch._dynamo``), the model's library, the trace,
+the profile and the plan (at ``BUDGET`` bytes). Only the standard library is imported before
+the first phase starts, so each phase pays its own imports. :mod:`bench.planner.speed` runs it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import time
 PHASES = ("import_cli", "fake_tensor_mode", "model_library", "trace", "profile", "plan")
 
 
-def phases(key: str, budget: int, gpu_name: str) -> dict[str, float]:
-    """Time the CLI's work in phases, in this process (run it in a fresh one)."""
-    times: dict[str, float] = {}
-    mark = time.perf_counter()
+def phases(key: str, budget: int, gpu_name: str) -> dict[str, dict[str, float]]:
+    """Time the CLI's work in phases, in this process (run it in a fresh one): wall and CPU seconds."""
+    times: dict[str, dict[str, float]] = {"wall": {}, "cpu": {}}
+    mark = time.perf_counter(), time.process_time()
 
     def lap(name: str) -> None:
         nonlocal mark
-        now = time.perf_counter()
-        times[name] = now - mark
+        now = time.perf_counter(), time.process_time()
+        times["wall"][name] = now[0] - mark[0]
+        times["cpu"][name] = now[1] - mark[1]
         mark = now
 
     cli = importlib.import_module("lightning_accudnn.cli")
@@ -44,9 +46,9 @@ def phases(key: str, budget: int, gpu_name: str) -> dict[str, float]:
     spec = cli.resolve_model(case.model)
     lap("model_library")
     from lightning_accudnn.ops.layers import LayerTracker
-    from lightning_accudnn.planner.gpus import get_gpu
     from lightning_accudnn.planner.plan import plan_swaps
-    from lightning_accudnn.planner.trace import trace_step
+    from lightning_accudnn.profiling.gpus import get_gpu
+    from lightning_accudnn.profiling.trace import trace_step
 
     gpu = get_gpu(gpu_name)
     trace = trace_step(

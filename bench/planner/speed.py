@@ -67,7 +67,7 @@ def _timed(command: list[str], cwd: Path) -> tuple[float, float, str]:
 
 def _half_budget(case: Case, gpu_name: str) -> int:
     from bench.planner.cases import trace_case
-    from lightning_accudnn.planner.gpus import get_gpu
+    from lightning_accudnn.profiling.gpus import get_gpu
 
     profile = trace_case(case, get_gpu(gpu_name)).profile
     return profile.static_bytes + round(profile.saved_bytes / 2)
@@ -84,7 +84,9 @@ def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | Non
     arguments = _portable(case).command(gpu, str(budget))
     command = [sys.executable, "-m", "lightning_accudnn", *arguments, "--json"]
     times: dict[str, list[float]] = {"wall": [], "cpu": [], "baseline_wall": [], "baseline_cpu": []}
-    laps: dict[str, list[float]] = {name: [] for name in PHASES}
+    laps: dict[str, dict[str, list[float]]] = {
+        clock: {name: [] for name in PHASES} for clock in ("wall", "cpu")
+    }
     for _ in range(runs):
         if baseline is not None:
             wall, cpu, _ = _timed(command, baseline)
@@ -94,8 +96,9 @@ def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | Non
         times["wall"].append(wall)
         times["cpu"].append(cpu)
         _, _, out = _timed([sys.executable, "-m", "bench.planner.phases", key, str(budget), gpu], REPO_ROOT)
-        for name, seconds in json.loads(out.strip().splitlines()[-1]).items():
-            laps[name].append(seconds)
+        for clock, seconds in json.loads(out.strip().splitlines()[-1]).items():
+            for name, value in seconds.items():
+                laps[clock][name].append(value)
     record: dict[str, Any] = {
         "case": key,
         "title": case.title,
@@ -103,7 +106,8 @@ def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | Non
         "command": command[1:],
         "cli_wall_seconds": _summary(times["wall"]),
         "cli_cpu_seconds": _summary(times["cpu"]),
-        "phase_wall_seconds": {name: _summary(values) for name, values in laps.items()},
+        "phase_wall_seconds": {name: _summary(values) for name, values in laps["wall"].items()},
+        "phase_cpu_seconds": {name: _summary(values) for name, values in laps["cpu"].items()},
     }
     if baseline is not None:
         record["baseline_cli_wall_seconds"] = _summary(times["baseline_wall"])
@@ -121,7 +125,9 @@ def markdown(record: dict[str, Any]) -> str:
     with_baseline = record["baseline_commit"] is not None
     before = "baseline CLI wall s | baseline CLI CPU s | " if with_baseline else ""
     lines += [
-        f"| case | {before}CLI wall s | CLI CPU s | " + " | ".join(PHASES) + " |",
+        f"| case | {before}CLI wall s | CLI CPU s | "
+        + " | ".join(f"{name} CPU (wall)" for name in PHASES)
+        + " |",
         "|" + " --- |" * (3 + 2 * with_baseline + len(PHASES)),
     ]
     for case in record["cases"]:
@@ -129,12 +135,15 @@ def markdown(record: dict[str, Any]) -> str:
         if with_baseline:
             wall, cpu = case["baseline_cli_wall_seconds"], case["baseline_cli_cpu_seconds"]
             base = f"{_spread(wall)} | {_spread(cpu)} | "
-        phase = " | ".join(f"{case['phase_wall_seconds'][name]['median']:.2f}" for name in PHASES)
+        cpu_laps, wall_laps = case["phase_cpu_seconds"], case["phase_wall_seconds"]
+        phase = " | ".join(
+            f"{cpu_laps[name]['median']:.2f} ({wall_laps[name]['median']:.2f})" for name in PHASES
+        )
         lines.append(
             f"| {case['title']} | {base}{_spread(case['cli_wall_seconds'])} | "
             f"{_spread(case['cli_cpu_seconds'])} | {phase} |"
         )
-    lines += ["", "Seconds: median [lowest, highest] over the runs; phases: medians (wall)."]
+    lines += ["", "Seconds: median [lowest, highest] over the runs; phases: medians, CPU (wall)."]
     return "\n".join(lines)
 
 

@@ -1,4 +1,9 @@
-"""The performance model: profiles in, swap plans out. Imports torch only, never ``ops``."""
+"""The performance model: profiles in, swap plans out.
+
+Imports the standard library and the profile types (:mod:`lightning_accudnn.profile`) only:
+never torch, never ``ops``. Profiles come from a live step (the session) or from
+:mod:`lightning_accudnn.profiling` (the dry-run trace, the GPU table, the host-link probe).
+"""
 
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.plan import (

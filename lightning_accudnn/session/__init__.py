@@ -9,12 +9,49 @@ Example:
     1048576
 """
 
-from lightning_accudnn.session.config import OffloadConfig, default_reserve_bytes
-from lightning_accudnn.session.distributed import DistributedCoordinator, merge_profiles
-from lightning_accudnn.session.patterns import UnmatchedPatternError, check_keep_on_device
-from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
-from lightning_accudnn.session.session import OffloadSession
-from lightning_accudnn.session.stats import OffloadStats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_accudnn.session.config import OffloadConfig, default_reserve_bytes
+    from lightning_accudnn.session.distributed import DistributedCoordinator, merge_profiles
+    from lightning_accudnn.session.patterns import UnmatchedPatternError, check_keep_on_device
+    from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource, batch_signature
+    from lightning_accudnn.session.session import OffloadSession
+    from lightning_accudnn.session.stats import OffloadStats
+
+#: Each name, and the module that defines it: imported on first use, so that importing one
+#: module of this package (``lightning_accudnn.session.<module>``) does not import the others.
+_NAMES = {
+    "OffloadConfig": "lightning_accudnn.session.config",
+    "default_reserve_bytes": "lightning_accudnn.session.config",
+    "DistributedCoordinator": "lightning_accudnn.session.distributed",
+    "merge_profiles": "lightning_accudnn.session.distributed",
+    "UnmatchedPatternError": "lightning_accudnn.session.patterns",
+    "check_keep_on_device": "lightning_accudnn.session.patterns",
+    "PassKey": "lightning_accudnn.session.plan_book",
+    "PlanBook": "lightning_accudnn.session.plan_book",
+    "PlanSource": "lightning_accudnn.session.plan_book",
+    "batch_signature": "lightning_accudnn.session.plan_book",
+    "OffloadSession": "lightning_accudnn.session.session",
+    "OffloadStats": "lightning_accudnn.session.stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_accudnn.session' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))
+
 
 __all__ = [
     "DistributedCoordinator",

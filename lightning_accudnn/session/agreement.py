@@ -4,7 +4,7 @@ The session records here, after each pass, the pass kind's latest measurement an
 asks for (a re-plan, a larger reserve); at an agreement point (the coordinator's schedule, the
 same pass on every rank) :meth:`PlanAgreement.agree` merges every rank's requests and profiles
 through the coordinator and hands back what every rank then plans alike. One process agrees
-with itself after every pass (:class:`~lightning_accudnn.planner.coordination.RankCoordinator`);
+with itself after every pass (:class:`~lightning_accudnn.session.coordination.RankCoordinator`);
 :class:`~lightning_accudnn.session.DistributedCoordinator` runs the collectives.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.session.plan_book import PassKey
 
 __all__ = ["Agreed", "Measured", "PlanAgreement"]

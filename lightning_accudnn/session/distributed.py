@@ -2,7 +2,7 @@
 
 Lightning-free (``torch.distributed`` only), so the DDP strategy and a Fabric or plain DDP
 loop share it: pass ``coordinator=DistributedCoordinator()`` to the session on every rank.
-Ranks agree only at agreement points (see :mod:`lightning_accudnn.planner.coordination`), on
+Ranks agree only at agreement points (see :mod:`lightning_accudnn.session.coordination`), on
 a gloo side group, so no pass runs a collective of its own and none waits behind NCCL's
 gradient all-reduce or synchronises the device.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_accudnn.planner.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
+from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
 
 __all__ = ["AGREE_EVERY_PASSES", "DistributedCoordinator", "merge_profiles"]
 

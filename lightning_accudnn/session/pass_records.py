@@ -18,8 +18,8 @@ from torch import nn
 from lightning_accudnn.ops import StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile
-from lightning_accudnn.planner.bandwidth import HostLink, LinkCurve
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session.plan_book import PassKey
 from lightning_accudnn.session.steady_memo import SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
@@ -96,7 +96,7 @@ class PassRecords:
     def model_state_bytes(
         self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], *, refresh: bool
     ) -> int:
-        """:func:`~lightning_accudnn.planner.static_memory.model_state_bytes`, walked again only
+        """:func:`~lightning_accudnn.profiling.static_memory.model_state_bytes`, walked again only
         when ``refresh`` (hooked passes) or when the model, the optimizers or their number of
         states changed (the first optimizer step creates them)."""
         key = (id(model), *(id(optimizer) for optimizer in optimizers), *(len(o.state) for o in optimizers))

@@ -21,12 +21,12 @@ from lightning_accudnn.ops import OffloadEngine, StepStats
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import Plan, StepProfile
-from lightning_accudnn.planner.bandwidth import LinkCurve
-from lightning_accudnn.planner.coordination import ReplanRequest
 from lightning_accudnn.planner.plan import ROUTE_EAGER
+from lightning_accudnn.profiling.bandwidth import LinkCurve
 from lightning_accudnn.session.agreement import Measured, PlanAgreement
 from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.session.collector_pause import CollectorPause
+from lightning_accudnn.session.coordination import ReplanRequest
 from lightning_accudnn.session.host_buffers import HostBufferReservation
 from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES, OutOfMemoryRetries
 from lightning_accudnn.session.pass_records import PassRecords
@@ -58,8 +58,8 @@ class PassRunner:
 
     Example:
         >>> from lightning_accudnn.planner.headroom import Headroom
-        >>> from lightning_accudnn.planner.bandwidth import probe_host_link
-        >>> from lightning_accudnn.planner.coordination import RankCoordinator
+        >>> from lightning_accudnn.profiling.bandwidth import probe_host_link
+        >>> from lightning_accudnn.session.coordination import RankCoordinator
         >>> from lightning_accudnn.session.allocator import NoAllocatorControl
         >>> device = torch.device("cpu")
         >>> engine = OffloadEngine(device, min_swap_bytes=0, host_memory_limit=10**8)

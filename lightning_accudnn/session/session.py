@@ -22,10 +22,9 @@ from lightning_accudnn.ops import OffloadEngine, Runtime
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute import SegmentRecomputer
 from lightning_accudnn.planner import Plan, format_bytes
-from lightning_accudnn.planner.bandwidth import probe_host_link
-from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.headroom import Headroom
 from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL
+from lightning_accudnn.profiling.bandwidth import probe_host_link
 from lightning_accudnn.session.agreement import PlanAgreement
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
@@ -38,6 +37,7 @@ from lightning_accudnn.session.compiled import (
     whole_model_form,
 )
 from lightning_accudnn.session.config import OffloadConfig
+from lightning_accudnn.session.coordination import RankCoordinator
 from lightning_accudnn.session.device import require_available, resolve_headroom, with_index
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 from lightning_accudnn.session.host_memory import host_memory_limit

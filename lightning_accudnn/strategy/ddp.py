@@ -9,9 +9,9 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_accudnn.ops import Runtime
 from lightning_accudnn.planner.budget import Budget
-from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.session import DistributedCoordinator, OffloadConfig
 from lightning_accudnn.session.config import option_names
+from lightning_accudnn.session.coordination import RankCoordinator
 from lightning_accudnn.session.rank_failure import RankFailureWatch
 from lightning_accudnn.strategy.offload_hooks import OffloadHooks, offload_config
 

@@ -15,12 +15,12 @@ from torch.optim import Optimizer
 from lightning_accudnn.ops import Runtime
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.planner.budget import Budget
-from lightning_accudnn.planner.coordination import RankCoordinator
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStats
 from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.session.buffer_snapshot import BufferSnapshot
 from lightning_accudnn.session.compiled import CompiledModelError, refusal_message
+from lightning_accudnn.session.coordination import RankCoordinator
 from lightning_accudnn.session.out_of_memory import is_out_of_memory
 from lightning_accudnn.session.rank_failure import RankFailureWatch
 from lightning_accudnn.strategy._lightning_internals import compiled_by_lightning

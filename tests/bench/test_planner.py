@@ -114,7 +114,7 @@ def test_auto_beats_every_policy_uses_the_budget_and_is_monotone(tiny) -> None:
 @pytest.mark.parametrize("key", ["resnet152-bf16", "gpt2-medium-bf16", "llama-1b-bf16", "resnet152-fp32"])
 def test_auto_properties_on_the_table_models(key: str) -> None:
     from bench.planner.cases import CASES, trace_case
-    from lightning_accudnn.planner.gpus import get_gpu
+    from lightning_accudnn.profiling.gpus import get_gpu
 
     case = cli.case_record(trace_case(CASES[key], get_gpu("h100")))
     _auto_properties(case)

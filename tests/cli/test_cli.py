@@ -8,7 +8,7 @@ import math
 import pytest
 
 from lightning_accudnn.cli import main
-from lightning_accudnn.planner.gpus import get_gpu
+from lightning_accudnn.profiling.gpus import get_gpu
 from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, run_cli
 
 SMALL = ["tests.models:SmallResNet", "--input-shape", "3,32,32", "--batch-size", "8", "--gpu", "l4"]
@@ -174,7 +174,7 @@ def test_plot_writes_a_png(tmp_path, capsys) -> None:
 
 
 def test_gpu_spec_feeds_the_profile_bandwidths() -> None:
-    from lightning_accudnn.planner.roofline import StepTrace
+    from lightning_accudnn.profiling.roofline import StepTrace
 
     profile = StepTrace((), (), 0, 0, 0).to_profile(get_gpu("h100"))
     assert (
@@ -200,3 +200,19 @@ def test_help_lists_the_options(capsys) -> None:
         "80%",
     ):
         assert option in out
+
+
+@pytest.mark.slow
+def test_the_process_entry_point_prints_what_main_prints_and_exits_with_its_status(capsys) -> None:
+    """``python -m lightning_accudnn`` (:func:`lightning_accudnn.__main__.main`, which freezes the
+    collector around the command) reports the same plan as :func:`lightning_accudnn.cli.main`."""
+    args = ["plan", *SMALL, "--budget", "1GB", "--json"]
+    assert main(args) == 0
+    in_process = json.loads(capsys.readouterr().out)
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    fresh = json.loads(result.stdout)
+    for report in (in_process, fresh):
+        report.pop("trace_seconds")
+    assert fresh == in_process
+    assert run_cli("plan", *SMALL, "--budget", "1000").returncode == 1

@@ -13,9 +13,9 @@ import pytest
 
 from lightning_accudnn.cli import build_parser, main, resolve_model
 from lightning_accudnn.ops.layers import LayerTracker
-from lightning_accudnn.planner.gpus import get_gpu
 from lightning_accudnn.planner.plan import plan_swaps
-from lightning_accudnn.planner.trace import trace_step
+from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.profiling.trace import trace_step
 from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, conv_and_bn_output_bytes
 
 

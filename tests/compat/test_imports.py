@@ -40,7 +40,28 @@ FIRST_USE = (
     "import lightning_accudnn\n"
     "print(lightning_accudnn.EfficiencyTuner.__name__, 'AccUDNNStrategy' in dir(lightning_accudnn))\n"
 )
-PROGRAMS = {**{name: prelude + TRAINER for name, prelude in PRELUDES.items()}, "first-use": FIRST_USE}
+#: What the command line must not import: Lightning, the engine, the session loop, the glue.
+NOT_FOR_THE_CLI = (
+    "lightning",
+    "lightning_accudnn.callbacks",
+    "lightning_accudnn.ops.engine",
+    "lightning_accudnn.session.session",
+    "lightning_accudnn.strategy",
+)
+CLI_ONLY = (
+    "import sys\n"
+    "import lightning_accudnn.cli\n"
+    f"refused = {NOT_FOR_THE_CLI!r}\n"
+    "print(sorted(name for name in sys.modules if name.partition('.')[0] == 'lightning'\n"
+    "             or any(name == r or name.startswith(r + '.') for r in refused)))\n"
+    "from lightning_accudnn import OffloadSession, SwapSchedule, keep_on_device\n"
+    "print(OffloadSession.__module__, SwapSchedule.__module__, keep_on_device.__module__)\n"
+)
+PROGRAMS = {
+    **{name: prelude + TRAINER for name, prelude in PRELUDES.items()},
+    "first-use": FIRST_USE,
+    "cli-only": CLI_ONLY,
+}
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +102,13 @@ def test_lightning_names_load_on_first_use(fresh_runs):
     lines = _output(fresh_runs, "first-use").strip().splitlines()
     assert lines[0] == "[]"  # not loaded before
     assert lines[1:] == ["EfficiencyTuner True"]
+
+
+def test_the_command_line_imports_only_what_it_uses(fresh_runs):
+    """``accudnn plan`` traces and plans: the engine, the session loop and Lightning stay unloaded
+    until a name that needs them is used."""
+    lines = _output(fresh_runs, "cli-only").strip().splitlines()
+    assert lines[0] == "[]"
+    assert lines[1:] == [
+        "lightning_accudnn.session.session lightning_accudnn.ops.schedule lightning_accudnn.ops.engine"
+    ]

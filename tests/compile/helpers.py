@@ -16,8 +16,8 @@ from torch._dynamo.utils import clear_compilation_metrics, counters, get_compila
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.ops.compiled_blocks import compiled_in_place, wrap_compiled_call
 from lightning_accudnn.planner.plan import min_budget_bytes
-from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 WIDTH, INPUTS, CLASSES, BATCH = 32, 16, 4, 64

@@ -14,8 +14,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from lightning_accudnn.planner import BudgetTooSmallError
 from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL, plan_swaps
-from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import ROOT_LAYER, LayerChoice
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.session.patterns import UnmatchedPatternError
 from lightning_accudnn.whole_model_compile import TRIAL_PLAN, PlanBackend, PlanPartitioner, plan_choices

@@ -10,8 +10,8 @@ from lightning.pytorch import LightningModule
 
 from lightning_accudnn import AccUDNNDDPStrategy, AccUDNNStrategy
 from lightning_accudnn.planner.plan import ROUTE_WHOLE_MODEL, plan_swaps
-from lightning_accudnn.planner.static_memory import model_state_bytes
 from lightning_accudnn.profile import LayerChoice
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.whole_model_compile import plan_choices
 from lightning_accudnn.whole_model_compile.route import WholeModelRoute
 from tests.compile.helpers import Net, batches, loss_of

@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.session.gradient_buckets import gradient_bucket_bytes
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 

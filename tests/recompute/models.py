@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_accudnn.planner.bandwidth import LinkCurve
+from lightning_accudnn.profiling.bandwidth import LinkCurve
 from tests.models import SmallResNet
 
 

@@ -259,7 +259,7 @@ def test_the_trace_and_a_live_profiling_pass_measure_the_same_selective_bytes():
     """The dry-run trace (fake tensors) and the probe of a live run count the same kept and
     rebuilt bytes for each segment (float32, no dropout: the CPU and the trace save alike)."""
     from lightning_accudnn.ops.layers import LayerTracker
-    from lightning_accudnn.planner.trace import trace_step
+    from lightning_accudnn.profiling.trace import trace_step
 
     def build() -> nn.Module:
         torch.manual_seed(0)

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
-from lightning_accudnn.planner.gpus import get_gpu
 from lightning_accudnn.planner.plan import min_budget_bytes
 from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
-from lightning_accudnn.planner.trace import trace_step
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.profiling.trace import trace_step
 from tests.recompute.test_accounting import MODELS, _profile, _train
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from tests.models import loss_of, make_batch
 from tests.session_training import measured_pass
 

@@ -10,7 +10,7 @@ import torch
 
 from lightning_accudnn import BudgetTooSmallError, OffloadConfig, OffloadSession
 from lightning_accudnn.ops import OffloadEngine
-from lightning_accudnn.planner.bandwidth import HostLink
+from lightning_accudnn.profiling.bandwidth import HostLink
 from tests.models import SmallResNet, loss_of, make_batch
 from tests.session.helpers import memory_need
 

@@ -7,7 +7,7 @@ import torch
 
 from lightning_accudnn.ops import HostBufferPool, HostMemoryExceeded
 from lightning_accudnn.planner import BudgetTooSmallError
-from lightning_accudnn.planner.bandwidth import LinkCurve
+from lightning_accudnn.profiling.bandwidth import LinkCurve
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from lightning_accudnn.session import session as session_module
 from lightning_accudnn.session.transfers import transfer_sizes

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session.plan_book import PlanSource
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import SmallResNet, TinyGPT, TransformerBlock

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import BudgetTooSmallError
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import loss_of
 from tests.session_training import measured_pass

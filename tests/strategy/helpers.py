@@ -9,7 +9,7 @@ from lightning.pytorch import Callback, Trainer
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from tests.models import Classifier, loss_of, make_batch
 
 

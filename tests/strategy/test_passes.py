@@ -12,7 +12,7 @@ from torch import nn
 
 from lightning_accudnn import AccUDNNStrategy
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
-from lightning_accudnn.planner.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session import UnmatchedPatternError
 from tests.models import Classifier, loader
 from tests.strategy.helpers import StatsRecorder, trainer_for

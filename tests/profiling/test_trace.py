@@ -10,8 +10,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_accudnn.ops.layers import LayerTracker
-from lightning_accudnn.planner.gpus import get_gpu
-from lightning_accudnn.planner.trace import StepTrace, trace_step
+from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.profiling.trace import StepTrace, trace_step
 from tests.models import MLP, SmallResNet, TinyGPT
 
 

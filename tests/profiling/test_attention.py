@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lightning_accudnn.planner.attention import (
+from lightning_accudnn.profiling.attention import (
     CUDNN,
     EFFICIENT,
     FLASH,

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_accudnn.planner import bandwidth
-from lightning_accudnn.planner.bandwidth import (
+from lightning_accudnn.profiling import bandwidth
+from lightning_accudnn.profiling.bandwidth import (
     PROBE_SIZES,
     LinkCurve,
     host_link,

@@ -57,7 +57,7 @@ tensors without a GPU). What departs from a real CUDA step:
 Example:
     >>> import torch
     >>> from lightning_accudnn.ops.layers import LayerTracker
-    >>> from lightning_accudnn.planner.gpus import get_gpu
+    >>> from lightning_accudnn.profiling.gpus import get_gpu
     >>> def build():
     ...     return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
     >>> trace = trace_step(build, input_shape=(1024, 512), tracker=LayerTracker())
@@ -93,11 +93,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-from lightning_accudnn.planner.attention import attention_kernel, run_attention
-from lightning_accudnn.planner.cuda_autocast import cuda_autocast_args
-from lightning_accudnn.planner.gpus import GpuSpec
-from lightning_accudnn.planner.roofline import LayerTrace, OpCost, StepTrace
 from lightning_accudnn.profile import ROOT_LAYER, SELECTIVE_KEPT_OPS, SegmentProfile
+from lightning_accudnn.profiling.attention import attention_kernel, run_attention
+from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
+from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
 
@@ -593,9 +593,49 @@ def _precision(dtype: str) -> Iterator[None]:
         yield
 
 
+#: In-place initialisers that only write values (a fake tensor has none): under
+#: :class:`_SkipValueFills` they return their tensor without dispatching anything.
+_VALUE_FILLS = frozenset(
+    {
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+        torch.Tensor.zero_,
+        torch.Tensor.fill_,
+        nn.init.normal_,
+        nn.init.uniform_,
+        nn.init.constant_,
+        nn.init.kaiming_uniform_,
+    }
+)
+
+
+class _SkipValueFills(TorchFunctionMode):
+    """While a model is built under fake tensors, in-place value fills do nothing.
+
+    They leave shape, strides and dtype as they are, and a fake tensor holds no values, so
+    dispatching them (thousands of calls for a large model) would only cost time.
+    """
+
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: object,
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
+        if func in _VALUE_FILLS:
+            tensor = args[0] if args else kwargs["tensor"]
+            if isinstance(tensor, FakeTensor):
+                return tensor
+        return func(*args, **kwargs)
+
+
 def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.Module:
     """Build the model with fake parameters and buffers belonging to ``fake_mode``.
 
+    In-place value fills (``normal_``, ``uniform_``, ``zero_``, ``fill_`` and the ``nn.init``
+    functions made of them) are skipped on fake tensors (:class:`_SkipValueFills`).
     Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
     make the builder run on the meta device instead. Either way, a parameter or buffer that
     is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake tensor that
@@ -603,7 +643,7 @@ def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn
     an uninitialised fake CPU tensor of the same shape, strides and dtype.
     """
     try:
-        with fake_mode, warnings.catch_warnings():
+        with fake_mode, _SkipValueFills(), warnings.catch_warnings():
             # copy.deepcopy of a fake tensor (nn.TransformerEncoder clones its layer) checks
             # its data pointer; harmless here, and the copy is replaced below.
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
@@ -662,7 +702,7 @@ def trace_step(
     (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"`` or mixed
     precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is the mean
     of every floating-point output. ``tracker`` names layers (pass
-    ``lightning_accudnn.ops.layers.LayerTracker()``; the planner does not import ``ops``).
+    ``lightning_accudnn.ops.layers.LayerTracker()``; this package does not import ``ops``).
     ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
     module docstring); ``None`` keeps the CPU's attention kernels.
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_accudnn.planner.cuda_autocast import cuda_autocast_args
+from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
 
 BF16 = torch.bfloat16
 

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
-from lightning_accudnn.planner.gpus import get_gpu
 from lightning_accudnn.planner.plan import min_budget_bytes, plan_swaps
-from lightning_accudnn.planner.trace import trace_step
+from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.profiling.trace import trace_step
 
 ROWS, WIDTH = 256, 64
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_accudnn.planner.gpus import GPUS, get_gpu, gpu_choices
+from lightning_accudnn.profiling.gpus import GPUS, get_gpu, gpu_choices
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import torch
 
 from lightning_accudnn.cli import main
 from lightning_accudnn.ops.layers import LayerTracker
-from lightning_accudnn.planner.gpus import get_gpu
-from lightning_accudnn.planner.trace import trace_step
+from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.profiling.trace import trace_step
 from tests.models import SelfAttention
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

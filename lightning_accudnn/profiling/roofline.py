@@ -1,9 +1,9 @@
 """The roofline time model: a traced step (kernels, FLOPs, bytes) timed for a GPU's datasheet.
 
 The observation (what a step saves and which kernels it runs) is
-:func:`lightning_accudnn.planner.trace.trace_step`; this module holds what it records,
+:func:`lightning_accudnn.profiling.trace.trace_step`; this module holds what it records,
 :class:`StepTrace`, independent of any GPU, and turns it into the planner's
-:class:`~lightning_accudnn.profile.StepProfile` for a :class:`~lightning_accudnn.planner.gpus.GpuSpec`:
+:class:`~lightning_accudnn.profile.StepProfile` for a :class:`~lightning_accudnn.profiling.gpus.GpuSpec`:
 each kernel takes the slower of its FLOPs at the GPU's peak rate (times an efficiency) and its
 bytes at the memory bandwidth, with no launch overhead and no overlap between kernels.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lightning_accudnn.planner.gpus import GpuSpec
-from lightning_accudnn.planner.static_memory import named_state_copies
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, LayerProfile, SegmentProfile, StepProfile
+from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.static_memory import named_state_copies
 
 __all__ = ["LayerTrace", "OpCost", "StepTrace"]
 
@@ -44,7 +44,7 @@ class OpCost:
         """Roofline time on ``gpu``: the slower of compute and memory traffic.
 
         Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> from lightning_accudnn.profiling.gpus import get_gpu
             >>> op = OpCost("0", backward=False, flops=0, bytes_moved=3_350_000, rate="fp32")
             >>> round(op.seconds(get_gpu("h100")) * 1e6, 3)
             1.0
@@ -157,7 +157,7 @@ class StepTrace:
     def static_bytes(self, optimizer: str = "adam") -> int:
         """Parameters, gradients, optimizer state and buffers.
 
-        ``optimizer`` is one of :data:`~lightning_accudnn.planner.static_memory.NAMED_OPTIMIZERS`
+        ``optimizer`` is one of :data:`~lightning_accudnn.profiling.static_memory.NAMED_OPTIMIZERS`
         (``"adam"``/``"adamw"``: two moments per trainable parameter, ``"sgd"``: none,
         ``"sgd-momentum"``: one buffer, ``"none"``), sized by the one optimizer-state model.
 
@@ -173,7 +173,7 @@ class StepTrace:
         """Forward and backward seconds per layer on ``gpu`` (sum of kernel rooflines).
 
         Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> from lightning_accudnn.profiling.gpus import get_gpu
             >>> ops = (OpCost("a", False, 0, 3_350_000, "fp32"), OpCost("a", True, 0, 6_700_000, "fp32"))
             >>> trace = StepTrace((LayerTrace("a", (), 0, 0),), ops, 0, 0, 0)
             >>> forward, backward = trace.layer_seconds(get_gpu("h100"))["a"]
@@ -196,7 +196,7 @@ class StepTrace:
         Host link bandwidths (both directions) are the GPU's practical pinned PCIe rate.
 
         Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> from lightning_accudnn.profiling.gpus import get_gpu
             >>> trace = StepTrace((LayerTrace("a", (2**21, 10), 0, 0),), (), 0, 0, 0)
             >>> layer = trace.to_profile(get_gpu("l4"), optimizer="none").layers[0]
             >>> layer.saved_bytes, layer.swappable_bytes
@@ -231,7 +231,7 @@ class StepTrace:
         kernels' time on ``gpu`` that selective recomputation runs again.
 
         Example:
-            >>> from lightning_accudnn.planner.gpus import get_gpu
+            >>> from lightning_accudnn.profiling.gpus import get_gpu
             >>> ops = (OpCost("b", False, 0, 3_350_000, "fp32", kept=True),
             ...        OpCost("b", False, 0, 1_117_000, "fp32"))
             >>> segment = SegmentProfile("b", 0, selective_kept_bytes=8)

@@ -241,7 +241,7 @@ class SaveRecords(CopyTraffic):
     def _uncount_kept(self, step: StepState, group: int) -> None:
         """The last pending save of a fast-kept storage was read (or the step ends): out of the count."""
         step.kept_pending[group] = 0
-        self.ledger.release(step.kept_sizes[group])
+        self.ledger.activation_bytes -= step.kept_sizes[group]
         if self._tracks_blocks:
             self.runtime.release(step.kept_address.pop(group))
 

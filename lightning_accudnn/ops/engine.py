@@ -156,16 +156,15 @@ class OffloadEngine(SaveHooks):
         self._recording = SaveSequence() if sequence is None else None
         self.runtime.timing = sequence is None  # no timing events in passes replayed by ordinal
         self.runtime.begin_pass()
-        if sequence is not None and (self._route is None or not self._route.compiled_for(sequence, schedule)):
+        if sequence is not None and not self._route.compiled_for(sequence, schedule):
             self._route = ReplayRoute(sequence, schedule)
         self._restart_ordinals()
         # Only a replayed pass may skip saves (a hooked pass records; the route is this one's).
         unobserved = not observe and sequence is not None and self._observed_peak(self._route) is not None
         route = self._route
-        self._unhook_after = route.last_recorded if unobserved and route is not None else -1
+        self._unhook_after = route.last_recorded if unobserved else -1
         hooks = None
         if unobserved and self._unhook_after < 0:  # it keeps everything: no hook at all
-            assert route is not None
             self._calls = len(route)  # as if every save was seen: the step reports them all
             self._open_step().observed = False
         else:
@@ -231,7 +230,7 @@ class OffloadEngine(SaveHooks):
         self._release_kept(step)
         replaying, recording = self._replaying, self._recording
         graph_changed = replaying is not None and (self._departed >= 0 or self._calls != len(replaying))
-        if step.observed and replaying is not None and self._route is not None:
+        if step.observed and replaying is not None:
             self._last_observed = None if graph_changed else (self._route, self.ledger.peak_activation_bytes)
         elif not step.observed:
             peak = self._observed_peak(self._route)
@@ -242,7 +241,6 @@ class OffloadEngine(SaveHooks):
             forward_seconds = sum(layer.forward_seconds for layer in layers)
             backward_seconds = sum(layer.backward_seconds for layer in layers)
         else:
-            assert self._route is not None
             end = self._departed if self._departed >= 0 else self._calls
             layers = self._replayed_layers.layers(self._route, end, step)
             forward_seconds, backward_seconds = self.pass_timer.end_backward()
@@ -290,7 +288,7 @@ class OffloadEngine(SaveHooks):
         self.abort_step()
         self.pool.trim()
 
-    def _observed_peak(self, route: ReplayRoute | None) -> int | None:
+    def _observed_peak(self, route: ReplayRoute) -> int | None:
         """The activation peak of the last observed pass, if it was replayed on ``route``
         without departing from its sequence (the passes of the route may then run unobserved);
         ``None`` otherwise."""
@@ -300,7 +298,7 @@ class OffloadEngine(SaveHooks):
     def _restart_ordinals(self) -> None:
         """The next save is the first of a pass: ordinal 0, on the sequence replayed (if any)."""
         self._calls, self._departed = 0, -1
-        self._fast_end = len(self._route) if self._replaying is not None and self._route is not None else 0
+        self._fast_end = len(self._route) if self._replaying is not None else 0
 
 
 def _pointers_of(model: nn.Module) -> set[int]:

@@ -36,6 +36,7 @@ from lightning_accudnn.ops.recording import note_resave
 from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime
 from lightning_accudnn.ops.saves import Geometry, KeptSave, RecordSave, StepState, StorageEntry
+from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
     DeviceBlock,
     StorageRecord,
@@ -100,7 +101,8 @@ class SaveRecords(CopyTraffic):
         self.weight_copies = WeightCopies()  # autocast's copies of parameters: kept, counted apart
         self._recording: SaveSequence | None = None  # hooked pass: the saves, in order
         self._replaying: SaveSequence | None = None  # pass attributed by ordinal (no hooks)
-        self._route: ReplayRoute | None = None  # ``_replaying`` compiled for the schedule
+        # ``_replaying`` compiled for the schedule (an empty route before the first replay)
+        self._route = ReplayRoute(SaveSequence(), SwapSchedule.keep_everything())
         self._calls = 0  # tensors given to the pack hook in this pass: the ordinal of the next
         self._departed = -1  # replayed pass: the first ordinal off the sequence (graph changed)
         self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
@@ -328,7 +330,6 @@ class SaveHooks(SaveRecords):
         ordinal = self._calls
         self._calls = ordinal + 1
         route = self._route
-        assert route is not None
         if ordinal < self._fast_end:
             action = route.actions[ordinal]
             if action == LEAVE:
@@ -561,7 +562,7 @@ class SaveHooks(SaveRecords):
         """A pass replayed unobserved saved the last tensor that its route records: the hooks
         go (this runs inside the pack hook, where they are the innermost), and the saves after
         it stay with autograd unseen. The step reports them all, as an unobserved one does."""
-        assert self._route is not None and self._step is not None
+        assert self._step is not None
         self._unhook()
         self._calls = len(self._route)
         self._step.observed = False

@@ -12,7 +12,7 @@ class DeviceLedger:
     Example:
         >>> ledger = DeviceLedger()
         >>> ledger.start_step(static_bytes=100)
-        >>> ledger.acquire(50); ledger.release(50); ledger.acquire(20)
+        >>> ledger.acquire(50); ledger.activation_bytes -= 50; ledger.acquire(20)
         >>> ledger.current_bytes, ledger.peak_bytes
         (120, 150)
     """
@@ -38,11 +38,9 @@ class DeviceLedger:
         self.peak_activation_bytes = self.activation_bytes
 
     def acquire(self, nbytes: int) -> None:
-        """Count ``nbytes`` more (the engine does the same arithmetic inline on its hot path)."""
+        """Count ``nbytes`` more, and the peak with them: the one place the count grows (bytes
+        leave it by a plain subtraction from ``activation_bytes``)."""
         current = self.activation_bytes + nbytes
         self.activation_bytes = current
         if current > self.peak_activation_bytes:
             self.peak_activation_bytes = current
-
-    def release(self, nbytes: int) -> None:
-        self.activation_bytes -= nbytes

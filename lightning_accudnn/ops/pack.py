@@ -35,7 +35,7 @@ from lightning_accudnn.ops.layers import (
 from lightning_accudnn.ops.recording import note_resave
 from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime
-from lightning_accudnn.ops.saves import Geometry, KeptSave, RecordSave, StepState, StorageEntry
+from lightning_accudnn.ops.saves import Geometry, KeptSave, RecordSave, StepState, StorageEntry, new_handle
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
     DeviceBlock,
@@ -206,8 +206,8 @@ class SaveRecords(CopyTraffic):
         if record.swap:
             if geometry is None:
                 geometry = (tensor.dtype, tensor.shape, tensor.stride(), int(tensor.storage_offset()))
-            return RecordSave(record, None, tensor._version, index, step, geometry)
-        return RecordSave(record, tensor, tensor._version, index, step, None)
+            return new_handle(RecordSave, (record, None, tensor._version, index, step, geometry))
+        return new_handle(RecordSave, (record, tensor, tensor._version, index, step, None))
 
     def _new_record(
         self,
@@ -351,12 +351,12 @@ class SaveHooks(SaveRecords):
                         if self._tracks_blocks:
                             address = step.kept_address[ordinal] = tensor.data_ptr()
                             self.runtime.hold(address, nbytes)
-                        return KeptSave(tensor, tensor._version, ordinal, ordinal, step)
+                        return new_handle(KeptSave, (tensor, tensor._version, ordinal, ordinal, step))
                     group = sequence.groups[ordinal]
                     pending = step.kept_pending[group]
                     if pending:
                         step.kept_pending[group] = pending + 1
-                        return KeptSave(tensor, tensor._version, group, ordinal, step)
+                        return new_handle(KeptSave, (tensor, tensor._version, group, ordinal, step))
             else:
                 if action == SWAP_WHOLE:
                     packed = self._pack_whole(
@@ -444,7 +444,7 @@ class SaveHooks(SaveRecords):
         index = len(step.handle_unpacked)  # _handle, inline: the hot path
         step.handle_unpacked.append(0)
         record.pending_unpacks = 1
-        return RecordSave(record, None, tensor._version, index, step, dense)
+        return new_handle(RecordSave, (record, None, tensor._version, index, step, dense))
 
     def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
         """A replayed save of a storage swapped whole, saved before in this step
@@ -469,40 +469,40 @@ class SaveHooks(SaveRecords):
         record.last_save = ordinal + 1
         return self._handle(step, record, tensor)
 
-    def _unpack(self, packed: object) -> torch.Tensor:
+    def _unpack(self, packed: KeptSave | RecordSave | torch.Tensor) -> torch.Tensor:
         """Give autograd back a save: a fast-kept save checked (:class:`.KeptSave`), a save
         through the records (:class:`.RecordSave`), or the tensor itself (no activation)."""
         if type(packed) is KeptSave:
             # A fast-kept save: checked for in-place changes, uncounted at its storage's last read.
-            step = packed.step
+            tensor: torch.Tensor
+            step: StepState
+            tensor, version, group, ordinal, step = packed
             if step is self._step:
                 if self._in_forward:
-                    step.read_in_forward.add(packed.ordinal)  # a backward inside the forward: needed later
-                else:
-                    ordinal = packed.ordinal
-                    if not step.unpacked[ordinal]:
-                        step.unpacked[ordinal] = 1
-                        group = packed.group
-                        pending = step.kept_pending[group] - 1
-                        if pending:
-                            step.kept_pending[group] = pending
-                        else:
-                            self._uncount_kept(step, group)
+                    step.read_in_forward.add(ordinal)  # a backward inside the forward: needed later
+                elif not step.unpacked[ordinal]:
+                    step.unpacked[ordinal] = 1
+                    pending = step.kept_pending[group] - 1
+                    if pending:
+                        step.kept_pending[group] = pending
+                    else:
+                        self._uncount_kept(step, group)
                 if self._lingering:
                     self._reap()
                 if step.next_prefetch >= 0 and not step.window_full:
                     self._prefetch()
             elif step.aborted:
                 raise _stale_error()
-            tensor = packed.tensor
-            if tensor._version != packed.version:
-                raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, packed.version)
+            if tensor._version != version:
+                raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
             return tensor
         if type(packed) is not RecordSave:
             assert isinstance(packed, torch.Tensor)
             return packed
-        # A save through the records.
-        step = packed.step
+        # A save through the records, its handle's fields unpacked at once (the hot path).
+        record: StorageRecord
+        kept: torch.Tensor | None
+        record, kept, version, number, step, geometry = packed
         if step.aborted:
             raise _stale_error()
         if self._lingering:
@@ -510,7 +510,6 @@ class SaveHooks(SaveRecords):
         current = self._step
         if current is not None and current.next_prefetch >= 0 and not current.window_full:
             self._prefetch()
-        record, kept, version, geometry = packed.record, packed.tensor, packed.version, packed.geometry
         if kept is not None:
             if kept._version != version:
                 raise modified_in_place_error(kept.dtype, kept.shape, kept._version, version)
@@ -544,9 +543,8 @@ class SaveHooks(SaveRecords):
                 assert geometry is not None
                 start = 0 if record.fetched_copy is None else record.start
                 tensor = saved_view(fetched, start, *geometry)
-        index = packed.index
-        if not step.handle_unpacked[index]:
-            step.handle_unpacked[index] = 1
+        if not step.handle_unpacked[number]:
+            step.handle_unpacked[number] = 1
             record.pending_unpacks -= 1
         if record.pending_unpacks == 0 and not record.read_in_forward and not self._in_forward:
             self._release_device(step if step is self._step else None, record)

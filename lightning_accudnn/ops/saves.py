@@ -3,19 +3,32 @@
 A pack hook returns what autograd keeps until the unpack hook gets it back: the tensor itself
 (no activation), a :class:`KeptSave` (a save the plan keeps, taken on the fast path of a pass
 replayed by ordinal) or a :class:`RecordSave` (a save through the engine's records). The
-unpack hook tells them apart by their type. They are small slotted objects with no finalizer,
-made once per saved tensor; they refer to their :class:`StepState`, which therefore lives as
-long as the graph does.
+unpack hook tells them apart by their type. They are named tuples (slotted, no finalizer),
+made once per saved tensor by ``new_handle`` at the cost of a plain tuple; they refer to their
+:class:`StepState`, which therefore lives as long as the graph does.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
 from lightning_accudnn.ops._torch_internals import StorageWeakReference
 from lightning_accudnn.ops.stash import DeviceBlock, StorageRecord
+
+_Handle = TypeVar("_Handle", "KeptSave", "RecordSave")
+
+if TYPE_CHECKING:
+
+    def new_handle(kind: type[_Handle], fields: tuple[Any, ...]) -> _Handle:
+        """A handle of ``kind`` holding ``fields`` in their declared order."""
+
+else:
+    # ``tuple.__new__`` itself: a named tuple's own constructor is a Python function, which
+    # would run once per saved tensor.
+    new_handle = tuple.__new__
 
 #: A view's ``(dtype, shape, stride, element offset)``: what a save of a swapped record is rebuilt from.
 Geometry = tuple[torch.dtype, torch.Size, tuple[int, ...], int]
@@ -95,33 +108,31 @@ class StepState:
         self.resaved_from: dict[StorageRecord, int] = {}
 
 
-class KeptSave:
+class KeptSave(NamedTuple):
     """What autograd holds for a save kept on the fast path of a replayed pass: the tensor, its
     version when saved, its storage's *group* (the ordinal of the storage's first save), its own
     ordinal and its step.
 
+    The hot path builds it with :func:`new_handle` (no Python-level constructor runs).
+
     Example:
         >>> saved = torch.ones(2)
-        >>> handle = KeptSave(saved, saved._version, 0, 1, StepState([8, 8]))
-        >>> handle.tensor is saved, handle.group, handle.ordinal
-        (True, 0, 1)
+        >>> handle = new_handle(KeptSave, (saved, saved._version, 0, 1, StepState([8, 8])))
+        >>> handle.tensor is saved, handle.group, handle.ordinal, type(handle) is KeptSave
+        (True, 0, 1, True)
     """
 
-    __slots__ = ("tensor", "version", "group", "ordinal", "step")
-
-    def __init__(self, tensor: torch.Tensor, version: int, group: int, ordinal: int, step: StepState) -> None:
-        # Positional parameters: a handle is made per saved tensor (keywords cost more).
-        self.tensor = tensor
-        self.version = version
-        self.group = group
-        self.ordinal = ordinal
-        self.step = step
+    tensor: torch.Tensor
+    version: int
+    group: int
+    ordinal: int
+    step: StepState
 
 
-class RecordSave:
+class RecordSave(NamedTuple):
     """What autograd holds for a save through the engine's records: the record, the tensor
     (``None`` when the record is swapped: the bytes come back from its copy), the tensor's
-    version when saved, the save's number in the step (:attr:`StepState.handle_unpacked`), the
+    version when saved, the save's ``number`` in the step (:attr:`StepState.handle_unpacked`), the
     step, and for a swapped record the tensor's :data:`Geometry` (the record's
     :attr:`.StorageRecord.dense` itself for the save of a dense record's tensor).
 
@@ -129,25 +140,14 @@ class RecordSave:
         >>> saved = torch.ones(4)
         >>> block = DeviceBlock(saved.untyped_storage().data_ptr(), 16)
         >>> record = StorageRecord("fc1", 0, 16, 1, False, True, saved, block, 0, 0)
-        >>> handle = RecordSave(record, saved, saved._version, 0, StepState(), None)
+        >>> handle = new_handle(RecordSave, (record, saved, saved._version, 0, StepState(), None))
         >>> handle.record.layer, handle.geometry is None
         ('fc1', True)
     """
 
-    __slots__ = ("record", "tensor", "version", "index", "step", "geometry")
-
-    def __init__(
-        self,
-        record: StorageRecord,
-        tensor: torch.Tensor | None,
-        version: int,
-        index: int,
-        step: StepState,
-        geometry: Geometry | None,
-    ) -> None:
-        self.record = record
-        self.tensor = tensor
-        self.version = version
-        self.index = index
-        self.step = step
-        self.geometry = geometry
+    record: StorageRecord
+    tensor: torch.Tensor | None
+    version: int
+    number: int
+    step: StepState
+    geometry: Geometry | None

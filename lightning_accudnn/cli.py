@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=sorted(DTYPES),
         default="fp32",
-        help="fp32, or bf16/fp16 mixed precision (autocast, fp32 parameters, as Lightning's '16-mixed')",
+        help="fp32; bf16/fp16 mixed precision (autocast, fp32 parameters, as Lightning's "
+        "'bf16-mixed'); or bf16-true/fp16-true (the model in that dtype, as Lightning's 'bf16-true')",
     )
     plan.add_argument(
         "--optimizer",
@@ -272,7 +273,7 @@ def plan_command(args: argparse.Namespace) -> int:
             f"{args.model} needs --input-shape (one sample's shape without the batch, e.g. 3,224,224)"
         )
 
-    if args.dtype != "fp32" and gpu.peak_flops(args.dtype) == gpu.fp32_flops:
+    if args.dtype != "fp32" and gpu.peak_flops(args.dtype.removesuffix("-true")) == gpu.fp32_flops:
         print(
             f"accudnn: warning: {gpu.name} has no {args.dtype} tensor cores; timed at the fp32 rate",
             file=sys.stderr,

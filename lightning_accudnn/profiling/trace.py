@@ -101,7 +101,16 @@ from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: The precisions a step is traced in: fp32; ``"bf16"``/``"fp16"``, mixed (autocast, parameters
+#: fp32, as Lightning's ``"bf16-mixed"``); ``"bf16-true"``/``"fp16-true"``, the model and its
+#: floating-point inputs cast to that dtype with no autocast (Lightning's ``"bf16-true"``).
+DTYPES = {
+    "fp32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "bf16-true": torch.bfloat16,
+    "fp16-true": torch.float16,
+}
 
 _aten = torch.ops.aten
 # Kernels that move no data (allocation only) or are bookkeeping.
@@ -586,7 +595,7 @@ def _loss(output: object) -> torch.Tensor:
 def _precision(dtype: str) -> Iterator[None]:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    if DTYPES[dtype] is None:
+    if DTYPES[dtype] is None or dtype.endswith("-true"):
         yield
         return
     with torch.autocast("cpu", dtype=DTYPES[dtype]):
@@ -675,6 +684,25 @@ def _build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn
     return model
 
 
+def _cast_floating(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give ``model`` floating-point parameters and buffers of ``dtype`` (``Module.to`` swaps
+    tensors in place, which fake parameters refuse): new ones of the same shape, ties kept.
+    Run it under the fake mode the model's tensors belong to."""
+    replaced: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        tables: tuple[dict[str, torch.Tensor | None], ...] = (module._parameters, module._buffers)  # type: ignore[assignment]
+        for table in tables:
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                    continue
+                if id(tensor) not in replaced:
+                    fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=dtype)
+                    if isinstance(tensor, nn.Parameter):
+                        fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+                    replaced[id(tensor)] = fresh
+                table[name] = replaced[id(tensor)]
+
+
 def _check_module(model: object) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")
@@ -699,9 +727,10 @@ def trace_step(
     stay on the meta device and the forward may fail.
 
     ``input_shape`` includes the batch dimension; the batch is zeros of ``input_dtype``
-    (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"`` or mixed
-    precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32). The loss is the mean
-    of every floating-point output. ``tracker`` names layers (pass
+    (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"``, mixed
+    precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32) or ``"bf16-true"``/
+    ``"fp16-true"`` (the model and a floating-point batch cast to that dtype, no autocast).
+    The loss is the mean of every floating-point output. ``tracker`` names layers (pass
     ``lightning_accudnn.ops.layers.LayerTracker()``; this package does not import ``ops``).
     ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
     module docstring); ``None`` keeps the CPU's attention kernels.
@@ -723,6 +752,11 @@ def trace_step(
     segments = _Segments(recorder=recorder)
     model = _build_fake(build, fake_mode)
     with fake_mode:
+        true_dtype = DTYPES[dtype] if dtype.endswith("-true") else None
+        if true_dtype is not None:
+            _cast_floating(model, true_dtype)
+            if input_dtype.is_floating_point:
+                input_dtype = true_dtype
         model.train()
         params = list(model.parameters())
         buffers = list(model.buffers())

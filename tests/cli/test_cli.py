@@ -110,7 +110,8 @@ def test_text_report_has_the_table_and_the_headline_figures(capsys) -> None:
         assert label in out
 
 
-def test_token_model_with_integer_input_and_bf16(capsys) -> None:
+@pytest.mark.parametrize("dtype", ["bf16", "bf16-true"])
+def test_token_model_with_integer_input_and_bf16(capsys, dtype) -> None:
     args = [
         "plan",
         "tests.models:TinyGPT",
@@ -130,7 +131,7 @@ def test_token_model_with_integer_input_and_bf16(capsys) -> None:
                 "--gpu",
                 "a100-80gb",
                 "--dtype",
-                "bf16",
+                dtype,
                 "--optimizer",
                 "sgd",
                 "--json",
@@ -140,7 +141,7 @@ def test_token_model_with_integer_input_and_bf16(capsys) -> None:
     )
     report = json.loads(capsys.readouterr().out)
     check_plan_json(report, 10**9)
-    assert report["dtype"] == "bf16" and report["input_shape"] == [16]
+    assert report["dtype"] == dtype and report["input_shape"] == [16]
     assert report["layers"][0]["name"] == "embed"
 
 

@@ -110,6 +110,26 @@ def test_bf16_mixed_precision_roughly_halves_activation_bytes() -> None:
     assert bf16_seconds < fp32_seconds
 
 
+def test_bf16_true_casts_the_model_and_its_float_inputs() -> None:
+    """Lightning's "bf16-true": parameters in bf16 (half the bytes, ties kept), every floating
+    activation in bf16, no op promoted to fp32 as autocast promotes layer norms."""
+    fp32 = trace_step(SmallResNet, (16, 3, 32, 32), tracker=LayerTracker())
+    true = trace_step(SmallResNet, (16, 3, 32, 32), tracker=LayerTracker(), dtype="bf16-true")
+    assert true.param_bytes * 2 == fp32.param_bytes
+    assert 0.45 <= true.saved_bytes / fp32.saved_bytes <= 0.55
+
+    def gpt() -> nn.Module:
+        model = TinyGPT()
+        model.lm_head.weight = model.embed.weight  # tied: one parameter after the cast too
+        return model
+
+    gpt_fp32 = trace_step(gpt, (4, 16), tracker=LayerTracker(), input_dtype=torch.long)
+    gpt_true = trace_step(gpt, (4, 16), tracker=LayerTracker(), input_dtype=torch.long, dtype="bf16-true")
+    gpt_mixed = trace_step(gpt, (4, 16), tracker=LayerTracker(), input_dtype=torch.long, dtype="bf16")
+    assert gpt_true.param_bytes * 2 == gpt_fp32.param_bytes
+    assert gpt_true.saved_bytes < gpt_mixed.saved_bytes < gpt_fp32.saved_bytes
+
+
 def test_flops_match_flop_counter_and_backward_goes_to_the_forward_layer() -> None:
     model = MLP(width=128)
     with FlopCounterMode(display=False) as counter:

@@ -200,6 +200,9 @@ class _StepState:
         # Hooked pass: per record saved again by another layer, the saving layer (by its index in
         # ``layer_saved``) from whose backward on the record is needed: the last re-save's.
         self.resaved_from: dict[StorageRecord, int] = {}
+        # Of those, the ones whose last re-save was by a layer that saved nothing of its own:
+        # that layer (``LayerProfile.resaved_by_module``).
+        self.resaved_module: dict[StorageRecord, str] = {}
 
 
 class OffloadEngine:
@@ -521,7 +524,7 @@ class OffloadEngine:
             forward[last_saving] += rest
         total_forward = sum(forward.values())
         backward = self.timer.backward_seconds()
-        resaved = self._resaved_by(step)
+        resaved, resaved_modules = self._resaved_by(step)
         return tuple(
             LayerProfile(
                 name,
@@ -531,6 +534,7 @@ class OffloadEngine:
                 backward_seconds=backward * forward[name] / total_forward if total_forward > 0 else 0.0,
                 small_storages=tuple(step.layer_small.get(name, ())),
                 resaved_by=tuple(resaved.get(name, {}).items()),
+                resaved_by_module=tuple(resaved_modules.get(name, {}).items()),
             )
             for name in forward
         )
@@ -853,21 +857,34 @@ class OffloadEngine:
     def _note_resave(step: _StepState, record: StorageRecord, layer: str) -> None:
         """``layer`` saves ``record`` again. Its bytes are then needed from the start of the
         backward of ``layer``, or, if ``layer`` saves nothing of its own, of the next layer that
-        does (its backward starts earlier: counting from there errs on the safe side)."""
+        does (its backward starts earlier: counting from there errs on the safe side; the layer
+        itself is noted too)."""
         saving = list(step.layer_saved)
-        step.resaved_from[record] = saving.index(layer) if layer in step.layer_saved else len(saving)
+        if layer in step.layer_saved:
+            step.resaved_from[record] = saving.index(layer)
+            step.resaved_module.pop(record, None)
+        else:
+            step.resaved_from[record] = len(saving)
+            step.resaved_module[record] = layer
 
-    def _resaved_by(self, step: _StepState) -> dict[str, dict[str, int]]:
+    def _resaved_by(self, step: _StepState) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         """Per saving layer, the bytes of its swappable records saved again, under the layer
-        (of the profile) from whose backward on they are needed (:attr:`LayerProfile.resaved_by`)."""
+        (of the profile) from whose backward on they are needed (:attr:`LayerProfile.resaved_by`),
+        and the part of them saved again last by a layer that saved nothing of its own, under
+        that layer (:attr:`LayerProfile.resaved_by_module`)."""
         saving = list(step.layer_saved)
         resaved: dict[str, dict[str, int]] = {}
+        modules: dict[str, dict[str, int]] = {}
         for record, index in step.resaved_from.items():
             later = saving[min(index, len(saving) - 1)]
             if later != record.layer and not record.read_in_forward:
                 per_layer = resaved.setdefault(record.layer, {})
                 per_layer[later] = per_layer.get(later, 0) + record.nbytes
-        return resaved
+                module = step.resaved_module.get(record)
+                if module is not None:
+                    per_module = modules.setdefault(record.layer, {})
+                    per_module[module] = per_module.get(module, 0) + record.nbytes
+        return resaved, modules
 
     def _unpack(self, packed: object) -> torch.Tensor:
         """Give autograd back a save: the tensor itself (no activation), a fast-kept save checked

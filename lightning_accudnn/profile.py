@@ -81,7 +81,12 @@ class LayerProfile:
     (with 0 saved bytes if it saved nothing new); an entry naming this layer has no effect.
     ``small_resaved_by`` lists the same, one entry per storage, for the storages of
     ``small_storages`` (empty when unknown): the re-saves that a smaller ``min_swap_bytes``
-    would list (:meth:`StepProfile.with_min_swap_bytes`).
+    would list (:meth:`StepProfile.with_min_swap_bytes`). A layer that saves a storage again but
+    nothing of its own (a convolution saving the output of the ReLU before it) is not a layer of a
+    measured profile, and ``resaved_by`` lists its re-saves under the next layer that saves
+    something; ``resaved_by_module`` lists those bytes (a part of ``resaved_by``'s; bytes beyond
+    them count for nothing) under the module that saved them again (empty when unknown), so that
+    recomputation accounting can tell a re-save inside a segment from one after it.
 
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
@@ -97,6 +102,7 @@ forward_seconds=0.0, backward_seconds=0.0)
     small_storages: tuple[int, ...] = field(default=(), repr=False)
     resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     small_resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+    resaved_by_module: tuple[tuple[str, int], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
@@ -114,6 +120,11 @@ forward_seconds=0.0, backward_seconds=0.0)
             raise ValueError(
                 f"layer {self.name!r}: resaved_by must hold positive byte counts summing to at most "
                 f"swappable_bytes ({self.swappable_bytes}), got {self.resaved_by}"
+            )
+        if any(nbytes <= 0 for _, nbytes in self.resaved_by_module):
+            raise ValueError(
+                f"layer {self.name!r}: resaved_by_module must hold positive byte counts, "
+                f"got {self.resaved_by_module}"
             )
         small = [nbytes for _, nbytes in self.small_resaved_by]
         if any(nbytes <= 0 for nbytes in small) or sum(small) > sum(self.small_storages):

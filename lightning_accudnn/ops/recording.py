@@ -147,7 +147,7 @@ def layer_usage(step: StepState, timer: LayerTimer, tracker: LayerTracker) -> tu
         forward[last_saving] += rest
     total_forward = sum(forward.values())
     backward = timer.backward_seconds()
-    resaved = resaved_by(step)
+    resaved, resaved_modules = resaved_by(step)
     return tuple(
         LayerProfile(
             name,
@@ -157,6 +157,7 @@ def layer_usage(step: StepState, timer: LayerTimer, tracker: LayerTracker) -> tu
             backward_seconds=backward * forward[name] / total_forward if total_forward > 0 else 0.0,
             small_storages=tuple(step.layer_small.get(name, ())),
             resaved_by=tuple(resaved.get(name, {}).items()),
+            resaved_by_module=tuple(resaved_modules.get(name, {}).items()),
         )
         for name in forward
     )
@@ -165,19 +166,32 @@ def layer_usage(step: StepState, timer: LayerTimer, tracker: LayerTracker) -> tu
 def note_resave(step: StepState, record: StorageRecord, layer: str) -> None:
     """``layer`` saves ``record`` again in a hooked pass. Its bytes are then needed from the
     start of the backward of ``layer``, or, if ``layer`` saves nothing of its own, of the next
-    layer that does (its backward starts earlier: counting from there errs on the safe side)."""
+    layer that does (its backward starts earlier: counting from there errs on the safe side;
+    the layer itself is noted too)."""
     saving = list(step.layer_saved)
-    step.resaved_from[record] = saving.index(layer) if layer in step.layer_saved else len(saving)
+    if layer in step.layer_saved:
+        step.resaved_from[record] = saving.index(layer)
+        step.resaved_module.pop(record, None)
+    else:
+        step.resaved_from[record] = len(saving)
+        step.resaved_module[record] = layer
 
 
-def resaved_by(step: StepState) -> dict[str, dict[str, int]]:
+def resaved_by(step: StepState) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
     """Per saving layer, the bytes of its swappable records saved again, under the layer
-    (of the profile) from whose backward on they are needed (:attr:`.LayerProfile.resaved_by`)."""
+    (of the profile) from whose backward on they are needed (:attr:`.LayerProfile.resaved_by`),
+    and the part of them saved again last by a layer that saved nothing of its own, under
+    that layer (:attr:`.LayerProfile.resaved_by_module`)."""
     saving = list(step.layer_saved)
     resaved: dict[str, dict[str, int]] = {}
+    modules: dict[str, dict[str, int]] = {}
     for record, index in step.resaved_from.items():
         later = saving[min(index, len(saving) - 1)]
         if later != record.layer and not record.read_in_forward:
             per_layer = resaved.setdefault(record.layer, {})
             per_layer[later] = per_layer.get(later, 0) + record.nbytes
-    return resaved
+            module = step.resaved_module.get(record)
+            if module is not None:
+                per_module = modules.setdefault(record.layer, {})
+                per_module[module] = per_module.get(module, 0) + record.nbytes
+    return resaved, modules

@@ -106,6 +106,9 @@ class StepState:
         # Hooked pass: per record saved again by another layer, the saving layer (by its index in
         # ``layer_saved``) from whose backward on the record is needed: the last re-save's.
         self.resaved_from: dict[StorageRecord, int] = {}
+        # Of those, the ones whose last re-save was by a layer that saved nothing of its own:
+        # that layer (``LayerProfile.resaved_by_module``).
+        self.resaved_module: dict[StorageRecord, str] = {}
 
 
 class KeptSave(NamedTuple):

@@ -26,7 +26,10 @@ engine's ledger and on the device, never below either):
   outputs (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a
   profile that does not list re-saves (a FakeTensor trace's) still counts every output;
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
-  the segment layer (the latest position its last save can have).
+  the segment layer (the latest position its last save can have);
+* a storage saved again last by a module inside the segment that saves nothing of its own is
+  listed under the next layer that does, after the segment (``LayerProfile.resaved_by_module``
+  names the module): it never leaves the segment and is not counted after it.
 
 A segment recomputed **selectively** (:attr:`SegmentSpan.selective`) keeps what its matrix
 products, convolutions and attention kernels write (``SegmentProfile.selective_kept_bytes``,
@@ -262,6 +265,16 @@ def _innermost_segments(profile: StepProfile) -> dict[int, str]:
     return innermost
 
 
+def _resaved_inside(layer: LayerProfile, segment: str) -> int:
+    """Bytes of ``layer``'s ``resaved_by_module`` saved again by a module inside ``segment``."""
+    total = 0
+    for module, nbytes in layer.resaved_by_module:
+        base = module.split("#", 1)[0]
+        if base == segment or base.startswith(segment + "."):
+            total += nbytes
+    return total
+
+
 def recomputed_profile(
     profile: StepProfile, spans: Sequence[SegmentSpan], *, swappable: bool = True
 ) -> RecomputedProfile:
@@ -309,10 +322,18 @@ def recomputed_profile(
     for i, layer in enumerate(layers):
         group = position[i]
         span = groups[group][2]
+        # Re-saves listed after the segment but made inside it, by a layer that saves nothing of
+        # its own (listed under the next layer that does, the one after the segment).
+        inside = 0 if span is None else _resaved_inside(layer, span.name)
         for later_name, nbytes in layer.resaved_by:
             later = position[index[later_name]]
             if later == group:
                 continue
+            if inside and later == group + 1:
+                dropped = min(inside, nbytes)
+                inside, nbytes = inside - dropped, nbytes - dropped
+                if not nbytes:
+                    continue
             target = groups[later][2]
             if span is None:
                 name = groups[later][0]

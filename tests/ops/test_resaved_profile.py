@@ -68,3 +68,24 @@ def test_plans_from_the_engine_profile_bound_its_ledger_under_any_timings(seed):
         assert _step(engine, model, batch, schedule).ledger_peak_bytes <= plan.predicted_peak_bytes
         planned += 1
     assert planned
+
+
+def test_a_resave_by_a_layer_saving_nothing_of_its_own_names_that_layer():
+    """A convolution after a ReLU saves only the ReLU's output: it is no layer of the profile,
+    whose ``resaved_by`` lists that re-save under the next layer that saves something, and whose
+    ``resaved_by_module`` names the convolution."""
+    model = torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 1)),
+        torch.nn.BatchNorm2d(4),
+    )
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    with engine.offload(model, SwapSchedule.keep_everything()):
+        loss = model(torch.randn(2, 3, 8, 8)).square().sum()
+    loss.backward()
+    layers = {layer.name: layer for layer in engine.end_step().layers}
+    assert "0.2" not in layers
+    relu = layers["0.1"]
+    assert relu.resaved_by == (("1", 2 * 4 * 8 * 8 * 4),)
+    assert relu.resaved_by_module == (("0.2", 2 * 4 * 8 * 8 * 4),)
+    assert not any(layer.resaved_by_module for name, layer in layers.items() if name != "0.1")
+    engine.close()

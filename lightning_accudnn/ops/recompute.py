@@ -277,12 +277,16 @@ class _Replay:
         if changed is not None:
             raise self._failed(changed)
         args, kwargs = self.inputs.rebuild(tensors)
+        recomputer, enabled = self.recomputer, self.recomputer.enabled
+        recomputer.enabled = True  # segments inside this one are checkpointed again, as in forward
         try:
             return self.forward(*args, **kwargs)
         except (STOP_RECOMPUTATION, torch.OutOfMemoryError):  # control flow; memory, not safety
             raise
         except Exception as error:
             raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error
+        finally:
+            recomputer.enabled = enabled
 
     def _failed(self, reason: str) -> RecomputationError:
         self.recomputer.failures[self.name] = reason

@@ -23,6 +23,8 @@ from lightning_accudnn.planner.frontier import fitting_set, recompute_frontier
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
     SegmentSpan,
+    inner_spans,
+    nested_span,
     policy_spans,
     recomputed_profile,
     set_key,
@@ -48,6 +50,7 @@ __all__ = [
     "fitting_sets",
     "frontier_sets",
     "least_peak_choice",
+    "nested_spans",
     "planned_sets",
     "recompute_sets",
     "search",
@@ -331,7 +334,8 @@ def _search_many(
         for frontier in _frontiers(profile, group):
             sets.walk(frontier)
     for group in span_groups(spans):  # each kind alone as its own policy asks (nothing swapped)
-        for chosen in fitting_sets(profile, group, cap, swappable and len(group) == len(spans)):
+        nested = nested_spans(group)  # where one level of recomputation cannot fit, two may
+        for chosen in fitting_sets(profile, (*group, *nested), cap, swappable and len(group) == len(spans)):
             sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
@@ -442,8 +446,43 @@ def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tup
     for group in span_groups(spans):
         sets += recompute_sets(group)
         if len(group) > EXACT_MAX_SEGMENTS:
-            sets += [frontier[-1] for frontier in _frontiers(profile, group)]
+            most = [frontier[-1] for frontier in _frontiers(profile, group)]
+            sets += most
+            nested = {span.name: span for span in nested_spans(group)}
+            sets += [
+                nesting
+                for chosen in most
+                if (
+                    nesting := tuple(
+                        nested.get(span.name, span) if not span.selective else span for span in chosen
+                    )
+                )
+                != chosen
+            ]
     return sets
+
+
+def nested_spans(spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
+    """Each whole candidate among ``spans`` that holds others, recomputed with the whole
+    candidates directly inside it recomputed again inside it (two-level checkpointing,
+    :func:`~lightning_accudnn.planner.recompute.nested_span`): it holds what the candidate holds
+    in forward, at a smaller transient in backward and more recompute time. Offered to the
+    transient-aware search and to the smallest budget, where one level cannot reach a budget.
+
+    Example:
+        >>> spans = [SegmentSpan("s", 0, 3, 10, 400, 4.0), SegmentSpan("s.b0", 0, 1, 10, 200, 1.0),
+        ...          SegmentSpan("s.b1", 2, 3, 20, 180, 3.0)]
+        >>> [span.names for span in nested_spans(spans)]
+        [('s', 's.b0', 's.b1')]
+    """
+    nested = []
+    for span in spans:
+        if span.selective or span.inner:
+            continue
+        inner = inner_spans(span, spans)
+        if inner:
+            nested.append(nested_span(span, inner))
+    return nested
 
 
 def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:

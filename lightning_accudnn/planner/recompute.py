@@ -36,6 +36,12 @@ its layer holds its inputs plus those kept bytes, it costs its forward time time
 (``selective_recomputed_bytes``; where not measured, all its saves, as for whole
 recomputation) is a transient in its backward.
 
+A segment recomputed **nested** (:func:`nested_span`: a stage with the blocks inside it
+recomputed again inside its recomputation) is one layer as the stage alone is, whose backward
+runs the stage's forward and each block's forward once more, and whose transient is what the
+stage's recomputation rebuilds (the saves outside its blocks and the blocks' inputs) plus the
+largest block's saves.
+
 Example:
     >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
     >>> layers = (LayerProfile("stem", 40, 40, 1.0, 2.0), LayerProfile("block.conv", 100, 100, 1.0, 2.0),

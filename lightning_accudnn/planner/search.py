@@ -12,6 +12,10 @@ frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, b
 program over the forward order) and from its transient-aware dynamic program (the cheapest set
 that fits, :func:`fitting_sets`), each simulated exactly, and only a few of those that still
 need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
+The transient-aware program and the smallest budget are also offered nested candidates
+(:func:`nested_spans`: a stage recomputed with its blocks recomputed again inside it), for
+budgets one level of recomputation cannot reach; with few candidates (every subset searched),
+none are nested.
 """
 
 from __future__ import annotations

@@ -226,23 +226,25 @@ def policy_spans(profile: StepProfile, policy: str) -> tuple[SegmentSpan, ...]:
     return tuple(sorted(both, key=lambda span: (span.first, -span.last, span.selective)))
 
 
-def nested_span(outer: SegmentSpan, inner: Sequence[SegmentSpan]) -> SegmentSpan:
+def nested_span(outer: SegmentSpan, inner: Sequence[SegmentSpan], saved_bytes: Sequence[int]) -> SegmentSpan:
     """``outer`` recomputed whole with ``inner`` (whole, non-overlapping, strictly within it)
     recomputed again inside it: two-level checkpointing.
 
     In forward it holds what ``outer`` holds (its inputs). In backward the outer recomputation
     runs its forward with the inner segments checkpointed again, so it rebuilds the saves of its
-    layers outside them and only the inner segments' inputs; each inner segment is then
-    recomputed in its turn during the backward. Its transient is at most all that the outer
-    recomputation rebuilds plus the largest inner one's saves, and its recompute time is the
-    outer forward plus each inner forward once more.
+    layers outside them (``saved_bytes``, per profile layer) and only the inner segments'
+    inputs; each is freed once the backward has used it, and each inner segment is recomputed
+    in its turn while its backward runs. Its transient is the most of: all the outer
+    recomputation rebuilds (when it has just run), and for each inner segment, what the outer
+    recomputation rebuilt up to and with that segment's inputs plus that segment's own saves.
+    Its recompute time is the outer forward plus each inner forward once more.
 
     Example:
         >>> outer = SegmentSpan("s", 0, 3, 10, 400, 4.0)
         >>> inner = [SegmentSpan("s.b0", 0, 1, 10, 200, 1.0), SegmentSpan("s.b1", 2, 3, 20, 180, 3.0)]
-        >>> span = nested_span(outer, inner)
+        >>> span = nested_span(outer, inner, [100, 100, 90, 90])
         >>> span.names, span.transient_bytes, span.recompute_seconds, span.freed_bytes
-        (('s', 's.b0', 's.b1'), 250, 8.0, 390)
+        (('s', 's.b0', 's.b1'), 210, 8.0, 390)
     """
     chosen = tuple(sorted(inner, key=lambda span: span.first))
     if not chosen:
@@ -260,11 +262,22 @@ def nested_span(outer: SegmentSpan, inner: Sequence[SegmentSpan]) -> SegmentSpan
     for before, after in zip(chosen, chosen[1:], strict=False):
         if before.overlaps(after):
             raise ValueError(f"inner segments {before.name!r} and {after.name!r} overlap")
-    outside = outer.saved_bytes - sum(span.saved_bytes for span in chosen)
-    rebuilt = (
-        outside + sum(span.input_bytes for span in chosen) + max(span.transient_bytes for span in chosen)
+    # What the outer recomputation rebuilds at each layer, in forward order: an inner segment's
+    # inputs at its first layer, the saves of a layer outside every inner segment at that layer.
+    rebuilt = [0] * (outer.last - outer.first + 1)
+    for i in range(outer.first, outer.last + 1):
+        if not any(span.first <= i <= span.last for span in chosen):
+            rebuilt[i - outer.first] = saved_bytes[i]
+    for span in chosen:
+        rebuilt[span.first - outer.first] += span.input_bytes
+    prefix = [0]
+    for nbytes in rebuilt:
+        prefix.append(prefix[-1] + nbytes)
+    peak = max(
+        prefix[-1],
+        *(prefix[span.first - outer.first + 1] + span.transient_bytes for span in chosen),
     )
-    return replace(outer, rebuilt_bytes=min(rebuilt, outer.transient_bytes), inner=chosen)
+    return replace(outer, rebuilt_bytes=peak, inner=chosen)
 
 
 def inner_spans(outer: SegmentSpan, spans: Sequence[SegmentSpan]) -> tuple[SegmentSpan, ...]:
@@ -320,7 +333,8 @@ def named_spans(
         if any(within(outer, other) for other in spans):
             continue  # recomputed inside another
         inner = [span for span in spans if within(span, outer)]
-        result.append(nested_span(outer, inner) if inner else outer)
+        saved = [layer.saved_bytes for layer in profile.layers]
+        result.append(nested_span(outer, inner, saved) if inner else outer)
     return sorted(result, key=lambda span: span.first)
 
 

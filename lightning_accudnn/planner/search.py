@@ -338,7 +338,7 @@ def _search_many(
         for frontier in _frontiers(profile, group):
             sets.walk(frontier)
     for group in span_groups(spans):  # each kind alone as its own policy asks (nothing swapped)
-        nested = nested_spans(group)  # where one level of recomputation cannot fit, two may
+        nested = nested_spans(profile, group)  # where one level of recomputation cannot fit, two may
         for chosen in fitting_sets(profile, (*group, *nested), cap, swappable and len(group) == len(spans)):
             sets.score(chosen)
     best: SimulationResult | None = None
@@ -452,7 +452,7 @@ def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tup
         if len(group) > EXACT_MAX_SEGMENTS:
             most = [frontier[-1] for frontier in _frontiers(profile, group)]
             sets += most
-            nested = {span.name: span for span in nested_spans(group)}
+            nested = {span.name: span for span in nested_spans(profile, group)}
             sets += [
                 nesting
                 for chosen in most
@@ -466,7 +466,7 @@ def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tup
     return sets
 
 
-def nested_spans(spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
+def nested_spans(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
     """Each whole candidate among ``spans`` that holds others, recomputed with the whole
     candidates directly inside it recomputed again inside it (two-level checkpointing,
     :func:`~lightning_accudnn.planner.recompute.nested_span`): it holds what the candidate holds
@@ -474,18 +474,21 @@ def nested_spans(spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
     transient-aware search and to the smallest budget, where one level cannot reach a budget.
 
     Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile(tuple(LayerProfile(f"l{i}", 100, 100) for i in range(4)), 0)
         >>> spans = [SegmentSpan("s", 0, 3, 10, 400, 4.0), SegmentSpan("s.b0", 0, 1, 10, 200, 1.0),
-        ...          SegmentSpan("s.b1", 2, 3, 20, 180, 3.0)]
-        >>> [span.names for span in nested_spans(spans)]
-        [('s', 's.b0', 's.b1')]
+        ...          SegmentSpan("s.b1", 2, 3, 20, 200, 3.0)]
+        >>> [(span.names, span.transient_bytes) for span in nested_spans(profile, spans)]
+        [(('s', 's.b0', 's.b1'), 230)]
     """
+    saved = [layer.saved_bytes for layer in profile.layers]
     nested = []
     for span in spans:
         if span.selective or span.inner:
             continue
         inner = inner_spans(span, spans)
         if inner:
-            nested.append(nested_span(span, inner))
+            nested.append(nested_span(span, inner, saved))
     return nested
 
 

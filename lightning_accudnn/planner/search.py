@@ -109,11 +109,14 @@ class MixedResult:
     method: str
 
 
-def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+def recompute_sets(
+    spans: Sequence[SegmentSpan], nested: Sequence[SegmentSpan] = ()
+) -> list[tuple[SegmentSpan, ...]]:
     """The recompute sets whose least peak bounds the smallest budget: they depend on the
     candidates' bytes only (never on timings), so the smallest budget does not either.
 
-    Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset. Beyond: the
+    Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset of them and of
+    the ``nested`` ones (:func:`nested_spans`, each overlapping its stage). Beyond: the
     candidates that save the fewest bytes first (the smallest transient in backward: blocks
     before the stages that hold them), taken greedily without overlap, and the prefixes of
     that order of length 0, 1, 4, 16, ... and all.
@@ -124,9 +127,10 @@ def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]
         [[], ['a'], ['a.x']]
     """
     if len(spans) <= EXACT_MAX_SEGMENTS:
+        every = sorted((*spans, *nested), key=lambda span: (span.first, -span.last, span.selective))
         sets: list[tuple[SegmentSpan, ...]] = []
-        for mask in range(1 << len(spans)):
-            chosen = tuple(span for bit, span in enumerate(spans) if mask >> bit & 1)
+        for mask in range(1 << len(every)):
+            chosen = tuple(span for bit, span in enumerate(every) if mask >> bit & 1)
             if all(not a.overlaps(b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]):
                 sets.append(chosen)
         return sets
@@ -221,7 +225,7 @@ def search_mixed(
     least: int | None = None
     exact = True
     steps: dict[tuple[tuple[str, bool], ...], RecomputedProfile] = {}
-    for chosen in recompute_sets(spans):
+    for chosen in recompute_sets(spans, nested_spans(profile, spans)):
         known = set_key(chosen)
         if known not in steps:
             steps[known] = recomputed_profile(profile, chosen, swappable=swappable)
@@ -442,13 +446,15 @@ def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tup
     set of each frontier of :func:`frontier_sets` that frees the most.
 
     Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile((LayerProfile("a.y", 5, 5), LayerProfile("a.x", 5, 5)), 0)
         >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
-        >>> len(planned_sets(StepProfile((), 0), spans))
-        3
+        >>> [[span.names for span in chosen] for chosen in planned_sets(profile, spans)]
+        [[], [('a',)], [('a', 'a.x')], [('a.x',)]]
     """
     sets: list[tuple[SegmentSpan, ...]] = []
     for group in span_groups(spans):
-        sets += recompute_sets(group)
+        sets += recompute_sets(group, nested_spans(profile, group))
         if len(group) > EXACT_MAX_SEGMENTS:
             most = [frontier[-1] for frontier in _frontiers(profile, group)]
             sets += most

@@ -7,6 +7,11 @@ backward. :class:`SegmentRecomputer` installs a wrapper of each chosen module's 
 once (no per-step module hooks) and removes it cleanly; :class:`SegmentProbe` measures, in a
 profiling pass, which modules may be recomputed and their inputs' bytes.
 
+Segments may nest (two-level checkpointing): a segment inside another that is recomputed is
+checkpointed again while the outer one's forward runs again in backward, as it was in forward,
+so that recomputation holds only the inner segments' inputs, and each inner segment is then
+recomputed in its turn.
+
 A compiled block (regional ``torch.compile``) is a segment as a whole: it is probed and
 recomputed from its eager boundary (see :mod:`.compiled_blocks`), its compiled code run again
 as it is, so recomputing it compiles nothing again; the modules inside it are never segments.
@@ -277,12 +282,16 @@ class _Replay:
         if changed is not None:
             raise self._failed(changed)
         args, kwargs = self.inputs.rebuild(tensors)
+        recomputer, enabled = self.recomputer, self.recomputer.enabled
+        recomputer.enabled = True  # segments inside this one are checkpointed again, as in forward
         try:
             return self.forward(*args, **kwargs)
         except (STOP_RECOMPUTATION, torch.OutOfMemoryError):  # control flow; memory, not safety
             raise
         except Exception as error:
             raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error
+        finally:
+            recomputer.enabled = enabled
 
     def _failed(self, reason: str) -> RecomputationError:
         self.recomputer.failures[self.name] = reason

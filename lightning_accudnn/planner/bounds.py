@@ -25,7 +25,10 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
     ``LB = min over x of max(T_fwd, x / bw_out) + max(T_bwd + R(X - x), x / bw_in)``, with
     ``x = X`` under policy ``"swap"`` (``LB = max(T_fwd, X/bw_out) + max(T_bwd, X/bw_in)``) and
     ``x = 0`` under ``"recompute"`` and ``"selective"``. It ignores the transient a recomputed
-    segment holds and the bytes a plan cannot move, so every plan is at least this slow.
+    segment holds and the bytes a plan cannot move, so every plan is at least this slow. A nested
+    set (a stage recomputed with its blocks recomputed again inside it) frees at the end of the
+    forward what the stage alone frees, at more recompute time, so the relaxation over
+    non-overlapping sets bounds it too.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile

@@ -16,6 +16,7 @@ from lightning_accudnn.planner.budget import format_bytes
 from lightning_accudnn.planner.headroom import Headroom
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
+    named_spans,
     policy_spans,
     recomputed_profile,
 )
@@ -214,9 +215,8 @@ class Plan:
             >>> plan.peak_bytes_on(profile) == plan.predicted_peak_bytes
             True
         """
-        wanted = {(name, name in self.selective) for name in self.recomputed}
-        spans = [span for span in policy_spans(profile, self.policy) if (span.name, span.selective) in wanted]
-        if len(spans) != len(self.recomputed):
+        spans = named_spans(profile, self.policy, self.recomputed, self.selective)
+        if sum(len(span.names) for span in spans) != len(self.recomputed):
             raise ValueError(f"the profile lacks recomputed segments of the plan: {self.recomputed}")
         step = recomputed_profile(profile, spans, swappable=self.policy not in KEEP_OR_RECOMPUTE)
         position = {layer.name: i for i, layer in enumerate(self.profile.layers)}

@@ -39,6 +39,12 @@ its layer holds its inputs plus those kept bytes, it costs its forward time time
 (``selective_recomputed_bytes``; where not measured, all its saves, as for whole
 recomputation) is a transient in its backward.
 
+A segment recomputed **nested** (:func:`nested_span`: a stage with the blocks inside it
+recomputed again inside its recomputation) is one layer as the stage alone is, whose backward
+runs the stage's forward and each block's forward once more, and whose transient is what the
+stage's recomputation rebuilds (the saves outside its blocks and the blocks' inputs) plus the
+largest block's saves.
+
 Example:
     >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
     >>> layers = (LayerProfile("stem", 40, 40, 1.0, 2.0), LayerProfile("block.conv", 100, 100, 1.0, 2.0),
@@ -54,7 +60,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, StepProfile
 
@@ -62,6 +68,9 @@ __all__ = [
     "RecomputedProfile",
     "SegmentSpan",
     "candidate_spans",
+    "inner_spans",
+    "named_spans",
+    "nested_span",
     "policy_spans",
     "recomputed_profile",
     "set_key",
@@ -78,6 +87,9 @@ class SegmentSpan:
     ``selective`` spans are recomputed selectively: they hold ``kept_bytes`` more, run
     ``recompute_share`` of their forward time again and rebuild ``rebuilt_bytes`` of saves in
     backward (``None``: all their saves).
+
+    A span with ``inner`` spans (made by :func:`nested_span`) is recomputed with those recomputed
+    again inside it (two-level checkpointing): see :func:`nested_span`.
 
     Example:
         >>> span = SegmentSpan("block", 1, 2, input_bytes=40, saved_bytes=200, forward_seconds=1.5)
@@ -101,6 +113,17 @@ class SegmentSpan:
     kept_bytes: int = 0
     recompute_share: float = 1.0
     rebuilt_bytes: int | None = None
+    inner: tuple[SegmentSpan, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The segments recomputing this span recomputes: its own, then its inner ones'."""
+        return (self.name, *(span.name for span in self.inner))
+
+    @property
+    def transient_bytes(self) -> int:
+        """What its backward holds on top of everything else: the saves its recomputation rebuilds."""
+        return self.saved_bytes if self.rebuilt_bytes is None else self.rebuilt_bytes
 
     @property
     def sources(self) -> dict[str, int]:
@@ -120,8 +143,10 @@ class SegmentSpan:
 
     @property
     def recompute_seconds(self) -> float:
-        """Forward time run again in backward."""
-        return self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
+        """Forward time run again in backward (an inner span's twice: in this one's
+        recomputation and in its own)."""
+        own = self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
+        return own + sum(span.recompute_seconds for span in self.inner)
 
     def overlaps(self, other: SegmentSpan) -> bool:
         return self.first <= other.last and other.first <= self.last
@@ -204,6 +229,118 @@ def policy_spans(profile: StepProfile, policy: str) -> tuple[SegmentSpan, ...]:
     return tuple(sorted(both, key=lambda span: (span.first, -span.last, span.selective)))
 
 
+def nested_span(outer: SegmentSpan, inner: Sequence[SegmentSpan], saved_bytes: Sequence[int]) -> SegmentSpan:
+    """``outer`` recomputed whole with ``inner`` (whole, non-overlapping, strictly within it)
+    recomputed again inside it: two-level checkpointing.
+
+    In forward it holds what ``outer`` holds (its inputs). In backward the outer recomputation
+    runs its forward with the inner segments checkpointed again, so it rebuilds the saves of its
+    layers outside them (``saved_bytes``, per profile layer) and only the inner segments'
+    inputs; each is freed once the backward has used it, and each inner segment is recomputed
+    in its turn while its backward runs. Its transient is the most of: all the outer
+    recomputation rebuilds (when it has just run), and for each inner segment, what the outer
+    recomputation rebuilt up to and with that segment's inputs plus that segment's own saves.
+    Its recompute time is the outer forward plus each inner forward once more.
+
+    Example:
+        >>> outer = SegmentSpan("s", 0, 3, 10, 400, 4.0)
+        >>> inner = [SegmentSpan("s.b0", 0, 1, 10, 200, 1.0), SegmentSpan("s.b1", 2, 3, 20, 180, 3.0)]
+        >>> span = nested_span(outer, inner, [100, 100, 90, 90])
+        >>> span.names, span.transient_bytes, span.recompute_seconds, span.freed_bytes
+        (('s', 's.b0', 's.b1'), 210, 8.0, 390)
+    """
+    chosen = tuple(sorted(inner, key=lambda span: span.first))
+    if not chosen:
+        raise ValueError(f"no inner segments to recompute inside {outer.name!r}")
+    if outer.selective or outer.inner:
+        raise ValueError(f"{outer.name!r} is recomputed selectively or nested already")
+    for span in chosen:
+        if (
+            span.selective
+            or span.inner
+            or not outer.holds(span)
+            or (span.first, span.last) == (outer.first, outer.last)
+        ):
+            raise ValueError(f"{span.name!r} is no whole segment strictly inside {outer.name!r}")
+    for before, after in zip(chosen, chosen[1:], strict=False):
+        if before.overlaps(after):
+            raise ValueError(f"inner segments {before.name!r} and {after.name!r} overlap")
+    # What the outer recomputation rebuilds at each layer, in forward order: an inner segment's
+    # inputs at its first layer, the saves of a layer outside every inner segment at that layer.
+    rebuilt = [0] * (outer.last - outer.first + 1)
+    for i in range(outer.first, outer.last + 1):
+        if not any(span.first <= i <= span.last for span in chosen):
+            rebuilt[i - outer.first] = saved_bytes[i]
+    for span in chosen:
+        rebuilt[span.first - outer.first] += span.input_bytes
+    prefix = [0]
+    for nbytes in rebuilt:
+        prefix.append(prefix[-1] + nbytes)
+    peak = max(
+        prefix[-1],
+        *(prefix[span.first - outer.first + 1] + span.transient_bytes for span in chosen),
+    )
+    return replace(outer, rebuilt_bytes=peak, inner=chosen)
+
+
+def inner_spans(outer: SegmentSpan, spans: Sequence[SegmentSpan]) -> tuple[SegmentSpan, ...]:
+    """The whole candidates among ``spans`` directly inside ``outer`` (strictly within it and
+    within no other such candidate), in forward order: what :func:`nested_span` recomputes
+    inside it.
+
+    Example:
+        >>> spans = [SegmentSpan("s", 0, 3, 10, 400, 4.0), SegmentSpan("s.b0", 0, 1, 10, 200, 1.0),
+        ...          SegmentSpan("s.b0.x", 0, 0, 10, 100, 1.0), SegmentSpan("s.b1", 2, 3, 20, 180, 3.0)]
+        >>> [span.name for span in inner_spans(spans[0], spans)]
+        ['s.b0', 's.b1']
+    """
+    within = [
+        span
+        for span in spans
+        if not span.selective
+        and not span.inner
+        and outer.holds(span)
+        and (span.first, span.last) != (outer.first, outer.last)
+    ]
+    direct = [span for span in within if not any(other is not span and other.holds(span) for other in within)]
+    picked: list[SegmentSpan] = []
+    for span in sorted(direct, key=lambda span: (span.first, -span.last)):
+        if all(not span.overlaps(other) for other in picked):
+            picked.append(span)
+    return tuple(picked)
+
+
+def named_spans(
+    profile: StepProfile, policy: str, recomputed: Sequence[str], selective: Sequence[str] = ()
+) -> list[SegmentSpan]:
+    """The spans of a plan that recomputes the segments ``recomputed`` (``selective`` of them
+    selectively) under ``policy``: a whole segment inside another recomputed whole is recomputed
+    nested in it (:func:`nested_span`). Missing segments are left out.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
+        >>> layers = tuple(LayerProfile(f"s.b{i}.{part}", 50, 50, 1.0) for i in range(2) for part in "xy")
+        >>> segments = (SegmentProfile("s", 10), SegmentProfile("s.b0", 10), SegmentProfile("s.b1", 10))
+        >>> profile = StepProfile(layers, 0, segments=segments)
+        >>> [span.names for span in named_spans(profile, "recompute", ["s", "s.b0"])]
+        [('s', 's.b0')]
+    """
+    wanted = {(name, name in selective) for name in recomputed}
+    spans = [span for span in policy_spans(profile, policy) if (span.name, span.selective) in wanted]
+
+    def within(span: SegmentSpan, outer: SegmentSpan) -> bool:
+        return outer is not span and not outer.selective and not span.selective and outer.holds(span)
+
+    result = []
+    for outer in spans:
+        if any(within(outer, other) for other in spans):
+            continue  # recomputed inside another
+        inner = [span for span in spans if within(span, outer)]
+        saved = [layer.saved_bytes for layer in profile.layers]
+        result.append(nested_span(outer, inner, saved) if inner else outer)
+    return sorted(result, key=lambda span: span.first)
+
+
 def set_key(chosen: Sequence[SegmentSpan]) -> tuple[tuple[str, bool], ...]:
     """What tells recompute sets apart: each span's name and whether it is selective.
 
@@ -211,7 +348,7 @@ def set_key(chosen: Sequence[SegmentSpan]) -> tuple[tuple[str, bool], ...]:
         >>> set_key([SegmentSpan("b", 0, 1, 10, 100, 1.0, selective=True)])
         (('b', True),)
     """
-    return tuple((span.name, span.selective) for span in chosen)
+    return tuple((name, span.selective and name == span.name) for span in chosen for name in span.names)
 
 
 @dataclass(frozen=True)
@@ -235,6 +372,8 @@ class RecomputedProfile:
     origin: tuple[tuple[int, ...], ...]
     recomputed: tuple[str, ...]
     spans: tuple[SegmentSpan, ...] = ()
+    """The recomputed spans, in forward order (a nested one holds its inner spans; ``recomputed``
+    names them all)."""
 
     @property
     def recompute_seconds(self) -> float:
@@ -391,6 +530,7 @@ def recomputed_profile(
             inner = [layers[i] for i in indices]
             forward = sum(layer.forward_seconds for layer in inner)
             again = forward * span.recompute_share if span.selective else forward
+            again += sum(nested.recompute_seconds for nested in span.inner)
             new_layers.append(
                 LayerProfile(
                     name,
@@ -413,6 +553,6 @@ def recomputed_profile(
         derived,
         tuple(transient),
         tuple(tuple(indices) for _, indices, _ in groups),
-        tuple(span.name for span in chosen),
+        tuple(name for span in chosen for name in span.names),
         tuple(chosen),
     )

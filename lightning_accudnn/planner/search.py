@@ -12,6 +12,10 @@ frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, b
 program over the forward order) and from its transient-aware dynamic program (the cheapest set
 that fits, :func:`fitting_sets`), each simulated exactly, and only a few of those that still
 need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
+The transient-aware program and the smallest budget are also offered nested candidates
+(:func:`nested_spans`: a stage recomputed with its blocks recomputed again inside it), for
+budgets one level of recomputation cannot reach; with few candidates (every subset searched),
+none are nested.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from lightning_accudnn.planner.frontier import fitting_set, recompute_frontier
 from lightning_accudnn.planner.recompute import (
     RecomputedProfile,
     SegmentSpan,
+    inner_spans,
+    nested_span,
     policy_spans,
     recomputed_profile,
     set_key,
@@ -48,6 +54,7 @@ __all__ = [
     "fitting_sets",
     "frontier_sets",
     "least_peak_choice",
+    "nested_spans",
     "planned_sets",
     "recompute_sets",
     "search",
@@ -102,11 +109,14 @@ class MixedResult:
     method: str
 
 
-def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
+def recompute_sets(
+    spans: Sequence[SegmentSpan], nested: Sequence[SegmentSpan] = ()
+) -> list[tuple[SegmentSpan, ...]]:
     """The recompute sets whose least peak bounds the smallest budget: they depend on the
     candidates' bytes only (never on timings), so the smallest budget does not either.
 
-    Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset. Beyond: the
+    Up to :data:`EXACT_MAX_SEGMENTS` candidates: every non-overlapping subset of them and of
+    the ``nested`` ones (:func:`nested_spans`, each overlapping its stage). Beyond: the
     candidates that save the fewest bytes first (the smallest transient in backward: blocks
     before the stages that hold them), taken greedily without overlap, and the prefixes of
     that order of length 0, 1, 4, 16, ... and all.
@@ -117,9 +127,10 @@ def recompute_sets(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]
         [[], ['a'], ['a.x']]
     """
     if len(spans) <= EXACT_MAX_SEGMENTS:
+        every = sorted((*spans, *nested), key=lambda span: (span.first, -span.last, span.selective))
         sets: list[tuple[SegmentSpan, ...]] = []
-        for mask in range(1 << len(spans)):
-            chosen = tuple(span for bit, span in enumerate(spans) if mask >> bit & 1)
+        for mask in range(1 << len(every)):
+            chosen = tuple(span for bit, span in enumerate(every) if mask >> bit & 1)
             if all(not a.overlaps(b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]):
                 sets.append(chosen)
         return sets
@@ -214,7 +225,7 @@ def search_mixed(
     least: int | None = None
     exact = True
     steps: dict[tuple[tuple[str, bool], ...], RecomputedProfile] = {}
-    for chosen in recompute_sets(spans):
+    for chosen in recompute_sets(spans, nested_spans(profile, spans)):
         known = set_key(chosen)
         if known not in steps:
             steps[known] = recomputed_profile(profile, chosen, swappable=swappable)
@@ -331,7 +342,8 @@ def _search_many(
         for frontier in _frontiers(profile, group):
             sets.walk(frontier)
     for group in span_groups(spans):  # each kind alone as its own policy asks (nothing swapped)
-        for chosen in fitting_sets(profile, group, cap, swappable and len(group) == len(spans)):
+        nested = nested_spans(profile, group)  # where one level of recomputation cannot fit, two may
+        for chosen in fitting_sets(profile, (*group, *nested), cap, swappable and len(group) == len(spans)):
             sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
@@ -434,16 +446,56 @@ def planned_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tup
     set of each frontier of :func:`frontier_sets` that frees the most.
 
     Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile((LayerProfile("a.y", 5, 5), LayerProfile("a.x", 5, 5)), 0)
         >>> spans = [SegmentSpan("a", 0, 1, 0, 10, 1.0), SegmentSpan("a.x", 1, 1, 0, 5, 1.0)]
-        >>> len(planned_sets(StepProfile((), 0), spans))
-        3
+        >>> [[span.names for span in chosen] for chosen in planned_sets(profile, spans)]
+        [[], [('a',)], [('a', 'a.x')], [('a.x',)]]
     """
     sets: list[tuple[SegmentSpan, ...]] = []
     for group in span_groups(spans):
-        sets += recompute_sets(group)
+        sets += recompute_sets(group, nested_spans(profile, group))
         if len(group) > EXACT_MAX_SEGMENTS:
-            sets += [frontier[-1] for frontier in _frontiers(profile, group)]
+            most = [frontier[-1] for frontier in _frontiers(profile, group)]
+            sets += most
+            nested = {span.name: span for span in nested_spans(profile, group)}
+            sets += [
+                nesting
+                for chosen in most
+                if (
+                    nesting := tuple(
+                        nested.get(span.name, span) if not span.selective else span for span in chosen
+                    )
+                )
+                != chosen
+            ]
     return sets
+
+
+def nested_spans(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[SegmentSpan]:
+    """Each whole candidate among ``spans`` that holds others, recomputed with the whole
+    candidates directly inside it recomputed again inside it (two-level checkpointing,
+    :func:`~lightning_accudnn.planner.recompute.nested_span`): it holds what the candidate holds
+    in forward, at a smaller transient in backward and more recompute time. Offered to the
+    transient-aware search and to the smallest budget, where one level cannot reach a budget.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile(tuple(LayerProfile(f"l{i}", 100, 100) for i in range(4)), 0)
+        >>> spans = [SegmentSpan("s", 0, 3, 10, 400, 4.0), SegmentSpan("s.b0", 0, 1, 10, 200, 1.0),
+        ...          SegmentSpan("s.b1", 2, 3, 20, 200, 3.0)]
+        >>> [(span.names, span.transient_bytes) for span in nested_spans(profile, spans)]
+        [(('s', 's.b0', 's.b1'), 230)]
+    """
+    saved = [layer.saved_bytes for layer in profile.layers]
+    nested = []
+    for span in spans:
+        if span.selective or span.inner:
+            continue
+        inner = inner_spans(span, spans)
+        if inner:
+            nested.append(nested_span(span, inner, saved))
+    return nested
 
 
 def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:

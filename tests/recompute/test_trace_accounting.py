@@ -18,7 +18,7 @@ from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.plan import min_budget_bytes
-from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import named_spans, recomputed_profile
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.profiling.gpus import get_gpu
@@ -71,13 +71,13 @@ def test_trace_accounts_recomputation_as_live_training_measures(kind):
     # dtype: the live run holds that much more, which the comparison below adds to the trace.
     gap = live.saved_bytes - traced.saved_bytes
     assert gap == 0 if kind != "gpt" else gap > 0, (kind, gap)
-    spans = {span.name: span for span in candidate_spans(traced)}
     peaks, _ = _train(kind, min_budget_bytes(live, policy="recompute"), 4)
     checked = 0
     for plan, measured in peaks:
         if plan is None or not plan.recomputed:
             continue
-        step = recomputed_profile(traced, [spans[name] for name in plan.recomputed], swappable=False)
+        spans = named_spans(traced, "recompute", plan.recomputed)
+        step = recomputed_profile(traced, spans, swappable=False)
         keep = PlanChoice((False,) * len(step.profile.layers))
         predicted = Simulator(step.profile).memory(keep).peak_bytes
         assert predicted - traced.static_bytes + gap >= measured - live.static_bytes, (

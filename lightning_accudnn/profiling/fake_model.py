@@ -1,0 +1,135 @@
+"""Build a model for the dry-run trace: its parameters and buffers fake tensors of one
+:class:`~torch._subclasses.fake_tensor.FakeTensorMode`, taking no memory, and, for a
+``-true`` precision, cast to that dtype.
+
+Example:
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> fake_mode = FakeTensorMode()
+    >>> model = build_fake(lambda: nn.Linear(4, 2), fake_mode)
+    >>> with fake_mode:
+    ...     cast_floating(model, torch.bfloat16)
+    >>> model.weight.dtype, isinstance(model.weight, nn.Parameter), model.weight.requires_grad
+    (torch.bfloat16, True, True)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["build_fake", "cast_floating"]
+
+#: In-place initialisers that only write values (a fake tensor has none): under
+#: :class:`_SkipValueFills` they return their tensor without dispatching anything.
+_VALUE_FILLS = frozenset(
+    {
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+        torch.Tensor.zero_,
+        torch.Tensor.fill_,
+        nn.init.normal_,
+        nn.init.uniform_,
+        nn.init.constant_,
+        nn.init.kaiming_uniform_,
+    }
+)
+
+
+class _SkipValueFills(TorchFunctionMode):
+    """While a model is built under fake tensors, in-place value fills do nothing.
+
+    They leave shape, strides and dtype as they are, and a fake tensor holds no values, so
+    dispatching them (thousands of calls for a large model) would only cost time.
+    """
+
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: object,
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        kwargs = kwargs or {}
+        if func in _VALUE_FILLS:
+            tensor = args[0] if args else kwargs["tensor"]
+            if isinstance(tensor, FakeTensor):
+                return tensor
+        return func(*args, **kwargs)
+
+
+def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.Module:
+    """Build the model with fake parameters and buffers belonging to ``fake_mode``.
+
+    In-place value fills (``normal_``, ``uniform_``, ``zero_``, ``fill_`` and the ``nn.init``
+    functions made of them) are skipped on fake tensors (:class:`_SkipValueFills`).
+    Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
+    make the builder run on the meta device instead. Either way, a parameter or buffer that
+    is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake tensor that
+    ``copy.deepcopy`` gave a mode of its own, as in ``nn.TransformerEncoder``) is replaced by
+    an uninitialised fake CPU tensor of the same shape, strides and dtype.
+    """
+    try:
+        with fake_mode, _SkipValueFills(), warnings.catch_warnings():
+            # copy.deepcopy of a fake tensor (nn.TransformerEncoder clones its layer) checks
+            # its data pointer; harmless here, and the copy is replaced below.
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            model = build()
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        with torch.device("meta"):
+            model = build()
+    _check_module(model)
+
+    replaced: dict[int, torch.Tensor] = {}  # tied weights stay tied
+
+    def adopt(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in replaced:
+            fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+            if isinstance(tensor, nn.Parameter):
+                fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+            replaced[id(tensor)] = fresh
+        return replaced[id(tensor)]
+
+    with fake_mode:
+        for module in model.modules():
+            tables: tuple[dict[str, torch.Tensor | None], ...] = (module._parameters, module._buffers)  # type: ignore[assignment]
+            for table in tables:
+                for name, tensor in table.items():
+                    if tensor is not None and not (
+                        isinstance(tensor, FakeTensor) and tensor.fake_mode is fake_mode
+                    ):
+                        table[name] = adopt(tensor)
+    return model
+
+
+def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give ``model`` floating-point parameters and buffers of ``dtype`` (``Module.to`` swaps
+    tensors in place, which fake parameters refuse): new ones of the same shape, ties kept.
+    Run it under the fake mode the model's tensors belong to."""
+    replaced: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        tables: tuple[dict[str, torch.Tensor | None], ...] = (module._parameters, module._buffers)  # type: ignore[assignment]
+        for table in tables:
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                    continue
+                if id(tensor) not in replaced:
+                    fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=dtype)
+                    if isinstance(tensor, nn.Parameter):
+                        fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+                    replaced[id(tensor)] = fresh
+                table[name] = replaced[id(tensor)]
+
+
+def _check_module(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module")

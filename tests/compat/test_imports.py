@@ -45,6 +45,8 @@ NOT_FOR_THE_CLI = (
     "lightning",
     "lightning_accudnn.callbacks",
     "lightning_accudnn.ops.engine",
+    "lightning_accudnn.ops.pack",
+    "lightning_accudnn.ops.transfers",
     "lightning_accudnn.session.session",
     "lightning_accudnn.strategy",
 )
@@ -110,5 +112,5 @@ def test_the_command_line_imports_only_what_it_uses(fresh_runs):
     lines = _output(fresh_runs, "cli-only").strip().splitlines()
     assert lines[0] == "[]"
     assert lines[1:] == [
-        "lightning_accudnn.session.session lightning_accudnn.ops.schedule lightning_accudnn.ops.engine"
+        "lightning_accudnn.session.session lightning_accudnn.ops.schedule lightning_accudnn.ops.pack"
     ]

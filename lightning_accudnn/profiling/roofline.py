@@ -63,14 +63,18 @@ class LayerTrace:
     ``saved`` that a later layer saves again, ``(later layer, storage bytes)`` under the
     **last** layer that saves it (or, if that layer saves nothing of its own, the next layer
     that does), as the offload engine lists re-saves (:attr:`.LayerProfile.resaved_by`).
+    ``resaved_modules`` lists, per storage of ``resaved`` whose last re-save was by a layer that
+    saves nothing of its own, ``(that layer, storage bytes)``
+    (:attr:`.LayerProfile.resaved_by_module`).
 
     Example:
         >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20,
-        ...                    resaved=(("conv2", 4_000_000), ("conv2", 512)))
+        ...                    resaved=(("conv2", 4_000_000), ("conv2", 512)),
+        ...                    resaved_modules=(("relu", 4_000_000),))
         >>> layer.saved_bytes, layer.swappable_bytes(min_swap_bytes=2**20)
         (4000512, 4000000)
-        >>> layer.resaved_by(min_swap_bytes=2**20)
-        (('conv2', 4000000),)
+        >>> layer.resaved_by(min_swap_bytes=2**20), layer.resaved_by_module(min_swap_bytes=2**20)
+        ((('conv2', 4000000),), (('relu', 4000000),))
     """
 
     name: str
@@ -78,6 +82,7 @@ class LayerTrace:
     forward_flops: int
     backward_flops: int
     resaved: tuple[tuple[str, int], ...] = ()
+    resaved_modules: tuple[tuple[str, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -94,11 +99,12 @@ class LayerTrace:
     def resaved_by(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[tuple[str, int], ...]:
         """The bytes of swappable storages saved again, per later layer
         (:attr:`.LayerProfile.resaved_by`)."""
-        per_layer: dict[str, int] = {}
-        for later, size in self.resaved:
-            if size > 0 and size >= min_swap_bytes:
-                per_layer[later] = per_layer.get(later, 0) + size
-        return tuple(per_layer.items())
+        return _per_layer(self.resaved, min_swap_bytes)
+
+    def resaved_by_module(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[tuple[str, int], ...]:
+        """The part of :meth:`resaved_by` saved again last by a layer that saves nothing of its
+        own, per such layer (:attr:`.LayerProfile.resaved_by_module`)."""
+        return _per_layer(self.resaved_modules, min_swap_bytes)
 
     def small_resaved_by(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[tuple[str, int], ...]:
         """The re-saves of the storages too small for the engine to swap, one per storage
@@ -213,6 +219,7 @@ class StepTrace:
                 small_storages=layer.small_storages(min_swap_bytes),
                 resaved_by=layer.resaved_by(min_swap_bytes),
                 small_resaved_by=layer.small_resaved_by(min_swap_bytes),
+                resaved_by_module=layer.resaved_by_module(min_swap_bytes),
             )
             for layer in self.layers
         )
@@ -255,3 +262,12 @@ class StepTrace:
                 segment = replace(segment, selective_recompute_share=share)
             timed.append(segment)
         return tuple(timed)
+
+
+def _per_layer(storages: tuple[tuple[str, int], ...], min_swap_bytes: int) -> tuple[tuple[str, int], ...]:
+    """The bytes of the swappable storages of ``(layer, storage bytes)`` pairs, per layer."""
+    per_layer: dict[str, int] = {}
+    for name, size in storages:
+        if size > 0 and size >= min_swap_bytes:
+            per_layer[name] = per_layer.get(name, 0) + size
+    return tuple(per_layer.items())

@@ -12,7 +12,7 @@ storages but no data) and runs one forward and backward. Three observers watch i
   which names layer invocations exactly as the offload engine does). Parameters, buffers and
   views of them are skipped and each storage counts once, by storage identity, as the engine
   filters them. A storage saved again by a later layer is listed under the last such layer
-  (:attr:`.LayerTrace.resaved`), as the engine lists re-saves, so the profile says
+  (:attr:`.LayerTrace.resaved`, :mod:`.resaves`), as the engine lists re-saves, so the profile says
   ``resaves_listed``.
 * a dispatch mode records every kernel: FLOPs (from :mod:`torch.utils.flop_counter`'s
   formulas, plus the CPU flash attention kernels) and bytes moved (tensor bytes read and
@@ -94,6 +94,7 @@ from lightning_accudnn.profiling.attention import attention_kernel, run_attentio
 from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
 from lightning_accudnn.profiling.fake_model import build_fake, cast_floating
 from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
@@ -232,9 +233,7 @@ class _Recorder:
     seen_storages: dict[int, torch.Tensor] = field(default_factory=dict)
     first_layer: dict[int, str] = field(default_factory=dict)  # storage -> the layer that saved it first
     saving: dict[str, None] = field(default_factory=dict)  # layers in order of their first own save
-    resaved_from: dict[int, int] = field(
-        default_factory=dict
-    )  # storage -> its last re-save's index in saving
+    resaves: ResaveLog = field(default_factory=ResaveLog)  # storages saved again, by key
     read_in_forward: set[int] = field(default_factory=set)  # storages unpacked during the forward
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
     selective: _Selective = field(default_factory=lambda: _Selective())
@@ -254,8 +253,7 @@ class _Recorder:
         if key is not None and key in self.seen_storages:
             # Saved again: backward needs it from the backward of this layer on (or, if this
             # layer saves nothing of its own, of the next that does), as the engine counts it.
-            saving = self.saving
-            self.resaved_from[key] = list(saving).index(layer) if layer in saving else len(saving)
+            self.resaves.note(key, layer, self.saving)
             return tensor
         self._touch(layer)
         self.saving.setdefault(layer, None)
@@ -276,18 +274,11 @@ class _Recorder:
                 self.read_in_forward.add(key)
         return tensor
 
-    def resaved(self) -> dict[str, list[tuple[str, int]]]:
-        """Per layer, ``(later layer, storage bytes)`` for each storage it saved first that a
-        later layer saves again (:attr:`.LayerTrace.resaved`)."""
-        saving = list(self.saving)
-        resaved: dict[str, list[tuple[str, int]]] = {}
-        for key, index in self.resaved_from.items():
-            first = self.first_layer[key]
-            later = saving[min(index, len(saving) - 1)]
-            if later != first and key not in self.read_in_forward:
-                nbytes = self.seen_storages[key].untyped_storage().nbytes()
-                resaved.setdefault(first, []).append((later, nbytes))
-        return resaved
+    def resaved(self) -> tuple[dict[str, list[tuple[str, int]]], dict[str, list[tuple[str, int]]]]:
+        """Per layer, its storages saved again (:attr:`.LayerTrace.resaved`) and, of those, the
+        ones saved again last by a layer that saves nothing of its own (``resaved_modules``)."""
+        sizes = {key: self.seen_storages[key].untyped_storage().nbytes() for key in self.resaves.resaved_from}
+        return self.resaves.listed(self.first_layer, sizes, self.saving, self.read_in_forward)
 
     # -- kernels ------------------------------------------------------------------------
     def record_op(
@@ -669,7 +660,7 @@ def trace_step(
             recorder.backward = True
             loss.backward()  # type: ignore[no-untyped-call]
     trainable = sum(_tensor_bytes(p) for p in params if p.requires_grad)
-    resaved = recorder.resaved()
+    resaved, modules = recorder.resaved()
     layers = tuple(
         LayerTrace(
             name,
@@ -677,6 +668,7 @@ def trace_step(
             forward_flops=recorder.flops[name][0],
             backward_flops=recorder.flops[name][1],
             resaved=tuple(resaved.get(name, ())),
+            resaved_modules=tuple(modules.get(name, ())),
         )
         for name in sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
     )

@@ -140,6 +140,7 @@ def with_times_of(
             forward_seconds=by_name[layer.name].forward_seconds,
             backward_seconds=by_name[layer.name].backward_seconds,
             resaved_by=by_name[layer.name].resaved_by,
+            resaved_by_module=by_name[layer.name].resaved_by_module,
         )
         if layer.name in by_name
         else layer

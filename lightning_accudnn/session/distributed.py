@@ -116,6 +116,7 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
                 backward_seconds=max(layer.backward_seconds for layer in candidates),
                 small_storages=most_resident.small_storages,
                 resaved_by=_merged_resaves(candidates, swappable),
+                resaved_by_module=_merged_resaved_modules(candidates),
             )
         )
     return dataclasses.replace(
@@ -171,3 +172,14 @@ def _merged_resaves(candidates: Sequence[LayerProfile], swappable: int) -> tuple
     if total > swappable:  # ranks disagree on what is swappable: keep the proportions, within bounds
         most = {later: nbytes * swappable // total for later, nbytes in most.items()}
     return tuple((later, nbytes) for later, nbytes in most.items() if nbytes > 0)
+
+
+def _merged_resaved_modules(candidates: Sequence[LayerProfile]) -> tuple[tuple[str, int], ...]:
+    """Per module, the fewest bytes any rank saw it save again (:attr:`.LayerProfile.resaved_by_module`):
+    those bytes are left out of the count after a recomputed segment, so the merged profile
+    leaves out only what every rank saw."""
+    fewest = dict(candidates[0].resaved_by_module)
+    for layer in candidates[1:]:
+        seen = dict(layer.resaved_by_module)
+        fewest = {module: min(nbytes, seen[module]) for module, nbytes in fewest.items() if module in seen}
+    return tuple(fewest.items())

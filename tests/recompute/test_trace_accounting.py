@@ -18,12 +18,13 @@ from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.planner.plan import min_budget_bytes
-from lightning_accudnn.planner.recompute import named_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import named_spans, policy_spans, recomputed_profile
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.profiling.gpus import get_gpu
 from lightning_accudnn.profiling.trace import trace_step
-from tests.recompute.test_accounting import MODELS, _profile, _train
+from tests.recompute.test_accounting import MODELS, TOLERANCE, _profile, _train
+from tests.recompute.test_accounting_sets import SETS, _ledger
 
 
 def _with_loss(kind: str) -> Callable[[], nn.Module]:
@@ -58,6 +59,10 @@ def _resaves(profile: StepProfile) -> dict[str, dict[str, int]]:
     return {layer.name: dict(layer.resaved_by) for layer in profile.layers if layer.resaved_by}
 
 
+def _resaves_by_module(profile: StepProfile) -> dict[str, dict[str, int]]:
+    return {layer.name: dict(layer.resaved_by_module) for layer in profile.layers if layer.resaved_by_module}
+
+
 @pytest.mark.parametrize("kind", [pytest.param("resnet18", marks=pytest.mark.slow), "densenet", "gpt"])
 def test_trace_accounts_recomputation_as_live_training_measures(kind):
     live = _profile(kind)
@@ -67,6 +72,8 @@ def test_trace_accounts_recomputation_as_live_training_measures(kind):
     assert traced.resaves_listed and live.resaves_listed
     assert any(layer.resaved_by for layer in traced.layers)
     assert _resaves(traced) == _resaves(live)
+    assert _resaves_by_module(traced) == _resaves_by_module(live)
+    assert kind != "densenet" or _resaves_by_module(traced)  # its convolutions saving a ReLU's output
     # The trace saves CUDA's bool dropout masks where the CPU saves masks in the activation's
     # dtype: the live run holds that much more, which the comparison below adds to the trace.
     gap = live.saved_bytes - traced.saved_bytes
@@ -87,3 +94,19 @@ def test_trace_accounts_recomputation_as_live_training_measures(kind):
         )
         checked += 1
     assert checked, peaks
+
+
+@pytest.mark.parametrize(("kind", "names"), SETS)
+def test_a_recompute_set_predicted_from_the_trace_bounds_the_live_ledger(kind, names, monkeypatch):
+    """The sets of :mod:`tests.recompute.test_accounting_sets`, predicted from the trace's profile:
+    never below the ledger of a live pass under the same set, its activation part at most 10 %
+    above the ledger's."""
+    traced = _traced(kind)
+    spans = [span for span in policy_spans(traced, "recompute") if span.name in names]
+    assert sorted(span.name for span in spans) == sorted(names)
+    step = recomputed_profile(traced, spans, swappable=False)
+    keep = PlanChoice((False,) * len(step.profile.layers))
+    predicted = Simulator(step.profile).memory(keep).peak_bytes - traced.static_bytes
+    for measured, _, static in _ledger(kind, names, monkeypatch):
+        activations = measured - static
+        assert activations <= predicted <= TOLERANCE * activations, (kind, names, activations, predicted)

@@ -1,6 +1,7 @@
 """Ranks plan from one merged profile: what a rank saw saved again or kept for being small survives."""
 
 from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
+from lightning_accudnn.session.agreement import with_times_of
 from lightning_accudnn.session.distributed import merge_profiles
 
 
@@ -18,6 +19,32 @@ def test_merged_profile_keeps_resaved_and_small_storages():
     assert relu.resaved_by == (("conv", 60),)  # the most any rank saw saved again
     assert relu.small_storages == (8, 4)  # from the rank with the most resident bytes
     assert relu.saved_bytes == 112 and relu.swappable_bytes == 100
+
+
+def _resaving(modules: tuple[tuple[str, int], ...]) -> StepProfile:
+    layers = (
+        LayerProfile("block.relu", 100, 100, resaved_by=(("next.conv", 100),), resaved_by_module=modules),
+        LayerProfile("next.conv", 10, 10),
+    )
+    return StepProfile(layers, static_bytes=10)
+
+
+def test_the_merge_keeps_the_re_saves_by_module_every_rank_saw_with_their_fewest_bytes():
+    a = _resaving((("block.conv", 60), ("block.pool", 40)))
+    b = _resaving((("block.conv", 50),))
+    merged = merge_profiles([a, b]).layers[0]
+    # Bytes listed by module are left out after a recomputed segment: only what every rank saw.
+    assert merged.resaved_by_module == (("block.conv", 50),)
+    assert merge_profiles([a, a]).layers[0].resaved_by_module == a.layers[0].resaved_by_module
+    assert merge_profiles([b, _resaving(())]).layers[0].resaved_by_module == ()
+
+
+def test_an_untimed_pass_takes_the_re_saves_by_module_of_the_timed_one():
+    timed = _resaving((("block.conv", 60),)).layers
+    untimed = (LayerProfile("block.relu", 100, 100), LayerProfile("next.conv", 10, 10))
+    relu = with_times_of(untimed, timed)[0]
+    assert relu.resaved_by == (("next.conv", 100),)
+    assert relu.resaved_by_module == (("block.conv", 60),)
 
 
 def test_the_merge_keeps_the_segments_every_rank_may_recompute_with_their_most_input_bytes():

@@ -425,7 +425,7 @@ class SaveHooks(SaveRecords):
         buffer = self.pool.acquire(nbytes)
         dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
         host = self.pool.typed_view(buffer, dtype, shape, stride)
-        block = DeviceBlock(key, nbytes, held=True)  # _hold_found, inline: a new block, counted now
+        block = DeviceBlock(key, nbytes, True)  # held: _hold_found, inline (a new block, counted now)
         if self._tracks_blocks:
             self.runtime.hold(key, nbytes)
         self.ledger.acquire(nbytes)

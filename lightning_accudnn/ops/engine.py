@@ -225,7 +225,8 @@ class OffloadEngine(SaveHooks):
             self._retire(step, step.copying_out.popleft())
         if step.held_records:
             self._release_devices(step)
-        self._reap()
+        if self._lingering:
+            self._reap()
         self._release_lingering()
         self._release_kept(step)
         replaying, recording = self._replaying, self._recording

@@ -404,7 +404,7 @@ class SaveHooks(SaveRecords):
         issued with those of the layer's other whole storages, at the last of them
         (``group_ends``: :attr:`.ReplayRoute.group_ends`). ``None`` when the check fails: the
         graph changed."""
-        if type(tensor) is not torch.Tensor or tensor.layout != torch.strided or tensor.nbytes != nbytes:
+        if type(tensor) is not _TENSOR or tensor.layout != _STRIDED or tensor.nbytes != nbytes:
             return None
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
@@ -425,7 +425,7 @@ class SaveHooks(SaveRecords):
         buffer = self.pool.acquire(nbytes)
         dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
         host = self.pool.typed_view(buffer, dtype, shape, stride)
-        block = DeviceBlock(key, nbytes, held=True)  # _hold_found, inline: a new block, counted now
+        block = DeviceBlock(key, nbytes, True)  # held: _hold_found, inline (a new block, counted now)
         if self._tracks_blocks:
             self.runtime.hold(key, nbytes)
         self.ledger.acquire(nbytes)
@@ -433,7 +433,8 @@ class SaveHooks(SaveRecords):
         root = tensor if base is None else base
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
         record = StorageRecord(layer, 0, nbytes, ordinal + 1, True, True, root, block, ordinal, SWAPPABLE)
-        record.host_buffer, record.host_view = buffer, host
+        record.host_buffer = buffer
+        record.host_view = host
         dense = record.dense = (dtype, shape, stride, 0)
         step.whole[ordinal] = record  # its layer's bytes: ReplayRoute.layer_bytes
         step.held_records += 1
@@ -514,20 +515,22 @@ class SaveHooks(SaveRecords):
             if kept._version != version:
                 raise modified_in_place_error(kept.dtype, kept.shape, kept._version, version)
             tensor = kept
-        else:
-            assert geometry is not None
+        else:  # a swapped record's save: its handle has the geometry (asserted where read)
             if version != record.version:  # the copy holds a later version (see _issue_copies_out)
+                assert geometry is not None
                 raise modified_in_place_error(geometry[0], geometry[1], record.version, version)
             root = record.root()
             if root is not None and root._version != version:  # None: the lineage is gone, unchecked
+                assert geometry is not None
                 raise modified_in_place_error(geometry[0], geometry[1], root._version, version)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
         if kept is None:
-            if record.fetched is None:
-                self._fetch(record)
             fetched = record.fetched
-            assert fetched is not None
+            if fetched is None:
+                self._fetch(record)
+                fetched = record.fetched
+                assert fetched is not None
             ready = record.fetched_ready
             if ready is not None:
                 record.fetched_ready = None
@@ -564,6 +567,11 @@ class SaveHooks(SaveRecords):
         self._unhook()
         self._calls = len(self._route)
         self._step.observed = False
+
+
+#: Module constants for the hot path's checks (one load each, no attribute lookup).
+_TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
 def _is_dense(tensor: torch.Tensor) -> bool:

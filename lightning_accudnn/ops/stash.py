@@ -160,6 +160,32 @@ class StorageRecord:
         "kind",
     )
 
+    swappable: bool  # the filter allowed a swap
+    read_in_forward: bool  # unpacked by a backward run inside the forward (double backward)
+    host_buffer: torch.Tensor | None
+    host_view: torch.Tensor | None  # ``host_buffer``'s first ``nbytes``, typed: the copy
+    #: The saved storage, held until the copy out is over (compute waited on its event).
+    source_storage: torch.UntypedStorage | None
+    #: ``(dtype, shape, stride, 0)`` when the record holds one dense tensor whole (contiguous
+    #: or channels-last, its storage from byte 0 to its end): its copies are laid out like
+    #: it, and a save of exactly that tensor unpacks to the copy brought back itself, or to
+    #: one typed view of the storage where it was saved (no view per save); else ``None``.
+    dense: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None
+    copy_out: StreamEvent  # the copy out's event on the copy stream (its group's)
+    copy_out_waited: bool  # compute has waited on it: the source may be dropped
+    in_fifo: bool  # counted in the engine's copy-out FIFO
+    fetched: torch.Tensor | None  # the bytes on the device in backward
+    #: Where ``fetched`` lives: the saved storage's block when read where it was saved (still
+    #: in the copy-out FIFO), or a copy brought back into a block the engine allocated
+    #: (:class:`FetchedCopy`); the other one is ``None``.
+    fetched_block: DeviceBlock | None
+    fetched_copy: FetchedCopy | None
+    fetched_ready: StreamEvent | None  # copy-in event compute has not waited on yet
+    pending_unpacks: int  # saves through it not unpacked yet
+    released: bool  # its device bytes are no longer the engine's: no later save reuses it
+    ordinal: int  # of the save that opened it in its step
+    kind: int  # what it is to the plan (``layers.SWAPPABLE``, ``SMALL``, ``PINNED``)
+
     def __init__(
         self,
         layer: str,
@@ -176,37 +202,34 @@ class StorageRecord:
         # Positional parameters: a record is made per saved storage, and keyword arguments to a
         # class cost a third more (about 0.7 µs on a slow host).
         self.layer = layer
-        self.start, self.end, self.nbytes = start, end, end - start
+        self.start = start
+        self.end = end
+        self.nbytes = end - start
         self.last_save = last_save
         self.swap = swap
-        self.swappable = swappable  # the filter allowed a swap
-        self.read_in_forward = False  # unpacked by a backward run inside the forward (double backward)
+        self.swappable = swappable
         self.root = weakref.ref(root)
         self.version = root._version
         self.source_block = source_block
-        self.host_buffer: torch.Tensor | None = None
-        # The saved storage, held until the copy out is over (compute waited on its event)
-        self.source_storage: torch.UntypedStorage | None = None
-        # ``(dtype, shape, stride, 0)`` when the record holds one dense tensor whole (contiguous
-        # or channels-last, its storage from byte 0 to its end): its copies are laid out like
-        # it, and a save of exactly that tensor unpacks to the copy brought back itself, or to
-        # one typed view of the storage where it was saved (no view per save); else ``None``
-        self.dense: tuple[torch.dtype, torch.Size, tuple[int, ...], int] | None = None
-        self.copy_out: StreamEvent = None  # the copy out's event on the copy stream (its group's)
-        self.copy_out_waited = False  # compute has waited on it: the source may be dropped
-        self.in_fifo = False  # counted in the engine's copy-out FIFO
-        self.fetched: torch.Tensor | None = None  # the bytes on the device in backward
-        # Where ``fetched`` lives: the saved storage's block when read where it was saved (still
-        # in the copy-out FIFO), or a copy brought back into a block the engine allocated
-        # (:class:`FetchedCopy`); the other one is ``None``
-        self.fetched_block: DeviceBlock | None = None
-        self.fetched_copy: FetchedCopy | None = None
-        self.fetched_ready: StreamEvent | None = None  # copy-in event compute has not waited on yet
-        self.host_view: torch.Tensor | None = None  # ``host_buffer``'s first ``nbytes``, typed: the copy
-        self.pending_unpacks = 0  # saves through it not unpacked yet
-        self.released = False  # its device bytes are no longer the engine's: no later save reuses it
-        self.ordinal = ordinal  # of the save that opened it in its step
-        self.kind = kind  # what it is to the plan (``layers.SWAPPABLE``, ``SMALL``, ``PINNED``)
+        self.ordinal = ordinal
+        self.kind = kind
+        # The rest start empty, set from one constant tuple (the hot path: one store each).
+        (
+            self.read_in_forward,
+            self.host_buffer,
+            self.host_view,
+            self.source_storage,
+            self.dense,
+            self.copy_out,
+            self.copy_out_waited,
+            self.in_fifo,
+            self.fetched,
+            self.fetched_block,
+            self.fetched_copy,
+            self.fetched_ready,
+            self.pending_unpacks,
+            self.released,
+        ) = (False, None, None, None, None, None, False, False, None, None, None, None, 0, False)
 
     def serves(self, root: torch.Tensor, start: int, end: int) -> bool:
         """Whether a save of these bytes of ``root`` now would read exactly what this record holds."""

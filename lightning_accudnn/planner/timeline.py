@@ -274,19 +274,35 @@ class Simulator:
         early = [0] * k  # E_i: the sum over f of held[f][i]
         arrivals: list[list[tuple[int, int]]] = [[] for _ in range(k)]  # (first, bytes) by last save
         for first, entries in enumerate(self.resaved):
-            if not entries or retired[first] == 0:
+            cap = retired[first]
+            if not entries or cap == 0:
                 continue
-            for i in range(first + 1, max(last for last, _ in entries) + 1):
-                share = min(retired[first], sum(nbytes for last, nbytes in entries if last >= i))
-                held[first][i] = share
-                early[i] += share
-            for last in {last for last, _ in entries}:
-                arrivals[last].append((first, sum(nbytes for other, nbytes in entries if other == last)))
+            by_last: dict[int, int] = {}
+            for last, nbytes in entries:
+                by_last[last] = by_last.get(last, 0) + nbytes
+            # Held while B_i runs: the bytes re-saved at or above i (capped by those retired),
+            # constant between two consecutive last saves.
+            remaining = sum(by_last.values())
+            start = first + 1
+            held_first = held[first]
+            for last in sorted(by_last):
+                share = min(cap, remaining)
+                for i in range(start, last + 1):
+                    held_first[i] = share
+                    early[i] += share
+                start = max(start, last + 1)
+                remaining -= by_last[last]
+            for last, moved in by_last.items():
+                arrivals[last].append((first, moved))
         # What is left at position n to bring back while B_i runs (retired bytes less those held
         # early, plus re-saved ones arriving there) depends on i only where something is held;
         # elsewhere it is the same for every i, and the nearest such position with bytes is
         # found by one pass instead of a scan below every i.
-        varies = [bool(held[n]) or any(held[first] for first, _ in arrivals[n]) for n in range(k)]
+        holds = [bool(bytes_held) for bytes_held in held]
+        varies = [
+            holds[n] or (bool(arriving) and any(holds[first] for first, _ in arriving))
+            for n, arriving in enumerate(arrivals)
+        ]
         varying = [n for n in range(k) if varies[n]]
         fixed_below: list[tuple[int, int]] = []  # per i: the nearest n < i not varying with content
         nearest = (-1, 0)

@@ -89,25 +89,13 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
             model = build()
     _check_module(model)
 
-    replaced: dict[int, torch.Tensor] = {}  # tied weights stay tied
-
-    def adopt(tensor: torch.Tensor) -> torch.Tensor:
-        if id(tensor) not in replaced:
-            fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
-            if isinstance(tensor, nn.Parameter):
-                fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
-            replaced[id(tensor)] = fresh
-        return replaced[id(tensor)]
-
-    with fake_mode:
-        for module in model.modules():
-            tables: tuple[dict[str, torch.Tensor | None], ...] = (module._parameters, module._buffers)  # type: ignore[assignment]
-            for table in tables:
-                for name, tensor in table.items():
-                    if tensor is not None and not (
-                        isinstance(tensor, FakeTensor) and tensor.fake_mode is fake_mode
-                    ):
-                        table[name] = adopt(tensor)
+    with fake_mode:  # a parameter or buffer not of this mode: one of it, same dtype
+        _renew_tensors(
+            model,
+            lambda tensor: (
+                None if isinstance(tensor, FakeTensor) and tensor.fake_mode is fake_mode else tensor.dtype
+            ),
+        )
     return model
 
 
@@ -115,15 +103,27 @@ def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:
     """Give ``model`` floating-point parameters and buffers of ``dtype`` (``Module.to`` swaps
     tensors in place, which fake parameters refuse): new ones of the same shape, ties kept.
     Run it under the fake mode the model's tensors belong to."""
+    _renew_tensors(
+        model, lambda tensor: dtype if tensor.is_floating_point() and tensor.dtype != dtype else None
+    )
+
+
+def _renew_tensors(model: nn.Module, dtype_for: Callable[[torch.Tensor], torch.dtype | None]) -> None:
+    """Replace each parameter and buffer for which ``dtype_for`` names a dtype by an
+    uninitialised CPU tensor of that dtype, shape and strides (made in the current mode; a
+    parameter stays a parameter, with its ``requires_grad``). Tied tensors stay tied."""
     replaced: dict[int, torch.Tensor] = {}
     for module in model.modules():
         tables: tuple[dict[str, torch.Tensor | None], ...] = (module._parameters, module._buffers)  # type: ignore[assignment]
         for table in tables:
             for name, tensor in table.items():
-                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                if tensor is None:
                     continue
                 if id(tensor) not in replaced:
-                    fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=dtype)
+                    dtype = dtype_for(tensor)
+                    if dtype is None:
+                        continue
+                    fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=dtype, device="cpu")
                     if isinstance(tensor, nn.Parameter):
                         fresh = nn.Parameter(fresh, requires_grad=tensor.requires_grad)
                     replaced[id(tensor)] = fresh

@@ -13,9 +13,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lightning_accudnn.lazy_names import lazy_names
 from lightning_accudnn.registration import register_when_lightning_loads
 
 if TYPE_CHECKING:
@@ -41,17 +41,7 @@ _PUBLIC_NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_accudnn' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC_NAMES))
+__getattr__, __dir__ = lazy_names(globals(), _PUBLIC_NAMES)
 
 
 register_when_lightning_loads()

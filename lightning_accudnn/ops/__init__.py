@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_accudnn.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from lightning_accudnn.ops.engine import OffloadEngine, StepStats, keep_on_device
@@ -34,17 +35,7 @@ _NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_accudnn.ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
+__getattr__, __dir__ = lazy_names(globals(), _NAMES)
 
 
 __all__ = [

@@ -11,8 +11,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_accudnn.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from lightning_accudnn.session.config import OffloadConfig, default_reserve_bytes
@@ -40,17 +41,7 @@ _NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_accudnn.session' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
+__getattr__, __dir__ = lazy_names(globals(), _NAMES)
 
 
 __all__ = [

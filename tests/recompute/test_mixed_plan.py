@@ -28,6 +28,7 @@ from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.session import planning as planning_module
+from tests.recompute.recorded_training import assert_bitwise_equal, train_recorded
 
 #: The activation part of a prediction is at most this much above the ledger's.
 TOLERANCE = 1.10
@@ -67,26 +68,7 @@ def _batch(step: int) -> torch.Tensor:
 def _train(
     model: nn.Module, session: OffloadSession | None
 ) -> tuple[list[dict[str, torch.Tensor]], list[tuple[Plan | None, int]]]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    torch.manual_seed(1)
-    record, peaks = [], []
-    for step in range(STEPS):
-        if session is None:
-            loss = model(_batch(step)).square().mean()
-        else:
-            with session.step(model, optimizer):
-                loss = model(_batch(step)).square().mean()
-                running = session.plan if session.stats is not None else None
-        loss.backward()
-        grads = {f"grad:{n}": p.grad.clone() for n, p in model.named_parameters()}
-        optimizer.step()
-        optimizer.zero_grad()
-        record.append({**grads, **{n: t.detach().clone() for n, t in model.state_dict().items()}})
-        if session is not None:
-            assert session.stats is not None
-            assert (running is None) == session.stats.profiling
-            peaks.append((running, session.stats.ledger_peak_bytes))
-    return record, peaks
+    return train_recorded(model, session, _batch, STEPS)
 
 
 def _session(budget: int) -> OffloadSession:
@@ -141,10 +123,7 @@ def test_a_plan_mixing_whole_and_selective_recomputation_trains_bitwise_within_i
     session = _session(budget)
     record, peaks = _train(model, session)
     session.close()
-    for step, (got, want) in enumerate(zip(record, expected, strict=True)):
-        assert got.keys() == want.keys()
-        for name in want:
-            assert torch.equal(got[name], want[name]), (step, name)
+    assert_bitwise_equal(record, expected)
     checked, mixed = 0, 0
     for plan, ledger in peaks:
         if plan is None:

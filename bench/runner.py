@@ -146,9 +146,17 @@ def _train(
         batch = _to_device(batches[index % len(batches)], device)
         meter.start_step()
         start = now(device)
-        with technique.forward_context(model, optimizer, batch), _autocast(workload, device):
-            loss = workload.loss(model, batch)
-        inner_peak = technique.backward(loss)
+        while True:
+            try:
+                with technique.forward_context(model, optimizer, batch), _autocast(workload, device):
+                    loss = workload.loss(model, batch)
+                inner_peak = technique.backward(loss)
+                break
+            except BaseException as error:
+                if not technique.recover(error):
+                    raise
+                row.notes.append(f"step {index}: {type(error).__name__}, re-planned and run again")
+            optimizer.zero_grad(set_to_none=True)
         middle = now(device)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

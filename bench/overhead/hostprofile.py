@@ -48,7 +48,7 @@ from bench.measure import synchronize
 from bench.overhead.engine_passes import PHASES, VARIANTS, EnginePasses
 from bench.overhead.spread import Spread
 from bench.report import write_result
-from lightning_accudnn.ops import Runtime, StreamEvent, make_runtime
+from lightning_accudnn.ops import Runtime, StallListener, StreamEvent, make_runtime
 
 TOP_FUNCTIONS = 30
 
@@ -77,6 +77,14 @@ class CountingRuntime:
     @timing.setter
     def timing(self, value: bool) -> None:
         self.inner.timing = value
+
+    @property
+    def stalls(self) -> StallListener | None:
+        return self.inner.stalls
+
+    @stalls.setter
+    def stalls(self, listener: StallListener | None) -> None:
+        self.inner.stalls = listener
 
     def begin_pass(self) -> None:
         self.inner.begin_pass()

@@ -22,6 +22,7 @@ from bench.workloads import Batch
 from lightning_accudnn.planner import Plan
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.session import OffloadConfig, OffloadSession
+from lightning_accudnn.session.session import is_out_of_memory
 
 
 class AccUDNN(Technique):
@@ -53,6 +54,16 @@ class AccUDNN(Technique):
         self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
     ) -> contextlib.AbstractContextManager:
         return self._session().step(model, [optimizer], batch=batch, close_on_backward=False)
+
+    def recover(self, error: BaseException) -> bool:
+        """An out-of-memory error is re-planned with a larger reserve and the step run again, as
+        ``AccUDNNStrategy`` does (a few times in a row at most)."""
+        session = self._session()
+        if not (is_out_of_memory(error) and session.recover_from_out_of_memory()):
+            return False
+        del error
+        session.release_failed_pass()
+        return True
 
     def backward(self, loss: torch.Tensor) -> StepMemory | None:
         session = self._session()

@@ -34,6 +34,11 @@ class Technique:
         loss.backward()
         return None
 
+    def recover(self, error: BaseException) -> bool:
+        """Whether the step that raised ``error`` in forward or backward may run again (what
+        the technique's own training integration does; none here)."""
+        return False
+
     def step_figures(self) -> dict[str, Any]:
         """Figures of the step just run (bytes swapped and the like)."""
         return {}

@@ -12,7 +12,14 @@ if TYPE_CHECKING:
     from lightning_accudnn.ops.layers import LayerTracker
     from lightning_accudnn.ops.ledger import DeviceLedger
     from lightning_accudnn.ops.pool import HostBufferPool
-    from lightning_accudnn.ops.runtime import CudaRuntime, HostCopyRuntime, Runtime, StreamEvent, make_runtime
+    from lightning_accudnn.ops.runtime import (
+        CudaRuntime,
+        HostCopyRuntime,
+        Runtime,
+        StallListener,
+        StreamEvent,
+        make_runtime,
+    )
     from lightning_accudnn.ops.schedule import SwapSchedule
 
 #: Each name, and the module that defines it: imported on first use, so that importing one
@@ -29,6 +36,7 @@ _NAMES = {
     "CudaRuntime": "lightning_accudnn.ops.runtime",
     "HostCopyRuntime": "lightning_accudnn.ops.runtime",
     "Runtime": "lightning_accudnn.ops.runtime",
+    "StallListener": "lightning_accudnn.ops.runtime",
     "StreamEvent": "lightning_accudnn.ops.runtime",
     "make_runtime": "lightning_accudnn.ops.runtime",
     "SwapSchedule": "lightning_accudnn.ops.schedule",
@@ -51,6 +59,7 @@ __all__ = [
     "SwapSchedule",
     "keep_on_device",
     "Runtime",
+    "StallListener",
     "StreamEvent",
     "make_runtime",
 ]

@@ -92,6 +92,7 @@ class SaveRecords(CopyTraffic):
         super().__init__(runtime, host_memory_limit)
         self.min_swap_bytes = min_swap_bytes
         self.timer = LayerTimer(clock_for(self.device))
+        runtime.stalls = self.timer  # waits on copies are left out of the layers' compute times
         self.pass_timer = PassTimer(self.timer.clock)  # passes replayed by ordinal (no layer marks)
         self.tracker = LayerTracker(
             exclude=tuple(exclude), on_enter=self.timer.enter, on_exit=self.timer.exit

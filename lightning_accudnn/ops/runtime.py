@@ -21,6 +21,12 @@ call, and a group's event on the copy stream is a :class:`CopyMark` (the event a
 generation), whose event goes back to its :class:`EventRing` once compute is ordered after that
 generation; a wait on a mark compute is already ordered after costs nothing.
 
+While :attr:`Runtime.timing` is set, every wait of compute on copies is bracketed by two marks of
+the layer timer's clock, given to :attr:`Runtime.stalls`: that time is compute *waiting*, not a
+layer's compute, and the performance model must not learn it as compute (a profiling pass that
+swaps much would otherwise measure the link's time as the layers' and plan to hide copies behind
+compute that is not there).
+
 No operation here makes the CPU wait for the device. Implementations: :class:`CudaRuntime`
 (the only code touching ``torch.cuda`` streams), :class:`HostCopyRuntime` (synchronous copies
 on CPU), and ``lightning_accudnn.testing.SimulatedGPU`` (CPU, deferred copy stream, allocator
@@ -32,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -40,6 +46,12 @@ from lightning_accudnn.ops._torch_internals import CurrentCudaStream, copy_each
 
 StreamEvent = object
 """An opaque point in a stream's order, made by a runtime and only given back to it."""
+
+
+class StallListener(Protocol):
+    """Told of each timed wait of compute on copies: the clock's marks just before and after it."""
+
+    def stall(self, before: Any, after: Any) -> None: ...
 
 
 Event = TypeVar("Event")
@@ -149,6 +161,9 @@ class Runtime(Protocol):
     timing: bool
     """Whether waits on copies are timed now: the engine sets it for hooked (profiling and
     refining) passes only, so that a steady-state step records no timing events."""
+    stalls: StallListener | None
+    """Told the marks around each wait of compute on copies while :attr:`timing` is set (the
+    engine's layer timer, so that no layer's compute time holds a wait)."""
 
     def begin_pass(self) -> None:
         """A forward or backward pass starts: the stream current now is its compute stream."""
@@ -228,6 +243,7 @@ class HostCopyRuntime:
     def __init__(self) -> None:
         self._waited = 0.0
         self.timing = True  # copies are timed with the CPU's clock either way (no events)
+        self.stalls: StallListener | None = None
 
     def begin_pass(self) -> None:
         pass
@@ -240,7 +256,7 @@ class HostCopyRuntime:
     ) -> StreamEvent:
         start = time.perf_counter()
         copy_each(hosts, sources, non_blocking=False)
-        self._waited += time.perf_counter() - start
+        self._copied(start)
         return None
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -251,8 +267,15 @@ class HostCopyRuntime:
     ) -> StreamEvent:
         start = time.perf_counter()
         copy_each(dests, hosts, non_blocking=False)
-        self._waited += time.perf_counter() - start
+        self._copied(start)
         return None
+
+    def _copied(self, start: float) -> None:
+        """A synchronous copy began at ``start`` and is over: compute waited all that time."""
+        end = time.perf_counter()
+        self._waited += end - start
+        if self.stalls is not None:
+            self.stalls.stall(start, end)
 
     def wait(self, event: StreamEvent) -> None:
         pass
@@ -312,6 +335,7 @@ class CudaRuntime:
         self._written = torch.cuda.Event()  # type: ignore[no-untyped-call]  # on compute, recorded again
         self.events: EventRing[torch.cuda.Event] = EventRing(torch.cuda.Event)
         self.timing = True
+        self.stalls: StallListener | None = None
         self._probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._last_probes: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -379,7 +403,10 @@ class CudaRuntime:
         assert isinstance(event, CopyMark)
         events = self.events
         if event.generation > events.waited_generation:  # EventRing.pending, inline
-            event.event.wait(self._compute_stream())
+            if self.timing:
+                self._timed_wait(event.event)
+            else:
+                event.event.wait(self._compute_stream())
             events.waited(event)
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
@@ -389,18 +416,24 @@ class CudaRuntime:
         events = self.events
         if ready.generation <= events.waited_generation:  # compute waited on a later group
             return
+        if self.timing:
+            self._timed_wait(ready.event)
+        else:
+            ready.event.wait(self._compute_stream())
+        events.waited(ready)
+
+    def _timed_wait(self, event: torch.cuda.Event) -> None:
+        """Compute waits on ``event`` between two timing events (read one collection late, and
+        given to :attr:`stalls`)."""
         compute = self._compute_stream()
-        if not self.timing:
-            ready.event.wait(compute)
-            events.waited(ready)
-            return
         before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)
-        ready.event.wait(compute)
+        event.wait(compute)
         after.record(compute)
-        events.waited(ready)
         self._probes.append((before, after))
+        if self.stalls is not None:
+            self.stalls.stall(before, after)
 
     def hold(self, key: int, nbytes: int) -> None:
         pass

@@ -3,7 +3,10 @@
 On CUDA a mark is an event recorded on the compute stream (GPU time, no synchronization
 until the step ends); on CPU it is the wall clock. Each interval between two marks belongs
 to the layer on top of the stack then, so a layer's *self* time excludes its children and
-the self times add up to the whole forward pass.
+the self times add up to the whole forward pass, less the stalls: the runtime brackets each
+wait of compute on copies with two marks (:meth:`LayerTimer.stall`), and that time is left out
+of the layers' forward times and of the backward's, which are *compute* times for the
+performance model (the link's time it models apart).
 """
 
 from __future__ import annotations
@@ -90,10 +93,12 @@ class LayerTimer:
         self._last: object = None
         self._forward_end: object = None
         self._backward_end: object = None
+        self._backward_stalls: list[tuple[object, object]] = []
 
     def start(self) -> None:
         self._stack = [ROOT_LAYER]
         self._intervals = []
+        self._backward_stalls = []
         self._last = self.clock.mark()
         self._start = self._last
         self._forward_end = self._backward_end = None
@@ -121,6 +126,27 @@ class LayerTimer:
             self._close_interval()
             self._stack.pop()
 
+    def stall(self, before: object, after: object) -> None:
+        """Compute waited on copies between the marks ``before`` and ``after`` (taken on the
+        compute stream by the runtime): that time is no layer's, in forward or in backward.
+
+        Example:
+            >>> timer = LayerTimer(WallClock())
+            >>> timer.start(); timer.enter("conv")
+            >>> before = timer.clock.mark(); time.sleep(0.05); after = timer.clock.mark()
+            >>> timer.stall(before, after)  # compute waited 50 ms on a copy inside "conv"
+            >>> timer.exit("conv")
+            >>> timer.forward_self_seconds()["conv"] < 0.05
+            True
+        """
+        if not self._stack or self._backward_end is not None:
+            return
+        if self._forward_end is None:
+            self._intervals.append((self._stack[-1], self._last, before))
+            self._last = after
+        else:
+            self._backward_stalls.append((before, after))
+
     def end_forward(self) -> None:
         """The forward pass is over: what follows until :meth:`end_backward` is backward."""
         if self.started and self._forward_end is None:
@@ -139,9 +165,12 @@ class LayerTimer:
         return seconds
 
     def backward_seconds(self) -> float:
+        """The backward's compute time: from the end of forward to the end of backward, less
+        the stalls in between."""
         if self._forward_end is None or self._backward_end is None:
             return 0.0
-        return self.clock.seconds_between(self._forward_end, self._backward_end)
+        stalled = sum(self.clock.seconds_between(before, after) for before, after in self._backward_stalls)
+        return max(0.0, self.clock.seconds_between(self._forward_end, self._backward_end) - stalled)
 
 
 class PassTimer:

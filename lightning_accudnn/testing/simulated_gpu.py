@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 
 import torch
 
-from lightning_accudnn.ops.runtime import CopyMark, EventRing, StreamEvent
+from lightning_accudnn.ops.runtime import CopyMark, EventRing, StallListener, StreamEvent
 from lightning_accudnn.testing.allocator import StreamOrderedAllocator
 
 _COMPUTE, _COPY = 0, 1
@@ -111,7 +112,7 @@ class SimulatedGPU:
     device = torch.device("cpu")
     pin_memory = False
     tracks_blocks = True  # its allocator model needs every hold and release
-    timing = False  # nothing to time: its clocks are op counts
+    timing = False  # set by the engine for hooked passes: then each wait is a stall
 
     def __init__(
         self, lag: int | None = 0, seed: int | None = None, capacity_bytes: int | None = None
@@ -132,6 +133,7 @@ class SimulatedGPU:
         self._written = _Event()  # the compute event, recorded again at each record_compute
         self.events: EventRing[_Event] = EventRing(_Event)  # the copy stream's, reused
         self.stale_waits = 0
+        self.stalls: StallListener | None = None  # told the wall-clock marks around timed waits
 
     # -- figures ------------------------------------------------------------------------
 
@@ -306,7 +308,10 @@ class SimulatedGPU:
         clock = self._clocks[_COMPUTE]
         clock[_COPY] = max(clock[_COPY], recorded.clock[_COPY])
         clock[_COMPUTE] = max(clock[_COMPUTE], recorded.clock[_COMPUTE])
-        self._run_through(recorded.clock[_COPY])
+        before = time.perf_counter()
+        self._run_through(recorded.clock[_COPY])  # the copies compute waits for run now
+        if self.timing and self.stalls is not None:
+            self.stalls.stall(before, time.perf_counter())
         events.waited(event)
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:

@@ -59,7 +59,7 @@ class AccUDNN(Technique):
         """An out-of-memory error is re-planned with a larger reserve and the step run again, as
         ``AccUDNNStrategy`` does (a few times in a row at most)."""
         session = self._session()
-        if not (is_out_of_memory(error) and session.recover_from_out_of_memory()):
+        if not (is_out_of_memory(error) and session.recover_from_out_of_memory(error)):
             return False
         del error
         session.release_failed_pass()

@@ -11,7 +11,15 @@ import gc
 
 import torch
 
-__all__ = ["MAX_OUT_OF_MEMORY_RETRIES", "OutOfMemoryRetries", "is_out_of_memory", "release_failed_pass"]
+from lightning_accudnn.planner.budget import format_bytes
+
+__all__ = [
+    "MAX_OUT_OF_MEMORY_RETRIES",
+    "OutOfMemoryRetries",
+    "ProfilingPassOutOfMemoryError",
+    "is_out_of_memory",
+    "release_failed_pass",
+]
 
 #: How many times in a row a planned pass that ran out of device memory is re-planned with a
 #: larger reserve and retried before the error ends the run.
@@ -26,6 +34,34 @@ def is_out_of_memory(error: BaseException) -> bool:
         (True, False)
     """
     return isinstance(error, torch.OutOfMemoryError)
+
+
+class ProfilingPassOutOfMemoryError(torch.OutOfMemoryError):
+    """The profiling pass ran out of device memory under the budget: the budget is too small.
+
+    That pass (the first of each batch shape) swaps every activation and recomputes none, so
+    no plan can need less of it: no retry can help. Still a ``torch.OutOfMemoryError`` (code
+    that catches one still does), with what to do in its message and the device's own
+    error as its cause.
+
+    Example:
+        >>> error = ProfilingPassOutOfMemoryError(3 * 2**30, torch.OutOfMemoryError("CUDA out of memory"))
+        >>> isinstance(error, torch.OutOfMemoryError), error.budget_bytes
+        (True, 3221225472)
+        >>> "Raise the budget" in str(error)
+        True
+    """
+
+    def __init__(self, budget_bytes: int, error: BaseException) -> None:
+        self.budget_bytes = budget_bytes
+        super().__init__(
+            f"memory budget {format_bytes(budget_bytes)} is too small for this training step: its "
+            "profiling pass (the first pass of a batch shape, which swaps every activation and "
+            "recomputes none) ran out of device memory under it, and no plan needs less. What a "
+            "step holds besides the activations its layers save is never swapped: the model state, "
+            "and working memory such as a loss's float32 logits. Raise the budget, or lower the "
+            f"batch size so that the activations shrink. The device said: {error}"
+        )
 
 
 class OutOfMemoryRetries:

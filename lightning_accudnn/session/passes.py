@@ -28,7 +28,11 @@ from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.session.collector_pause import CollectorPause
 from lightning_accudnn.session.coordination import ReplanRequest
 from lightning_accudnn.session.host_buffers import HostBufferReservation
-from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES, OutOfMemoryRetries
+from lightning_accudnn.session.out_of_memory import (
+    MAX_OUT_OF_MEMORY_RETRIES,
+    OutOfMemoryRetries,
+    ProfilingPassOutOfMemoryError,
+)
 from lightning_accudnn.session.pass_records import PassRecords
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource
 from lightning_accudnn.session.planning import SessionPlanning
@@ -308,10 +312,14 @@ class PassRunner:
                 )
         return failed
 
-    def retry_out_of_memory(self) -> bool:
+    def retry_out_of_memory(self, error: BaseException | None = None) -> bool:
         """After :meth:`abort`: grow the reserve by an eighth of the budget and re-make every plan,
-        unless the pass that failed profiled or failed too often in a row (``False``)."""
+        unless the pass that failed failed too often in a row (``False``). A profiling pass that
+        failed with ``error`` raises :class:`ProfilingPassOutOfMemoryError` from it (``False``
+        without ``error``): no plan needs less than that pass."""
         failed = self.last_entered
+        if failed is not None and failed.plan is None and error is not None:
+            raise ProfilingPassOutOfMemoryError(self.planning.headroom.budget_bytes, error) from error
         if failed is None or failed.plan is None or not self.out_of_memory_retries.take():
             return False
         retry = self.out_of_memory_retries.count

@@ -280,19 +280,21 @@ class OffloadSession:
         """
         self._passes.gradient_bucket_bytes = gradient_bucket_bytes(wrapper)
 
-    def recover_from_out_of_memory(self) -> bool:
-        """A pass ran out of device memory: abort it and re-plan with a larger reserve.
+    def recover_from_out_of_memory(self, error: BaseException | None = None) -> bool:
+        """A pass ran out of device memory (``error``): abort it and re-plan with a larger reserve.
 
         Returns ``True`` when the caller may retry the step: the pass that failed ran under
         a plan, it has not failed :data:`MAX_OUT_OF_MEMORY_RETRIES` times in a row, and the
         reserve (grown by an eighth of the budget) still leaves a plan; every known plan is
-        re-made with it (logged as a warning). Returns ``False`` when retrying cannot help
-        (a profiling pass already runs in the least memory): the caller re-raises. A budget
-        left too small by the larger reserve raises
-        :class:`~lightning_accudnn.planner.BudgetTooSmallError`.
+        re-made with it (logged as a warning). Returns ``False`` when retrying cannot help:
+        the caller re-raises. A profiling pass already runs in the least memory, so when it
+        failed with ``error`` this raises
+        :class:`~lightning_accudnn.session.out_of_memory.ProfilingPassOutOfMemoryError` from
+        it (the budget is too small, and its message says what to do). A budget left too small
+        by the larger reserve raises :class:`~lightning_accudnn.planner.BudgetTooSmallError`.
         """
         self.abort()
-        return self._passes.retry_out_of_memory()
+        return self._passes.retry_out_of_memory(error)
 
     def release_failed_pass(self) -> None:
         """Free what a failed pass left unreachable, before its step runs again

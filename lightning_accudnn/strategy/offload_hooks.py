@@ -113,7 +113,12 @@ class OffloadHooks:
                 if not (self.retries_out_of_memory and is_out_of_memory(error)):
                     self._report_failure(error)
                     raise
-                if not session.recover_from_out_of_memory():
+                try:
+                    recovered = session.recover_from_out_of_memory(error)
+                except BaseException as refusal:  # the budget is too small: no retry can help
+                    self._report_failure(refusal)
+                    raise
+                if not recovered:
                     self._report_failure(error)
                     raise
                 self._restore_buffers()
@@ -150,7 +155,7 @@ class OffloadHooks:
                     return closure()
                 except BaseException as error:
                     recovered = isinstance(error, RecomputationError) or (
-                        is_out_of_memory(error) and session.recover_from_out_of_memory()
+                        is_out_of_memory(error) and session.recover_from_out_of_memory(error)
                     )
                     if not recovered:
                         raise

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_accudnn.ops import HostCopyRuntime
-from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES
+from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES, ProfilingPassOutOfMemoryError
 from tests.models import Classifier, loader
 from tests.strategy.helpers import StatsRecorder, copies, swapping_strategy, trainer_for
 
@@ -87,14 +87,21 @@ def test_oom_that_persists_ends_the_run_after_a_bounded_number_of_retries():
     assert device.fired == MAX_OUT_OF_MEMORY_RETRIES + 1
 
 
-def test_oom_in_the_profiling_step_is_not_retried():
+def test_oom_in_the_profiling_step_is_not_retried_and_says_the_budget_is_too_small():
     device = FaultyDevice("hold")
     strategy = swapping_strategy("cnn", runtime=device)
     trainer = trainer_for(strategy, max_steps=2, callbacks=[ArmAt(device, batch_idx=0)])
-    with pytest.raises(torch.OutOfMemoryError, match="injected"):
-        trainer.fit(copies("cnn")[0], loader("cnn", batches=2))
+    model = copies("cnn")[0]
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(ProfilingPassOutOfMemoryError, match="too small.*Raise the budget") as raised:
+        trainer.fit(model, loader("cnn", batches=2))
+    assert isinstance(raised.value, torch.OutOfMemoryError)
+    assert "injected" in str(raised.value) and "injected" in str(raised.value.__cause__)
+    assert raised.value.budget_bytes == strategy.offload.budget_bytes
     assert device.fired == 1
     assert strategy.offload.reserve_bytes == 0
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), f"{name} changed"
 
 
 class KeepsStemOutputInACycle(Classifier):

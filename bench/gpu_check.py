@@ -146,6 +146,25 @@ STEPS = (
     ),
     Step("cuda-tests", PYTEST, timeout_seconds=3600, writes_results=False),
     Step(
+        "calibration-resnet152-bf16",
+        [
+            "-m",
+            "bench.calibration",
+            "--workload",
+            "resnet152",
+            "--param",
+            "batch_size=64",
+            "--param",
+            "precision=bf16",
+        ],
+        timeout_seconds=600,
+    ),
+    Step(
+        "calibration-gpt2-medium-bf16",
+        ["-m", "bench.calibration", "--workload", "gpt", "--param", "precision=bf16"],
+        timeout_seconds=600,
+    ),
+    Step(
         "cuda-tests-sanitizer",
         PYTEST,
         env={"TORCH_CUDA_SANITIZER": "1"},

@@ -18,7 +18,9 @@ class OffloadStats:
     ``peak_device_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA and the engine's
     ledger (model state plus saved activations) on CPU; ``peak_reserved_bytes`` is the
     caching allocator's reserve on CUDA and equals the ledger on CPU. ``step_seconds`` is
-    the measured forward plus backward time (CUDA events on GPU, wall clock on CPU); the
+    the measured forward plus backward time (CUDA events on GPU, wall clock on CPU; in a pass
+    timed layer by layer, a profiling one among them, less the time compute waited on copies,
+    so that it is the compute the performance model learns); the
     ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step)
     and the ``*_error`` figures are measured over predicted, less one. ``plan_source`` says
     how the pass was planned (:class:`~lightning_accudnn.session.plan_book.PlanSource`:

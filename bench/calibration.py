@@ -1,0 +1,280 @@
+"""The time model against the device: the compute the profiling pass measures, the steps it
+predicts, and what the device takes.
+
+    python -m bench.calibration --workload resnet152 --param batch_size=64 --param precision=bf16
+    python -m bench.calibration --workload tiny --device cpu --warmup 2 --steps 2   # CI, seconds
+
+For one workload, in one process, three runs of ``--warmup`` + ``--steps`` training steps:
+
+1. **plain**: no strategy. The median step (forward and backward, synchronised wall clock)
+   and, on CUDA, one more step under ``torch.profiler``: the time the GPU ran kernels (the
+   union of their intervals). A step whose GPU is busy for much less than its wall time is
+   *host-bound*: the CPU issuing kernels, not the GPU, sets its pace.
+2. **kept**: an ``OffloadSession`` whose budget holds everything (``"auto"``), so the same
+   work as plain. What its profiling pass measured (the layers' forward and backward compute,
+   summed), the plan's predicted step, and its steady steps' measured time: how far the
+   layer-by-layer timing of the profiling pass is from the step it profiles.
+3. **fraction**: a session at the model state plus ``--fraction`` of the saved activations
+   (as run 2's profile counts them). Its plan (recomputed segments, swapped bytes, predicted
+   step and peak) against the measured steady step and peak.
+
+Writes ``<results-dir>/<device>/<date>-calibration-<workload>.json`` and ``.md``. The figures
+are for writing the time model's calibration down; nothing here changes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.environment import REPO_ROOT, resolve_device
+from bench.measure import median, now, release_memory, synchronize
+from bench.report import fmt_bytes, fmt_ms, write_result
+from bench.run import _workload_from, parse_fraction
+from bench.workloads import WORKLOADS, Batch, Workload
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.session import OffloadConfig, OffloadSession
+
+
+def _autocast(workload: Workload, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if workload.precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _batches(workload: Workload, device: torch.device) -> list[Batch]:
+    return [
+        (first.to(device), second.to(device)) for first, second in (workload.make_batch(i) for i in range(2))
+    ]
+
+
+def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` intervals.
+
+    Example:
+        >>> _busy_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])
+        4.0
+    """
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
+def plain_run(workload: Workload, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+    """Plain training: the median synchronised step and, on CUDA, the GPU's busy time in one step."""
+    result = _plain_steps(workload, device, warmup, steps)
+    release_memory(device)  # the model and its optimizer are gone with the frame that made them
+    return result
+
+
+def _plain_steps(workload: Workload, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = workload.build()
+    optimizer = workload.optimizer(model)
+    batches = _batches(workload, device)
+
+    def step(index: int) -> float:
+        start = now(device)
+        with _autocast(workload, device):
+            loss = workload.loss(model, batches[index % 2])
+        loss.backward()
+        synchronize(device)
+        seconds = now(device) - start
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return seconds
+
+    times = [step(index) for index in range(warmup + steps)][warmup:]
+    result: dict[str, Any] = {"step_seconds": times, "median_step_seconds": median(times)}
+    if device.type == "cuda":
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profiler:
+            wall = step(0)
+        kernels = [
+            (event.time_range.start / 1e6, event.time_range.end / 1e6)
+            for event in profiler.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA
+        ]
+        result["profiled_step_seconds"] = wall
+        result["gpu_busy_seconds"] = _busy_seconds(kernels)
+        result["kernels"] = len(kernels)
+    return result
+
+
+def session_run(
+    workload: Workload, device: torch.device, budget: int | str, warmup: int, steps: int
+) -> dict[str, Any]:
+    """Training under an ``OffloadSession`` at ``budget``: its plan and its measured steps, or the
+    error that ended it (a budget too small for the profiling pass, say) as ``error``."""
+    try:
+        result = _session_steps(workload, device, budget, warmup, steps)
+    except Exception as error:  # recorded: the other runs' figures still count
+        result = {"steps": [], "error": f"{type(error).__name__}: {error}", "budget_bytes": budget}
+    release_memory(device)
+    return result
+
+
+def _session_steps(
+    workload: Workload, device: torch.device, budget: int | str, warmup: int, steps: int
+) -> dict[str, Any]:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = workload.build()
+    optimizer = workload.optimizer(model)
+    batches = _batches(workload, device)
+    min_swap = DEFAULT_MIN_SWAP_BYTES if workload.min_swap_bytes is None else workload.min_swap_bytes
+    session = OffloadSession(OffloadConfig(budget=budget, min_swap_bytes=min_swap), device)
+    per_step: list[dict[str, Any]] = []
+    try:
+        for index in range(warmup + steps):
+            batch = batches[index % 2]
+            start = now(device)
+            with (
+                session.step(model, [optimizer], batch=batch, close_on_backward=False),
+                _autocast(workload, device),
+            ):
+                loss = workload.loss(model, batch)
+            session.begin_backward()
+            loss.backward()
+            stats = session.end_backward()
+            synchronize(device)
+            wall = now(device) - start
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            per_step.append(
+                {
+                    "wall_seconds": wall,
+                    "measured_seconds": None if stats is None else stats.step_seconds,
+                    "predicted_seconds": None if stats is None else stats.predicted_step_seconds,
+                    "peak_bytes": None if stats is None else stats.peak_device_bytes,
+                    "predicted_peak_bytes": None if stats is None else stats.predicted_peak_bytes,
+                    "source": None if stats is None or stats.plan_source is None else stats.plan_source.value,
+                }
+            )
+        plan = session.plan
+    finally:
+        session.close()
+    steady = per_step[warmup:]
+    result: dict[str, Any] = {
+        "steps": per_step,
+        "median_wall_seconds": median([step["wall_seconds"] for step in steady]),
+        "median_measured_seconds": median([step["measured_seconds"] or 0.0 for step in steady]),
+        "budget_bytes": budget,
+    }
+    if plan is not None:
+        profile = plan.profile
+        result.update(
+            budget_bytes=plan.budget_bytes,
+            static_bytes=profile.static_bytes,
+            saved_bytes=sum(layer.saved_bytes for layer in profile.layers),
+            profiled_forward_seconds=sum(layer.forward_seconds for layer in profile.layers),
+            profiled_backward_seconds=sum(layer.backward_seconds for layer in profile.layers),
+            unconstrained_seconds=plan.unconstrained_seconds,
+            predicted_step_seconds=plan.predicted_step_seconds,
+            predicted_peak_bytes=plan.predicted_peak_bytes,
+            recomputed_segments=len(plan.recomputed),
+            swapped_bytes=plan.swapped_bytes,
+            layers=len(profile.layers),
+        )
+    return result
+
+
+def markdown(record: dict[str, Any]) -> str:
+    """The three runs side by side."""
+    plain, kept, part = record["plain"], record["kept"], record["fraction"]
+    busy = plain.get("gpu_busy_seconds")
+    lines = [
+        f"# Time model calibration: {record['workload']} {record['params']} on {record['device']}",
+        "",
+        f"- plain step (median): {fmt_ms(plain['median_step_seconds'])} ms"
+        + (
+            f"; in one profiled step ({fmt_ms(plain['profiled_step_seconds'])} ms) the GPU ran "
+            f"{plain['kernels']} kernels, busy {fmt_ms(busy)} ms"
+            if busy is not None
+            else ""
+        ),
+        "",
+        "| run | budget | profiled fwd+bwd compute ms | unconstrained ms (model) | predicted step ms "
+        "| measured steady step ms (wall) | recomputed | swapped | predicted peak | measured peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, run in (("kept", kept), (f"static + {record['fraction_text']} act", part)):
+        last = run["steps"][-1] if run["steps"] else {}
+        compute = run.get("profiled_forward_seconds", 0.0) + run.get("profiled_backward_seconds", 0.0)
+        if "error" in run:
+            lines.append(f"| {name} | {run['budget_bytes']} | {run['error'][:300]} |||||||")
+            continue
+        lines.append(
+            f"| {name} | {fmt_bytes(run.get('budget_bytes'))} | {fmt_ms(compute)} "
+            f"| {fmt_ms(run.get('unconstrained_seconds'))} | {fmt_ms(run.get('predicted_step_seconds'))} "
+            f"| {fmt_ms(run['median_wall_seconds'])} | {run.get('recomputed_segments')} "
+            f"| {fmt_bytes(run.get('swapped_bytes'))} | {fmt_bytes(run.get('predicted_peak_bytes'))} "
+            f"| {fmt_bytes(last.get('peak_bytes'))} |"
+        )
+    lines += ["", "Per step (wall ms, measured ms, predicted ms, plan source):", ""]
+    for name, run in (("kept", kept), ("fraction", part)):
+        cells = [
+            f"{fmt_ms(step['wall_seconds'])}/{fmt_ms(step['measured_seconds'])}/"
+            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}"
+            for step in run["steps"]
+        ]
+        lines.append(f"- {name}: " + ", ".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.calibration", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--precision", choices=("fp32", "bf16"))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--fraction", default="1/2", help="of the saved activations, on top of the model state"
+    )
+    parser.add_argument("--warmup", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    workload = _workload_from(args)
+    device = resolve_device(args.device)
+    fraction = parse_fraction(args.fraction)
+    plain = plain_run(workload, device, args.warmup, args.steps)
+    kept = session_run(workload, device, "auto", args.warmup, args.steps)
+    if "static_bytes" not in kept:
+        raise SystemExit(
+            f"bench.calibration: the session that keeps everything made no plan: {kept.get('error')}"
+        )
+    budget = kept["static_bytes"] + int(fraction * kept["saved_bytes"])
+    part = session_run(workload, device, budget, args.warmup, args.steps)
+    record = {
+        "kind": "calibration",
+        "workload": workload.name,
+        "params": workload.params,
+        "device": str(device),
+        "fraction_text": args.fraction,
+        "plain": plain,
+        "kept": kept,
+        "fraction": part,
+    }
+    path = write_result(args.results_dir, device, f"calibration-{workload.name}", record)
+    text = markdown(record)
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""bench.calibration end to end on the CPU: the three runs, their figures and the files."""
+
+import json
+
+import torch
+
+from bench import calibration
+from bench.workloads import make_workload
+
+
+def test_calibration_writes_the_three_runs(tmp_path):
+    record = calibration.main(
+        [
+            "--workload",
+            "tiny",
+            "--device",
+            "cpu",
+            "--warmup",
+            "2",
+            "--steps",
+            "1",
+            "--results-dir",
+            str(tmp_path),
+        ]
+    )
+    assert record["plain"]["median_step_seconds"] > 0
+    kept, part = record["kept"], record["fraction"]
+    assert kept["swapped_bytes"] == 0 and kept["recomputed_segments"] == 0
+    assert part["budget_bytes"] == kept["static_bytes"] + kept["saved_bytes"] // 2
+    assert part["swapped_bytes"] > 0 or part["recomputed_segments"] > 0
+    assert kept["profiled_forward_seconds"] > 0 and kept["profiled_backward_seconds"] > 0
+    assert len(part["steps"]) == 3 and part["steps"][0]["source"] == "profiling"
+    (written,) = (tmp_path / "cpu").glob("*-calibration-tiny.json")
+    assert json.loads(written.read_text())["kind"] == "calibration"
+    assert "static + 1/2 act" in written.with_suffix(".md").read_text()
+
+
+def test_busy_time_is_the_union_of_the_intervals():
+    assert calibration._busy_seconds([(0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.1, 3.2)]) == 2.5
+    assert calibration._busy_seconds([]) == 0.0
+
+
+def test_a_session_the_budget_refuses_is_recorded_with_its_error():
+    run = calibration.session_run(make_workload("tiny"), torch.device("cpu"), 1_000, warmup=1, steps=0)
+    assert run["steps"] == [] and run["error"].startswith("BudgetTooSmallError")

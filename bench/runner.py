@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig, StrategySpec
-from bench.measure import PEAK_LEDGER, MemoryMeter, median, now, release_memory
+from bench.measure import PEAK_LEDGER, MemoryMeter, StepMemory, median, now, release_memory
 from bench.row import ResultRow
 from bench.techniques import AccUDNN, Technique, budget_of, make_technique
 from bench.workloads import Batch, Workload
@@ -120,6 +120,21 @@ def run_strategy(workload: Workload, spec: StrategySpec, config: RunConfig) -> R
     return RunResult(row, profile)
 
 
+def _forward_backward(
+    technique: Technique,
+    workload: Workload,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    device: torch.device,
+) -> tuple[torch.Tensor, StepMemory | None]:
+    """One forward and backward (its own frame: a failed pass's tensors go with it); the loss,
+    detached, and the peak measured inside backward."""
+    with technique.forward_context(model, optimizer, batch), _autocast(workload, device):
+        loss = workload.loss(model, batch)
+    return loss.detach(), technique.backward(loss)
+
+
 def _train(
     workload: Workload,
     spec: StrategySpec,
@@ -148,15 +163,15 @@ def _train(
         start = now(device)
         while True:
             try:
-                with technique.forward_context(model, optimizer, batch), _autocast(workload, device):
-                    loss = workload.loss(model, batch)
-                inner_peak = technique.backward(loss)
+                loss, inner_peak = _forward_backward(technique, workload, model, optimizer, batch, device)
                 break
             except BaseException as error:
                 if not technique.recover(error):
                     raise
                 row.notes.append(f"step {index}: {type(error).__name__}, re-planned and run again")
+            # The error and the frames of the failed pass are gone: what only they held can go too.
             optimizer.zero_grad(set_to_none=True)
+            technique.release_failed_pass()
         middle = now(device)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -169,7 +184,7 @@ def _train(
                 "optimizer_seconds": end - middle,
                 "allocated": memory.allocated,
                 "reserved": memory.reserved,
-                "loss": float(loss.detach()),
+                "loss": float(loss),
                 **technique.step_figures(),
             }
         )

@@ -58,12 +58,10 @@ class AccUDNN(Technique):
     def recover(self, error: BaseException) -> bool:
         """An out-of-memory error is re-planned with a larger reserve and the step run again, as
         ``AccUDNNStrategy`` does (a few times in a row at most)."""
-        session = self._session()
-        if not (is_out_of_memory(error) and session.recover_from_out_of_memory(error)):
-            return False
-        del error
-        session.release_failed_pass()
-        return True
+        return is_out_of_memory(error) and self._session().recover_from_out_of_memory(error)
+
+    def release_failed_pass(self) -> None:
+        self._session().release_failed_pass()
 
     def backward(self, loss: torch.Tensor) -> StepMemory | None:
         session = self._session()

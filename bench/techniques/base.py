@@ -39,6 +39,9 @@ class Technique:
         the technique's own training integration does; none here)."""
         return False
 
+    def release_failed_pass(self) -> None:
+        """Once the error :meth:`recover` allowed is gone: free what the failed pass left."""
+
     def step_figures(self) -> dict[str, Any]:
         """Figures of the step just run (bytes swapped and the like)."""
         return {}

@@ -179,7 +179,7 @@ def _session_steps(
             profiled_backward_seconds=sum(layer.backward_seconds for layer in profile.layers),
             unconstrained_seconds=plan.unconstrained_seconds,
             predicted_step_seconds=plan.predicted_step_seconds,
-            predicted_peak_bytes=plan.predicted_peak_bytes,
+            predicted_peak_bytes=per_step[-1]["predicted_peak_bytes"] or plan.predicted_peak_bytes,
             recomputed_segments=len(plan.recomputed),
             swapped_bytes=plan.swapped_bytes,
             layers=len(profile.layers),

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from lightning_accudnn.ops import SwapSchedule, keep_on_device
     from lightning_accudnn.planner import Budget, BudgetTooSmallError
     from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStats
+    from lightning_accudnn.session.out_of_memory import ProfilingPassOutOfMemoryError
     from lightning_accudnn.strategy import AccUDNNDDPStrategy, AccUDNNStrategy, register_strategies
 
 #: Every public name, and the module that defines it: each is imported on first use.
@@ -38,6 +39,7 @@ _PUBLIC_NAMES = {
     "OffloadConfig": "lightning_accudnn.session",
     "OffloadSession": "lightning_accudnn.session",
     "OffloadStats": "lightning_accudnn.session",
+    "ProfilingPassOutOfMemoryError": "lightning_accudnn.session.out_of_memory",
 }
 
 
@@ -55,6 +57,7 @@ __all__ = [
     "OffloadConfig",
     "OffloadSession",
     "OffloadStats",
+    "ProfilingPassOutOfMemoryError",
     "SwapSchedule",
     "keep_on_device",
     "register_strategies",

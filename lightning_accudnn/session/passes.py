@@ -119,6 +119,8 @@ class PassRunner:
         self.current: RunningPass | None = None
         self.last_entered: RunningPass | None = None  # the pass that ran last (what an OOM hit)
         self.out_of_memory_retries = OutOfMemoryRetries()
+        #: The most the allocator held above the engine's ledger in a pass so far (0 without one).
+        self.unseen_bytes = 0
 
     def make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
         """The fastest plan for ``key`` under the headroom (:meth:`SessionPlanning.make_plan`)."""
@@ -203,7 +205,10 @@ class PassRunner:
         key = current.key
         profiling = current.plan is None
         self.out_of_memory_retries.reset()
-        stats = self.stats = measured_stats(step, self.allocator.peaks(), current.plan, current.source)
+        peaks = self.allocator.peaks()
+        stats = self.stats = measured_stats(step, peaks, current.plan, current.source, self.unseen_bytes)
+        if peaks is not None:  # predictions from now on count what this pass held beyond the ledger
+            self.unseen_bytes = max(self.unseen_bytes, peaks[0] - step.ledger_peak_bytes)
         copies = self.engine.weight_copies.take()
         static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
         known = self.book.plan(key)

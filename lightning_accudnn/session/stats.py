@@ -21,7 +21,9 @@ class OffloadStats:
     the measured forward plus backward time (CUDA events on GPU, wall clock on CPU; in a pass
     timed layer by layer, a profiling one among them, less the time compute waited on copies,
     so that it is the compute the performance model learns); the
-    ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step)
+    ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step; the
+    peak with the most the allocator held above the ledger in any earlier pass added: memory
+    no layer saves, such as a loss's working memory or kernel workspaces)
     and the ``*_error`` figures are measured over predicted, less one. ``plan_source`` says
     how the pass was planned (:class:`~lightning_accudnn.session.plan_book.PlanSource`:
     ``profiling`` for a profiling step, else ``profiled``, ``scaled`` from another batch
@@ -93,11 +95,16 @@ class OffloadStats:
 
 
 def measured_stats(
-    step: StepStats, peaks: tuple[int, int] | None, plan: Plan | None, source: PlanSource
+    step: StepStats,
+    peaks: tuple[int, int] | None,
+    plan: Plan | None,
+    source: PlanSource,
+    unseen_bytes: int = 0,
 ) -> OffloadStats:
     """The figures of the pass ``step`` measured under ``plan`` (``None``: a profiling pass);
     ``peaks`` are the allocator's (peak allocated, peak reserved), or ``None`` where there is
-    no allocator (the engine's ledger stands in)."""
+    no allocator (the engine's ledger stands in). The predicted peak is the plan's (the
+    ledger's) plus ``unseen_bytes``: what the allocator held above the ledger in earlier passes."""
     peak, reserved = (step.ledger_peak_bytes, step.ledger_peak_bytes) if peaks is None else peaks
     return OffloadStats(
         bytes_swapped_out=step.bytes_swapped_out,
@@ -109,7 +116,7 @@ def measured_stats(
         swapped_layers=step.swapped_layers,
         profiling=plan is None,
         step_seconds=step.forward_seconds + step.backward_seconds,
-        predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes,
+        predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes + unseen_bytes,
         predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
         plan_source=source,
         observed=step.observed,

@@ -141,3 +141,32 @@ def test_overshoot_is_what_the_ledger_did_not_see_beyond_the_reserve_not_the_all
     assert reserves == [1000, 1000, 1700]
     assert session.stats.peak_reserved_bytes == budget
     session.close()
+
+
+def test_the_predicted_peak_counts_what_the_allocator_held_above_the_ledger_before():
+    """Memory no layer saves (a loss's working memory, workspaces) is in the next predictions:
+    a predicted peak is the plan's plus the most any earlier pass held above the ledger."""
+    model = make_model("cnn")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    static, saved = memory_need("cnn")
+    budget = 10 * (static + saved)
+    allocator = ReportsOverTheLedger(total=10 * budget)
+    session = OffloadSession(
+        OffloadConfig(budget=budget, min_swap_bytes=0, observe_every=1), "cpu", allocator=allocator
+    )
+    allocator.session = session
+    predicted, unseen_before = [], 0
+    for step, unseen in enumerate([3000, 1000, 5000, 0]):
+        allocator.unseen_bytes = unseen
+        with session.step(model, optimizer):
+            loss = loss_of(model, make_batch("cnn", seed=step))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        stats = session.stats
+        if step:
+            assert stats.predicted_peak_bytes == session.plan.predicted_peak_bytes + unseen_before
+            predicted.append(stats.predicted_peak_bytes - session.plan.predicted_peak_bytes)
+        unseen_before = max(unseen_before, unseen)
+    assert predicted == [3000, 3000, 5000]
+    session.close()

@@ -41,6 +41,7 @@ from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recom
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats, measured_stats
 from lightning_accudnn.session.transfers import swapped_buffer_sizes
+from lightning_accudnn.session.warm_times import fastest_times, scaled_to_forward
 
 __all__ = ["PassRunner", "RunningPass"]
 
@@ -222,6 +223,8 @@ class PassRunner:
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
         scheduled = profiling or self.book.needs_refining(key)
+        if step.timed and not profiling:
+            self.book.note_timed(key)
         request = ReplanRequest(replan=changed or scheduled)
         if overshoot:
             # The reserve grows at once, on this rank (its next pass must not pass the budget
@@ -271,6 +274,13 @@ class PassRunner:
             profile = replace(profile, segments=segments, excluded_segments=probe.excluded())
             self.planning.note_profiling_peak(key, step.ledger_peak_bytes - self.engine.ledger.static_bytes)
         profile = profile_to_plan_from(plan, profile, step.graph_changed)
+        if step.timed and plan is not None and known is not None:
+            # Warm passes are faster: each layer keeps its fastest time (a plan that recomputes
+            # keeps its own profile, whose forward alone this pass can compare).
+            if profile is plan.profile:
+                profile = scaled_to_forward(profile, step.forward_seconds)
+            else:
+                profile = fastest_times(profile, known.profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)

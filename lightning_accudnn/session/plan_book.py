@@ -21,6 +21,7 @@ from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.planner.scaling import plan_covers
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.session._torch_internals import tensor_leaves
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
 __all__ = ["PassKey", "PlanBook", "PlanSource", "batch_signature", "layers_differ"]
 
@@ -95,6 +96,7 @@ class PlanBook:
 
     def __init__(self) -> None:
         self._entries: dict[PassKey, _Entry] = {}
+        self._timed: dict[PassKey, int] = {}  # planned passes timed layer by layer, per pass
 
     def plan(self, key: PassKey) -> Plan | None:
         entry = self._entries.get(key)
@@ -106,10 +108,20 @@ class PlanBook:
         return PlanSource.PROFILING if entry is None else entry.source
 
     def needs_refining(self, key: PassKey) -> bool:
-        """True while the pass has a plan made from another pass's figures: a profiling pass's
-        distorted timings, or another batch shape's scaled profile."""
+        """True while the pass has a plan made from another pass's figures (a profiling pass's
+        distorted timings, or another batch shape's scaled profile), or from fewer than
+        :data:`~lightning_accudnn.session.warm_times.TIMED_PLANNED_PASSES` timed planned passes
+        of its own (the first run cold)."""
         entry = self._entries.get(key)
-        return entry is not None and entry.source in (PlanSource.PROFILED, PlanSource.SCALED)
+        if entry is None:
+            return False
+        if entry.source in (PlanSource.PROFILED, PlanSource.SCALED):
+            return True
+        return entry.source is PlanSource.REFINED and self._timed.get(key, 0) < TIMED_PLANNED_PASSES
+
+    def note_timed(self, key: PassKey) -> None:
+        """A planned pass of ``key`` was timed layer by layer."""
+        self._timed[key] = self._timed.get(key, 0) + 1
 
     def keep(self, key: PassKey, plan: Plan, source: PlanSource) -> None:
         if source is PlanSource.PROFILING:

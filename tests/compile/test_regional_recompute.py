@@ -22,6 +22,7 @@ from torch import nn
 from lightning_accudnn.planner.plan import ROUTE_REGIONAL, Plan, min_budget_bytes
 from lightning_accudnn.profile import ROOT_LAYER, LayerChoice, StepProfile
 from lightning_accudnn.session import OffloadConfig, OffloadSession
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 from lightning_accudnn.testing import SimulatedGPU
 from tests.compile.helpers import (
     BACKENDS,
@@ -43,7 +44,7 @@ from tests.compile.helpers import (
 )
 from tests.recompute.models import slow_link
 
-STEPS = 4  # a profiling pass, the refining pass, then passes replayed by ordinal
+STEPS = 3 + TIMED_PLANNED_PASSES  # a profiling pass, the timed planned passes, then two replayed
 BLOCKS = tuple(f"blocks.{i}" for i in range(3))
 POLICIES = {"recompute": "recompute", "swap and recompute": "auto"}
 

@@ -1,16 +1,16 @@
 """Waits of compute on copies are no layer's compute time: the profile the planner learns from
 holds the layers' own time even when the profiling pass swaps everything over a slow link."""
 
-import time
-
 import torch
 
 from lightning_accudnn.ops import HostCopyRuntime, OffloadEngine, SwapSchedule
+from lightning_accudnn.ops import runtime as runtime_module
+from lightning_accudnn.ops import timing as timing_module
 from lightning_accudnn.ops.timing import LayerTimer
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import MLP, loss_of, make_batch
 
-COPY_SECONDS = 0.02  # each group of copies on the slow link
+COPY_SECONDS = 1.0  # each copy on the slow link, on the virtual clock
 
 
 class ScriptedClock:
@@ -63,52 +63,70 @@ def test_stalls_before_start_are_ignored():
     assert timer.backward_seconds() == 0.0
 
 
-class SlowLink(HostCopyRuntime):
-    """Host copies that take :data:`COPY_SECONDS` each, as a slow link would."""
+class VirtualClock:
+    """``time`` for the runtime and the layer timer: a clock that advances a microsecond per
+    reading, and :data:`COPY_SECONDS` per copy on the slow link (no real waiting: the figures do
+    not depend on the machine's load)."""
 
-    copies = 0
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 1e-6
+        return self.now
+
+
+class SlowLink(HostCopyRuntime):
+    """Host copies that take :data:`COPY_SECONDS` each on ``clock``, as a slow link would."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+        self.copies = 0
 
     def copy_out(self, after, sources, hosts):
-        return super().copy_out(after, [_Slow(source) for source in sources], hosts)
+        return super().copy_out(after, [_Slow(source, self) for source in sources], hosts)
 
     def copy_in(self, after, hosts, dests):
-        return super().copy_in(after, [_Slow(host) for host in hosts], dests)
+        return super().copy_in(after, [_Slow(host, self) for host in hosts], dests)
 
 
 class _Slow(torch.Tensor):
-    """A tensor whose copy from it sleeps first (inside the runtime's bracket around the copy)."""
+    """A tensor whose copy from it takes :data:`COPY_SECONDS` of ``link``'s clock (inside the
+    runtime's bracket around the copy)."""
 
     @staticmethod
-    def __new__(cls, data):
-        return torch.Tensor._make_subclass(cls, data)
+    def __new__(cls, data, link):
+        tensor = torch.Tensor._make_subclass(cls, data)
+        tensor.link = link
+        return tensor
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func is torch.Tensor.copy_:
-            SlowLink.copies += 1
-            time.sleep(COPY_SECONDS)
+            link = args[1].link
+            link.copies += 1
+            link.clock.now += COPY_SECONDS
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
 
-def _profiled_seconds(runtime):
+def test_copy_time_on_a_slow_link_is_not_learnt_as_compute(monkeypatch):
+    clock = VirtualClock()
+    monkeypatch.setattr(runtime_module, "time", clock)
+    monkeypatch.setattr(timing_module, "time", clock)
+    link = SlowLink(clock)
     model = MLP()
-    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=runtime)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=link)
     with engine.offload(model, SwapSchedule.swap_everything(max_copying_out_bytes=0)):
         loss = loss_of(model, make_batch("mlp"))
     loss.backward()
     stats = engine.end_step()
     assert stats is not None and stats.bytes_swapped_in > 0
-    return stats.forward_seconds + stats.backward_seconds, stats.wait_seconds
-
-
-def test_copy_time_on_a_slow_link_is_not_learnt_as_compute():
-    SlowLink.copies = 0
-    compute, waited = _profiled_seconds(SlowLink())
-    copies = SlowLink.copies * COPY_SECONDS
-    assert SlowLink.copies >= 4
-    assert waited >= copies  # the copies were waited for ...
-    assert compute < copies / 2  # ... and none of that is the layers' compute
+    copies = link.copies * COPY_SECONDS
+    assert link.copies >= 4
+    assert stats.wait_seconds >= copies  # the copies were waited for ...
+    assert stats.forward_seconds + stats.backward_seconds < 0.01  # ... and none of it is compute
 
 
 def test_the_simulated_gpu_reports_its_waits_as_stalls():

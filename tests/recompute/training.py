@@ -8,9 +8,10 @@ import torch
 
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import StepProfile
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 from tests.recompute.models import batch, build, loss_of
 
-STEPS = 4
+STEPS = 3 + TIMED_PLANNED_PASSES  # profiling, the timed planned passes, two replayed
 
 
 def plain(kind: str) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,77 @@
+"""Layer times from warm passes: the first planned passes of a kind are timed again, and each
+layer keeps the fastest time measured.
+
+The first passes of a process run cold: the allocator grows (each new block a synchronising
+``cudaMalloc``), kernels are chosen and libraries load, pinned buffers are allocated. Their
+layer times are not the steady state's. On an H200 a session keeping everything learnt 137.4 ms
+of compute from its second pass, which took 421 ms of wall time, for a ResNet-152 step that then
+ran in 60.4 ms (``bench/results/nvidia-h200``, ``bench.calibration``). So a kind's plan is
+refined (its pass runs hooked and timed) until :data:`TIMED_PLANNED_PASSES` planned passes were
+timed, a count every rank reaches at the same pass, and the times planned from are the fastest
+seen per layer (:func:`fastest_times`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lightning_accudnn.planner import StepProfile
+from lightning_accudnn.profile import LayerProfile
+
+__all__ = ["TIMED_PLANNED_PASSES", "fastest_times", "scaled_to_forward"]
+
+#: Planned passes of a kind timed layer by layer before its plan is final: the first runs
+#: right after the profiling pass, often still cold.
+TIMED_PLANNED_PASSES = 2
+
+
+def fastest_times(measured: StepProfile, earlier: StepProfile) -> StepProfile:
+    """``measured`` with each layer's forward and backward time the faster of its own and
+    ``earlier``'s (the same layers, in order: else ``measured`` as it is).
+
+    Example:
+        >>> old = StepProfile((LayerProfile("a", 8, 8, 3.0, 6.0), LayerProfile("b", 8, 8, 1.0, 2.0)), 0)
+        >>> new = StepProfile((LayerProfile("a", 8, 8, 1.0, 2.0), LayerProfile("b", 8, 8, 2.0, 1.0)), 0)
+        >>> [(layer.forward_seconds, layer.backward_seconds) for layer in fastest_times(new, old).layers]
+        [(1.0, 2.0), (1.0, 1.0)]
+    """
+    if [layer.name for layer in measured.layers] != [layer.name for layer in earlier.layers]:
+        return measured
+    layers = tuple(
+        _with_times(
+            layer,
+            min(layer.forward_seconds, before.forward_seconds),
+            min(layer.backward_seconds, before.backward_seconds),
+        )
+        for layer, before in zip(measured.layers, earlier.layers, strict=True)
+    )
+    return replace(measured, layers=layers)
+
+
+def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfile:
+    """``profile`` with every time scaled down so that its forward takes ``forward_seconds``,
+    when that is less (a pass whose layers cannot be timed one by one, as under a plan that
+    recomputes: its forward is the same work, its backward is not).
+
+    Example:
+        >>> profile = StepProfile((LayerProfile("a", 8, 8, 4.0, 8.0),), 0)
+        >>> scaled_to_forward(profile, 1.0).layers[0].backward_seconds
+        2.0
+        >>> scaled_to_forward(profile, 5.0) is profile
+        True
+    """
+    total = sum(layer.forward_seconds for layer in profile.layers)
+    if total <= 0.0 or forward_seconds >= total:
+        return profile
+    scale = max(forward_seconds, 0.0) / total
+    layers = tuple(
+        _with_times(layer, layer.forward_seconds * scale, layer.backward_seconds * scale)
+        for layer in profile.layers
+    )
+    return replace(profile, layers=layers)
+
+
+def _with_times(layer: LayerProfile, forward_seconds: float, backward_seconds: float) -> LayerProfile:
+    if forward_seconds == layer.forward_seconds and backward_seconds == layer.backward_seconds:
+        return layer
+    return replace(layer, forward_seconds=forward_seconds, backward_seconds=backward_seconds)

@@ -1,0 +1,77 @@
+"""The first planned passes of a kind are timed again, and the plan keeps each layer's fastest
+time: passes that run cold (a first pass allocates, chooses kernels, loads libraries) do not set
+the times the steady state is planned from."""
+
+import time
+
+import torch
+from torch import nn
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
+
+COLD_SECONDS = 0.05
+
+
+class ColdFirst(nn.Module):
+    """A layer whose first ``cold`` calls take :data:`COLD_SECONDS` longer, as a cold pass does."""
+
+    def __init__(self, cold: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+        self.calls, self.cold = 0, cold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls <= self.cold:
+            time.sleep(COLD_SECONDS)
+        return torch.relu(self.linear(x))
+
+
+def _train(session: OffloadSession, model: nn.Module, steps: int) -> list[tuple[str, bool]]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hooked: list[bool] = []
+    offload = session.engine.offload
+
+    def spy(*args, sequence=None, **kwargs):
+        hooked.append(sequence is None)
+        return offload(*args, sequence=sequence, **kwargs)
+
+    session.engine.offload = spy
+    sources = []
+    for step in range(steps):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
+        with session.step(model, optimizer):
+            loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        sources.append(session.stats.plan_source.value)
+    return list(zip(sources, hooked, strict=True))
+
+
+def _model(cold: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(ColdFirst(cold), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def test_the_first_planned_passes_are_timed_then_the_plan_settles():
+    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu")
+    passes = _train(session, _model(cold=0), steps=3 + TIMED_PLANNED_PASSES)
+    assert passes == [
+        ("profiling", True),
+        ("profiled", True),
+        *[("refined", True)] * (TIMED_PLANNED_PASSES - 1),
+        ("refined", False),
+        ("refined", False),
+    ]
+    session.close()
+
+
+def test_a_layer_keeps_the_time_of_its_warm_passes():
+    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu")
+    model = _model(cold=2)  # the profiling pass and the first planned pass run cold
+    _train(session, model, steps=2 + TIMED_PLANNED_PASSES)
+    (cold_layer,) = (layer for layer in session.plan.profile.layers if layer.name == "0")
+    assert cold_layer.forward_seconds < COLD_SECONDS / 2
+    session.close()

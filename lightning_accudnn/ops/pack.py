@@ -35,7 +35,7 @@ from lightning_accudnn.ops.layers import (
 from lightning_accudnn.ops.recording import note_resave
 from lightning_accudnn.ops.replay import KEEP_NEW, LEAVE, RECORD, SWAP_AGAIN, SWAP_WHOLE, ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime
-from lightning_accudnn.ops.saves import Geometry, KeptSave, RecordSave, StepState, StorageEntry, new_handle
+from lightning_accudnn.ops.saves import Geometry, KeptSave, RecordSave, StepState, StorageEntry
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import (
     DeviceBlock,
@@ -166,7 +166,7 @@ class SaveRecords(CopyTraffic):
     ) -> tuple[RecordSave, StorageRecord, bool]:
         """A save through the records; returns its handle, its record and whether it opened it.
 
-        The handle autograd keeps is a :class:`.RecordSave` (no finalizer)."""
+        The handle autograd keeps is a :data:`.RecordSave` (no finalizer)."""
         entry = step.by_storage.get(key)
         if entry is None or entry.storage.expired():
             block = DeviceBlock(key, storage_nbytes)
@@ -207,8 +207,8 @@ class SaveRecords(CopyTraffic):
         if record.swap:
             if geometry is None:
                 geometry = (tensor.dtype, tensor.shape, tensor.stride(), int(tensor.storage_offset()))
-            return new_handle(RecordSave, (record, None, tensor._version, index, step, geometry))
-        return new_handle(RecordSave, (record, tensor, tensor._version, index, step, None))
+            return (record, None, tensor._version, index, step, geometry)
+        return (record, tensor, tensor._version, index, step, None)
 
     def _new_record(
         self,
@@ -288,7 +288,7 @@ class SaveHooks(SaveRecords):
         self._saved_tensor_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._unhook_after = -1  # a pass replayed unobserved: the hooks go after this ordinal
 
-    def _pack_recorded(self, tensor: torch.Tensor) -> object:
+    def _pack_recorded(self, tensor: torch.Tensor) -> RecordSave | torch.Tensor:
         """A save in a hooked pass: attributed to the layer running now, and noted in the sequence."""
         ordinal = self._calls
         self._calls = ordinal + 1
@@ -316,13 +316,13 @@ class SaveHooks(SaveRecords):
         )
         return packed
 
-    def _pack_replayed(self, tensor: torch.Tensor) -> object:
+    def _pack_replayed(self, tensor: torch.Tensor) -> KeptSave | RecordSave | torch.Tensor:
         """A save in a pass replayed by ordinal; the hot path.
 
         What the profiled pass did at this ordinal decides (:class:`.ReplayRoute`), checked by
         the tensor's size: a tensor that was no activation goes back to autograd untouched; one
         whose storage the plan keeps costs a few list operations (autograd keeps a
-        :class:`.KeptSave`, its storage is counted by the ordinal of
+        :data:`.KeptSave`, its storage is counted by the ordinal of
         its first save, with the storage's bytes the profiled pass measured); a storage swapped
         whole opens its record, and is saved again through it, without the filter
         (:meth:`_pack_whole`, :meth:`_pack_again`); the rest go through the full filter and the
@@ -352,12 +352,12 @@ class SaveHooks(SaveRecords):
                         if self._tracks_blocks:
                             address = step.kept_address[ordinal] = tensor.data_ptr()
                             self.runtime.hold(address, nbytes)
-                        return new_handle(KeptSave, (tensor, tensor._version, ordinal, ordinal, step))
+                        return (tensor, tensor._version, ordinal, ordinal, step)
                     group = sequence.groups[ordinal]
                     pending = step.kept_pending[group]
                     if pending:
                         step.kept_pending[group] = pending + 1
-                        return new_handle(KeptSave, (tensor, tensor._version, group, ordinal, step))
+                        return (tensor, tensor._version, group, ordinal, step)
             else:
                 if action == SWAP_WHOLE:
                     packed = self._pack_whole(
@@ -396,7 +396,7 @@ class SaveHooks(SaveRecords):
 
     def _pack_whole(
         self, tensor: torch.Tensor, ordinal: int, nbytes: int, layer: str, group_ends: bool
-    ) -> object:
+    ) -> RecordSave | None:
         """A replayed save that opened the one record of a storage swapped whole
         (:data:`.SWAP_WHOLE`): checked to be that again (a plain dense tensor over its whole
         storage of the profiled size, on the device, no parameter, outside
@@ -446,9 +446,9 @@ class SaveHooks(SaveRecords):
         index = len(step.handle_unpacked)  # _handle, inline: the hot path
         step.handle_unpacked.append(0)
         record.pending_unpacks = 1
-        return new_handle(RecordSave, (record, None, tensor._version, index, step, dense))
+        return (record, None, tensor._version, index, step, dense)
 
-    def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> object:
+    def _pack_again(self, tensor: torch.Tensor, ordinal: int, opened_at: int) -> RecordSave | None:
         """A replayed save of a storage swapped whole, saved before in this step
         (:data:`.SWAP_AGAIN`): the record opened at ``opened_at`` serves it when it is the same
         lineage at the same version over the same storage (the record holds all its bytes).
@@ -472,12 +472,12 @@ class SaveHooks(SaveRecords):
         return self._handle(step, record, tensor)
 
     def _unpack(self, packed: KeptSave | RecordSave | torch.Tensor) -> torch.Tensor:
-        """Give autograd back a save: a fast-kept save checked (:class:`.KeptSave`), a save
-        through the records (:class:`.RecordSave`), or the tensor itself (no activation)."""
-        if type(packed) is KeptSave:
+        """Give autograd back a save: the tensor itself (no activation), a fast-kept save checked
+        (a :data:`.KeptSave`, 5 fields) or a save through the records (a :data:`.RecordSave`, 6)."""
+        if not isinstance(packed, tuple):
+            return packed
+        if len(packed) == 5:
             # A fast-kept save: checked for in-place changes, uncounted at its storage's last read.
-            tensor: torch.Tensor
-            step: StepState
             tensor, version, group, ordinal, step = packed
             if step is self._step:
                 if self._in_forward:
@@ -498,12 +498,7 @@ class SaveHooks(SaveRecords):
             if tensor._version != version:
                 raise modified_in_place_error(tensor.dtype, tensor.shape, tensor._version, version)
             return tensor
-        if type(packed) is not RecordSave:
-            assert isinstance(packed, torch.Tensor)
-            return packed
         # A save through the records, its handle's fields unpacked at once (the hot path).
-        record: StorageRecord
-        kept: torch.Tensor | None
         record, kept, version, number, step, geometry = packed
         if step.aborted:
             raise _stale_error()

@@ -1,34 +1,31 @@
 """The bookkeeping of one step, and the handles autograd holds for the saves the engine took.
 
 A pack hook returns what autograd keeps until the unpack hook gets it back: the tensor itself
-(no activation), a :class:`KeptSave` (a save the plan keeps, taken on the fast path of a pass
-replayed by ordinal) or a :class:`RecordSave` (a save through the engine's records). The
-unpack hook tells them apart by their type. They are named tuples (slotted, no finalizer),
-made once per saved tensor by ``new_handle`` at the cost of a plain tuple; they refer to their
-:class:`StepState`, which therefore lives as long as the graph does.
+(no activation), a :data:`KeptSave` (a save the plan keeps, taken on the fast path of a pass
+replayed by ordinal) or a :data:`RecordSave` (a save through the engine's records). A handle is
+made once per saved tensor, so it is a plain tuple, named only in its type: CPython builds and
+unpacks an exact tuple with specialised bytecodes, which a named tuple (a subclass) does not
+get. The unpack hook tells the two apart by their length (5 and 6) and unpacks every field at
+once, by name. Both refer to their :class:`StepState`, which therefore lives as long as the graph
+does.
+
+Example:
+    >>> saved = torch.ones(2)
+    >>> handle: KeptSave = (saved, saved._version, 0, 1, StepState([8, 8]))
+    >>> tensor, version, group, ordinal, step = handle
+    >>> tensor is saved, group, ordinal, len(handle)
+    (True, 0, 1, 5)
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TypeAlias
 
 import torch
 
 from lightning_accudnn.ops._torch_internals import StorageWeakReference
 from lightning_accudnn.ops.stash import DeviceBlock, StorageRecord
-
-_Handle = TypeVar("_Handle", "KeptSave", "RecordSave")
-
-if TYPE_CHECKING:
-
-    def new_handle(kind: type[_Handle], fields: tuple[Any, ...]) -> _Handle:
-        """A handle of ``kind`` holding ``fields`` in their declared order."""
-
-else:
-    # ``tuple.__new__`` itself: a named tuple's own constructor is a Python function, which
-    # would run once per saved tensor.
-    new_handle = tuple.__new__
 
 #: A view's ``(dtype, shape, stride, element offset)``: what a save of a swapped record is rebuilt from.
 Geometry = tuple[torch.dtype, torch.Size, tuple[int, ...], int]
@@ -111,46 +108,15 @@ class StepState:
         self.resaved_module: dict[StorageRecord, str] = {}
 
 
-class KeptSave(NamedTuple):
-    """What autograd holds for a save kept on the fast path of a replayed pass: the tensor, its
-    version when saved, its storage's *group* (the ordinal of the storage's first save), its own
-    ordinal and its step.
+#: What autograd holds for a save kept on the fast path of a replayed pass:
+#: ``(tensor, version, group, ordinal, step)``: the tensor, its version when saved, its storage's
+#: *group* (the ordinal of the storage's first save), its own ordinal and its step.
+KeptSave: TypeAlias = tuple[torch.Tensor, int, int, int, StepState]
 
-    The hot path builds it with :func:`new_handle` (no Python-level constructor runs).
-
-    Example:
-        >>> saved = torch.ones(2)
-        >>> handle = new_handle(KeptSave, (saved, saved._version, 0, 1, StepState([8, 8])))
-        >>> handle.tensor is saved, handle.group, handle.ordinal, type(handle) is KeptSave
-        (True, 0, 1, True)
-    """
-
-    tensor: torch.Tensor
-    version: int
-    group: int
-    ordinal: int
-    step: StepState
-
-
-class RecordSave(NamedTuple):
-    """What autograd holds for a save through the engine's records: the record, the tensor
-    (``None`` when the record is swapped: the bytes come back from its copy), the tensor's
-    version when saved, the save's ``number`` in the step (:attr:`StepState.handle_unpacked`), the
-    step, and for a swapped record the tensor's :data:`Geometry` (the record's
-    :attr:`.StorageRecord.dense` itself for the save of a dense record's tensor).
-
-    Example:
-        >>> saved = torch.ones(4)
-        >>> block = DeviceBlock(saved.untyped_storage().data_ptr(), 16)
-        >>> record = StorageRecord("fc1", 0, 16, 1, False, True, saved, block, 0, 0)
-        >>> handle = new_handle(RecordSave, (record, saved, saved._version, 0, StepState(), None))
-        >>> handle.record.layer, handle.geometry is None
-        ('fc1', True)
-    """
-
-    record: StorageRecord
-    tensor: torch.Tensor | None
-    version: int
-    number: int
-    step: StepState
-    geometry: Geometry | None
+#: What autograd holds for a save through the engine's records:
+#: ``(record, tensor, version, number, step, geometry)``: the record, the tensor (``None`` when
+#: the record is swapped: the bytes come back from its copy), the tensor's version when saved,
+#: the save's number in the step (its index in :attr:`StepState.handle_unpacked`), the step, and
+#: for a swapped record the tensor's :data:`Geometry` (the record's
+#: :attr:`.StorageRecord.dense` itself for the save of a dense record's tensor), else ``None``.
+RecordSave: TypeAlias = tuple[StorageRecord, torch.Tensor | None, int, int, StepState, Geometry | None]

@@ -43,6 +43,7 @@ from bench.report import output_stem, raw_log, write_json
 from bench.workloads import Workload
 from lightning_accudnn import OffloadConfig
 from lightning_accudnn.session import default_reserve_bytes
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
 #: A budget far above anything these models need: the planner swaps nothing.
 AMPLE_BUDGET = "8GB"
@@ -77,7 +78,8 @@ class Settings:
     resnet_depth: int = 152
     gpt_layers: int = 24
     repeats: int = 5
-    warmup: int = 3  # profiling, refining and the first replay (observed): then the steady state
+    #: profiling, the timed planned passes and the first replay (observed): then the steady state
+    warmup: int = 2 + TIMED_PLANNED_PASSES
     steps: int = 4
     floor_repeats: int = 6
     floor_steps: int = 10
@@ -91,7 +93,7 @@ QUICK = Settings(
     resnet_depth=14,
     gpt_layers=2,
     repeats=2,
-    warmup=3,
+    warmup=2 + TIMED_PLANNED_PASSES,
     steps=2,
     floor_repeats=2,
     floor_steps=3,

@@ -18,6 +18,10 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
    (as run 2's profile counts them). Its plan (recomputed segments, swapped bytes, predicted
    step and peak) against the measured steady step and peak.
 
+Each session's plan (``plan``: per layer its bytes, times and choice) and the whole profile it
+was made from (``profile``: layers, segments, static bytes, the link's rates) are in the JSON,
+so that a GPU's figures can be planned again on a CPU.
+
 Writes ``<results-dir>/<device>/<date>-calibration-<workload>.json`` and ``.md``. The figures
 are for writing the time model's calibration down; nothing here changes it.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +188,8 @@ def _session_steps(
             recomputed_segments=len(plan.recomputed),
             swapped_bytes=plan.swapped_bytes,
             layers=len(profile.layers),
+            plan=plan.to_dict(),
+            profile=dataclasses.asdict(profile),  # every figure planned from: re-plan it offline
         )
     return result
 

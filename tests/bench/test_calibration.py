@@ -30,6 +30,10 @@ def test_calibration_writes_the_three_runs(tmp_path):
     assert part["swapped_bytes"] > 0 or part["recomputed_segments"] > 0
     assert kept["profiled_forward_seconds"] > 0 and kept["profiled_backward_seconds"] > 0
     assert len(part["steps"]) == 3 and part["steps"][0]["source"] == "profiling"
+    assert [layer["name"] for layer in part["profile"]["layers"]] == [
+        layer["name"] for layer in part["plan"]["layers"]
+    ]
+    assert part["profile"]["static_bytes"] == part["static_bytes"]
     (written,) = (tmp_path / "cpu").glob("*-calibration-tiny.json")
     assert json.loads(written.read_text())["kind"] == "calibration"
     assert "static + 1/2 act" in written.with_suffix(".md").read_text()

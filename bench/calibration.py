@@ -18,6 +18,10 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
    (as run 2's profile counts them). Its plan (recomputed segments, swapped bytes, predicted
    step and peak) against the measured steady step and peak.
 
+On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
+``cudaFree`` calls and full synchronisations in it (``allocator``): what makes a step slow
+that is neither compute nor copies.
+
 Each session's plan (``plan``: per layer its bytes, times and choice) and the whole profile it
 was made from (``profile``: layers, segments, static bytes, the link's rates) are in the JSON,
 so that a GPU's figures can be planned again on a CPU.
@@ -55,6 +59,19 @@ def _batches(workload: Workload, device: torch.device) -> list[Batch]:
     return [
         (first.to(device), second.to(device)) for first, second in (workload.make_batch(i) for i in range(2))
     ]
+
+
+#: The CUDA caching allocator's counters read around each session step: a step that frees its
+#: cache and retries under the cap, or calls ``cudaMalloc``/``cudaFree``, synchronises the device.
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+
+def _allocator_counts(device: torch.device) -> dict[str, int]:
+    """The allocator's :data:`ALLOCATOR_COUNTERS` now (empty off CUDA)."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
 
 
 def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -141,6 +158,7 @@ def _session_steps(
     try:
         for index in range(warmup + steps):
             batch = batches[index % 2]
+            counts = _allocator_counts(device)
             start = now(device)
             with (
                 session.step(model, [optimizer], batch=batch, close_on_backward=False),
@@ -154,8 +172,10 @@ def _session_steps(
             wall = now(device) - start
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            after = _allocator_counts(device)
             per_step.append(
                 {
+                    "allocator": {name: after[name] - counts[name] for name in after},
                     "wall_seconds": wall,
                     "measured_seconds": None if stats is None else stats.step_seconds,
                     "predicted_seconds": None if stats is None else stats.predicted_step_seconds,
@@ -226,15 +246,26 @@ def markdown(record: dict[str, Any]) -> str:
             f"| {fmt_bytes(run.get('swapped_bytes'))} | {fmt_bytes(run.get('predicted_peak_bytes'))} "
             f"| {fmt_bytes(last.get('peak_bytes'))} |"
         )
-    lines += ["", "Per step (wall ms, measured ms, predicted ms, plan source):", ""]
+    lines += [
+        "",
+        "Per step (wall ms, measured ms, predicted ms, plan source; on CUDA the allocator's retries "
+        "under the cap, cudaMalloc and cudaFree calls):",
+        "",
+    ]
     for name, run in (("kept", kept), ("fraction", part)):
         cells = [
             f"{fmt_ms(step['wall_seconds'])}/{fmt_ms(step['measured_seconds'])}/"
-            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}"
+            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}" + _allocator_cell(step["allocator"])
             for step in run["steps"]
         ]
         lines.append(f"- {name}: " + ", ".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def _allocator_cell(counts: dict[str, int]) -> str:
+    if not counts:
+        return ""
+    return f" (r{counts['num_alloc_retries']} m{counts['num_device_alloc']} f{counts['num_device_free']})"
 
 
 def build_parser() -> argparse.ArgumentParser:

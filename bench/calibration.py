@@ -35,10 +35,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from bench.environment import REPO_ROOT, resolve_device
 from bench.measure import median, now, release_memory, synchronize
@@ -60,6 +62,9 @@ def _batches(workload: Workload, device: torch.device) -> list[Batch]:
         (first.to(device), second.to(device)) for first, second in (workload.make_batch(i) for i in range(2))
     ]
 
+
+#: The name of a block's forward range in :func:`block_forward_times`' profile.
+BLOCK_PREFIX = "calibration.block:"
 
 #: The CUDA caching allocator's counters read around each session step: a step that frees its
 #: cache and retries under the cap, or calls ``cudaMalloc``/``cudaFree``, synchronises the device.
@@ -128,7 +133,59 @@ def _plain_steps(workload: Workload, device: torch.device, warmup: int, steps: i
         result["profiled_step_seconds"] = wall
         result["gpu_busy_seconds"] = _busy_seconds(kernels)
         result["kernels"] = len(kernels)
+        result["blocks"] = block_forward_times(model, workload.blocks(model), lambda: step(1), activities)
     return result
+
+
+def block_forward_times(
+    model: nn.Module, names: list[str], run: Callable[[], object], activities: list[Any]
+) -> list[dict[str, Any]]:
+    """Per block that full checkpointing wraps (``names``), in one call of ``run`` under
+    ``torch.profiler``: the host time its forward took (the Python and dispatch that issue its
+    kernels) and the device time of the kernels it issued (0 without a device among
+    ``activities``). Recomputed in backward, a block whose host time passes its device time
+    costs its host time: the GPU waits on the CPU to issue it.
+
+    Example:
+        >>> from torch.profiler import ProfilerActivity
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        >>> run = lambda: model(torch.randn(2, 8))
+        >>> times = block_forward_times(model, ["0"], run, [ProfilerActivity.CPU])
+        >>> [(block["name"], block["host_seconds"] > 0, block["device_seconds"]) for block in times]
+        [('0', True, 0.0)]
+    """
+    modules = dict(model.named_modules())
+    open_ranges: list[torch.autograd.profiler.record_function] = []
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: object) -> None:
+            block = torch.autograd.profiler.record_function(f"{BLOCK_PREFIX}{name}")
+            block.__enter__()
+            open_ranges.append(block)
+
+        return hook
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        open_ranges.pop().__exit__(None, None, None)
+
+    handles = []
+    for name in names:
+        handles.append(modules[name].register_forward_pre_hook(enter(name)))
+        handles.append(modules[name].register_forward_hook(leave))
+    try:
+        with torch.profiler.profile(activities=activities) as profiler:
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    times: dict[str, dict[str, Any]] = {}
+    for event in profiler.events():
+        if event.name.startswith(BLOCK_PREFIX):
+            name = event.name[len(BLOCK_PREFIX) :]
+            block = times.setdefault(name, {"name": name, "host_seconds": 0.0, "device_seconds": 0.0})
+            block["host_seconds"] += event.cpu_time_total / 1e6
+            block["device_seconds"] += event.device_time_total / 1e6
+    return [times[name] for name in names if name in times]
 
 
 def session_run(
@@ -229,6 +286,7 @@ def markdown(record: dict[str, Any]) -> str:
             else ""
         ),
         "",
+        *_blocks_line(plain.get("blocks")),
         "| run | budget | profiled fwd+bwd compute ms | unconstrained ms (model) | predicted step ms "
         "| measured steady step ms (wall) | recomputed | swapped | predicted peak | measured peak |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -260,6 +318,20 @@ def markdown(record: dict[str, Any]) -> str:
         ]
         lines.append(f"- {name}: " + ", ".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def _blocks_line(blocks: list[dict[str, Any]] | None) -> list[str]:
+    if not blocks:
+        return []
+    host = sum(block["host_seconds"] for block in blocks)
+    device = sum(block["device_seconds"] for block in blocks)
+    slower = sum(block["host_seconds"] > block["device_seconds"] for block in blocks)
+    return [
+        f"- forward of its {len(blocks)} blocks (what full checkpointing recomputes), one step under the "
+        f"profiler: host {fmt_ms(host)} ms, device {fmt_ms(device)} ms; {slower} blocks take the host "
+        "longer to issue than the device to run",
+        "",
+    ]
 
 
 def _allocator_cell(counts: dict[str, int]) -> str:

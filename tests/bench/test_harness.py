@@ -221,6 +221,7 @@ BENCH_MODULES = [
     "overhead.projection",
     "overhead.figures",
     "overhead.cuda_calls",
+    "calibration",
 ]
 
 

@@ -50,20 +50,20 @@ def fastest_times(measured: StepProfile, earlier: StepProfile) -> StepProfile:
 
 def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfile:
     """``profile`` with every time scaled down so that its forward takes ``forward_seconds``,
-    when that is less (a pass whose layers cannot be timed one by one, as under a plan that
-    recomputes: its forward is the same work, its backward is not).
+    when that is less but not nothing (a pass whose layers cannot be timed one by one, as under
+    a plan that recomputes: its forward is the same work, its backward is not).
 
     Example:
         >>> profile = StepProfile((LayerProfile("a", 8, 8, 4.0, 8.0),), 0)
         >>> scaled_to_forward(profile, 1.0).layers[0].backward_seconds
         2.0
-        >>> scaled_to_forward(profile, 5.0) is profile
-        True
+        >>> scaled_to_forward(profile, 5.0) is profile, scaled_to_forward(profile, 0.0) is profile
+        (True, True)
     """
     total = sum(layer.forward_seconds for layer in profile.layers)
-    if total <= 0.0 or forward_seconds >= total:
+    if forward_seconds <= 0.0 or forward_seconds >= total:
         return profile
-    scale = max(forward_seconds, 0.0) / total
+    scale = forward_seconds / total
     layers = tuple(
         _with_times(layer, layer.forward_seconds * scale, layer.backward_seconds * scale)
         for layer in profile.layers

@@ -27,7 +27,8 @@ TIMED_PLANNED_PASSES = 2
 
 def fastest_times(measured: StepProfile, earlier: StepProfile) -> StepProfile:
     """``measured`` with each layer's forward and backward time the faster of its own and
-    ``earlier``'s (the same layers, in order: else ``measured`` as it is).
+    ``earlier``'s (the same layers, in order: else ``measured`` as it is); a time ``earlier``
+    does not hold (zero) is no faster.
 
     Example:
         >>> old = StepProfile((LayerProfile("a", 8, 8, 3.0, 6.0), LayerProfile("b", 8, 8, 1.0, 2.0)), 0)
@@ -40,8 +41,8 @@ def fastest_times(measured: StepProfile, earlier: StepProfile) -> StepProfile:
     layers = tuple(
         _with_times(
             layer,
-            min(layer.forward_seconds, before.forward_seconds),
-            min(layer.backward_seconds, before.backward_seconds),
+            _faster(layer.forward_seconds, before.forward_seconds),
+            _faster(layer.backward_seconds, before.backward_seconds),
         )
         for layer, before in zip(measured.layers, earlier.layers, strict=True)
     )
@@ -69,6 +70,10 @@ def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfi
         for layer in profile.layers
     )
     return replace(profile, layers=layers)
+
+
+def _faster(measured: float, earlier: float) -> float:
+    return earlier if 0.0 < earlier < measured else measured
 
 
 def _with_times(layer: LayerProfile, forward_seconds: float, backward_seconds: float) -> LayerProfile:

@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from bench import calibration
+from bench import calibration, replan
 from bench.workloads import make_workload
 
 
@@ -47,3 +47,17 @@ def test_busy_time_is_the_union_of_the_intervals():
 def test_a_session_the_budget_refuses_is_recorded_with_its_error():
     run = calibration.session_run(make_workload("tiny"), torch.device("cpu"), 1_000, warmup=1, steps=0)
     assert run["steps"] == [] and run["error"].startswith("BudgetTooSmallError")
+
+
+def test_a_recorded_profile_plans_again_as_the_session_planned_it(tmp_path):
+    sizes = ["--warmup", "2", "--steps", "1", "--results-dir", str(tmp_path)]
+    calibration.main(["--workload", "tiny", "--device", "cpu", *sizes])
+    (written,) = (tmp_path / "cpu").glob("*-calibration-tiny.json")
+    run = json.loads(written.read_text())["fraction"]
+    plan = replan.replan(run)
+    recorded = run["plan"]
+    assert [choice.value for choice in plan.choices] == [layer["choice"] for layer in recorded["layers"]]
+    assert plan.predicted_step_seconds == recorded["predicted_step_seconds"]
+    assert plan.predicted_peak_bytes == recorded["predicted_peak_bytes"]
+    printed = replan.main([str(written), "--run", "kept", "--budget", "1GB", "--policy", "swap"])
+    assert printed.budget_bytes == 10**9 and not printed.swapped_layers

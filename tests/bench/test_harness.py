@@ -222,6 +222,7 @@ BENCH_MODULES = [
     "overhead.figures",
     "overhead.cuda_calls",
     "calibration",
+    "replan",
 ]
 
 

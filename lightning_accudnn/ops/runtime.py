@@ -274,7 +274,7 @@ class HostCopyRuntime:
         """A synchronous copy began at ``start`` and is over: compute waited all that time."""
         end = time.perf_counter()
         self._waited += end - start
-        if self.stalls is not None:
+        if self.timing and self.stalls is not None:
             self.stalls.stall(start, end)
 
     def wait(self, event: StreamEvent) -> None:
@@ -410,17 +410,8 @@ class CudaRuntime:
             events.waited(event)
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
-        if ready is None:
-            return
-        assert isinstance(ready, CopyMark)
-        events = self.events
-        if ready.generation <= events.waited_generation:  # compute waited on a later group
-            return
-        if self.timing:
-            self._timed_wait(ready.event)
-        else:
-            ready.event.wait(self._compute_stream())
-        events.waited(ready)
+        if ready is not None:
+            self.wait(ready)  # nothing when compute waited on a later group
 
     def _timed_wait(self, event: torch.cuda.Event) -> None:
         """Compute waits on ``event`` between two timing events (read one collection late, and

@@ -33,7 +33,6 @@ are for writing the time model's calibration down; nothing here changes it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -45,22 +44,15 @@ from torch import nn
 from bench.environment import REPO_ROOT, resolve_device
 from bench.measure import median, now, release_memory, synchronize
 from bench.report import fmt_bytes, fmt_ms, write_result
-from bench.run import _workload_from, parse_fraction
-from bench.workloads import WORKLOADS, Batch, Workload
+from bench.run import add_workload_arguments, parse_fraction, workload_from_args
+from bench.runner import autocast_for, batch_on
+from bench.workloads import Batch, Workload
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 
-def _autocast(workload: Workload, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if workload.precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _batches(workload: Workload, device: torch.device) -> list[Batch]:
-    return [
-        (first.to(device), second.to(device)) for first, second in (workload.make_batch(i) for i in range(2))
-    ]
+    return [batch_on(workload.make_batch(index), device) for index in range(2)]
 
 
 #: The name of a block's forward range in :func:`block_forward_times`' profile.
@@ -110,7 +102,7 @@ def _plain_steps(workload: Workload, device: torch.device, warmup: int, steps: i
 
     def step(index: int) -> float:
         start = now(device)
-        with _autocast(workload, device):
+        with autocast_for(workload, device):
             loss = workload.loss(model, batches[index % 2])
         loss.backward()
         synchronize(device)
@@ -219,7 +211,7 @@ def _session_steps(
             start = now(device)
             with (
                 session.step(model, [optimizer], batch=batch, close_on_backward=False),
-                _autocast(workload, device),
+                autocast_for(workload, device),
             ):
                 loss = workload.loss(model, batch)
             session.begin_backward()
@@ -342,10 +334,7 @@ def _allocator_cell(counts: dict[str, int]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.calibration", description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--precision", choices=("fp32", "bf16"))
+    add_workload_arguments(parser)
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--fraction", default="1/2", help="of the saved activations, on top of the model state"
@@ -358,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    workload = _workload_from(args)
+    workload = workload_from_args(args)
     device = resolve_device(args.device)
     fraction = parse_fraction(args.fraction)
     plain = plain_run(workload, device, args.warmup, args.steps)

@@ -96,6 +96,10 @@ HEADLINE_ROWS = [
     "--steps",
     "6",
 ]
+#: The two headline workloads, as ``bench.run`` and ``bench.calibration`` take them.
+RESNET152_B64_BF16 = ["--workload", "resnet152", "--param", "batch_size=64", "--param", "precision=bf16"]
+GPT2_MEDIUM_BF16 = ["--workload", "gpt", "--param", "precision=bf16"]
+
 #: CPU sizes for the quick run of a headline command: every row, in seconds, no GPU.
 QUICK_CPU = ["--device", "cpu", "--min-swap-bytes", "0", "--warmup", "3", "--steps", "1", "--no-plot"]
 
@@ -104,19 +108,7 @@ QUICK_CPU = ["--device", "cpu", "--min-swap-bytes", "0", "--warmup", "3", "--ste
 STEPS = (
     Step(
         "headline-resnet152-bf16",
-        [
-            "-m",
-            "bench.run",
-            "--workload",
-            "resnet152",
-            "--param",
-            "batch_size=64",
-            "--param",
-            "precision=bf16",
-            *HEADLINE_ROWS,
-            "--name",
-            "headline-resnet152-b64-bf16",
-        ],
+        ["-m", "bench.run", *RESNET152_B64_BF16, *HEADLINE_ROWS, "--name", "headline-resnet152-b64-bf16"],
         timeout_seconds=HEADLINE_SECONDS,
         quick=[
             *QUICK_CPU,
@@ -126,17 +118,7 @@ STEPS = (
     ),
     Step(
         "headline-gpt2-medium-bf16",
-        [
-            "-m",
-            "bench.run",
-            "--workload",
-            "gpt",
-            "--param",
-            "precision=bf16",
-            *HEADLINE_ROWS,
-            "--name",
-            "headline-gpt2-medium-bf16",
-        ],
+        ["-m", "bench.run", *GPT2_MEDIUM_BF16, *HEADLINE_ROWS, "--name", "headline-gpt2-medium-bf16"],
         timeout_seconds=HEADLINE_SECONDS,
         quick=[
             *QUICK_CPU,
@@ -145,25 +127,8 @@ STEPS = (
         ],
     ),
     Step("cuda-tests", PYTEST, timeout_seconds=3600, writes_results=False),
-    Step(
-        "calibration-resnet152-bf16",
-        [
-            "-m",
-            "bench.calibration",
-            "--workload",
-            "resnet152",
-            "--param",
-            "batch_size=64",
-            "--param",
-            "precision=bf16",
-        ],
-        timeout_seconds=600,
-    ),
-    Step(
-        "calibration-gpt2-medium-bf16",
-        ["-m", "bench.calibration", "--workload", "gpt", "--param", "precision=bf16"],
-        timeout_seconds=600,
-    ),
+    Step("calibration-resnet152-bf16", ["-m", "bench.calibration", *RESNET152_B64_BF16], timeout_seconds=600),
+    Step("calibration-gpt2-medium-bf16", ["-m", "bench.calibration", *GPT2_MEDIUM_BF16], timeout_seconds=600),
     Step(
         "cuda-tests-sanitizer",
         PYTEST,

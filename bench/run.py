@@ -40,12 +40,9 @@ def _parse_list(text: str, kind: type = str) -> list[Any]:
     return [kind(item.strip()) for item in text.split(",") if item.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.run",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workload``, ``--param KEY=VALUE``, ``--batch-size`` and ``--precision``: what
+    :func:`workload_from_args` builds the workload from."""
     parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     parser.add_argument(
         "--param",
@@ -56,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch-size", type=int, help="shortcut for --param batch_size=N")
     parser.add_argument("--precision", choices=("fp32", "bf16"), help="shortcut for --param precision=...")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    add_workload_arguments(parser)
     parser.add_argument(
         "--device", default="auto", help='"auto" (CUDA if present), "cpu", "cuda" or "cuda:N"'
     )
@@ -106,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _workload_from(args: argparse.Namespace) -> Workload:
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The workload the arguments of :func:`add_workload_arguments` name."""
     overrides: dict[str, Any] = {}
     for item in args.param:
         key, sep, value = item.partition("=")
@@ -285,7 +292,7 @@ def _markdown(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every selected strategy on the workload; write and return the result."""
     device = resolve_device(args.device)
-    workload = _workload_from(args)
+    workload = workload_from_args(args)
     kinds = set(_parse_list(args.strategies))
     unknown = kinds - set(KINDS)
     if unknown:

@@ -47,13 +47,15 @@ def empty_row(spec: StrategySpec, config: RunConfig) -> ResultRow:
     return ResultRow(name=spec.name, strategy=spec.kind, params=dict(spec.params), warmup_steps=config.warmup)
 
 
-def _autocast(workload: Workload, device: torch.device) -> contextlib.AbstractContextManager:
+def autocast_for(workload: Workload, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Autocast to bfloat16 around forward and loss for a bf16 workload; nothing for fp32."""
     if workload.precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def _to_device(batch: Batch, device: torch.device) -> Batch:
+def batch_on(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` on ``device`` (copied without blocking from pinned memory)."""
     first, second = batch
     return first.to(device, non_blocking=True), second.to(device, non_blocking=True)
 
@@ -130,7 +132,7 @@ def _forward_backward(
 ) -> tuple[torch.Tensor, StepMemory | None]:
     """One forward and backward (its own frame: a failed pass's tensors go with it); the loss,
     detached, and the peak measured inside backward."""
-    with technique.forward_context(model, optimizer, batch), _autocast(workload, device):
+    with technique.forward_context(model, optimizer, batch), autocast_for(workload, device):
         loss = workload.loss(model, batch)
     return loss.detach(), technique.backward(loss)
 
@@ -158,7 +160,7 @@ def _train(
     if device.type == "cuda":
         batches = [(a.pin_memory(), b.pin_memory()) for a, b in batches]
     for index in range(config.warmup + config.steps):
-        batch = _to_device(batches[index % len(batches)], device)
+        batch = batch_on(batches[index % len(batches)], device)
         meter.start_step()
         start = now(device)
         while True:
@@ -209,12 +211,12 @@ def _ledger_peak(
     """
     min_swap = DEFAULT_MIN_SWAP_BYTES if config.min_swap_bytes is None else config.min_swap_bytes
     engine = OffloadEngine(device, min_swap_bytes=min_swap)
-    batch = _to_device(batch, device)
+    batch = batch_on(batch, device)
     with (
         engine.offload(
             model, SwapSchedule.keep_everything(), static_bytes=model_state_bytes(model, [optimizer])
         ),
-        _autocast(workload, device),
+        autocast_for(workload, device),
     ):
         loss = workload.loss(model, batch)
     loss.backward()

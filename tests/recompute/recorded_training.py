@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadSession
+from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner.plan import Plan
 
 
@@ -47,3 +48,12 @@ def assert_bitwise_equal(
         assert got.keys() == want.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), (step, name)
+
+
+def cpu_session(budget: int, policy: str) -> OffloadSession:
+    """A session on the CPU at ``budget`` (every tensor may swap, no reserve) under ``policy``,
+    without the warning that no memory is saved there."""
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy=policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return OffloadSession(config, "cpu")

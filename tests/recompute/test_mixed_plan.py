@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn import OffloadSession
 from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.session import planning as planning_module
-from tests.recompute.recorded_training import assert_bitwise_equal, train_recorded
+from tests.recompute.recorded_training import assert_bitwise_equal, cpu_session, train_recorded
 
 #: The activation part of a prediction is at most this much above the ledger's.
 TOLERANCE = 1.10
@@ -72,10 +71,7 @@ def _train(
 
 
 def _session(budget: int) -> OffloadSession:
-    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="auto")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return OffloadSession(config, "cpu")
+    return cpu_session(budget, policy="auto")
 
 
 def _slow_link(profile: StepProfile) -> StepProfile:

@@ -12,15 +12,14 @@ pass's ledger peak lies within the plan's prediction (never below it, the activa
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn import OffloadSession
 from lightning_accudnn.planner.plan import Plan, min_budget_bytes
 from lightning_accudnn.profile import StepProfile
-from tests.recompute.recorded_training import assert_bitwise_equal, train_recorded
+from tests.recompute.recorded_training import assert_bitwise_equal, cpu_session, train_recorded
 
 #: The activation part of a prediction is at most this much above the ledger's.
 TOLERANCE = 1.10
@@ -60,10 +59,7 @@ def _train(
 
 
 def _session(budget: int) -> OffloadSession:
-    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return OffloadSession(config, "cpu")
+    return cpu_session(budget, policy="recompute")
 
 
 def _nested(plan: Plan) -> set[str]:

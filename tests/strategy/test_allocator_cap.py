@@ -112,6 +112,15 @@ class ReportsOverTheLedger(FakeAllocator):
         return self.session.engine.ledger.peak_bytes + self.unseen_bytes, self.reserved_bytes
 
 
+def _train_step(session, model, optimizer, step):
+    """One SGD step of ``model`` on the CNN batch of seed ``step``, through ``session``."""
+    with session.step(model, optimizer):
+        loss = loss_of(model, make_batch("cnn", seed=step))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def test_overshoot_is_what_the_ledger_did_not_see_beyond_the_reserve_not_the_allocators_cache():
     """Reserved bytes up to the budget raise nothing (the allocator frees its cache under the
     cap before it fails, and its cache from earlier passes does not shrink with the plan), nor
@@ -131,11 +140,7 @@ def test_overshoot_is_what_the_ledger_did_not_see_beyond_the_reserve_not_the_all
     reserves = []
     for step, unseen in enumerate([5000, 1000, 1700]):  # the profiling pass is not checked
         allocator.unseen_bytes = unseen
-        with session.step(model, optimizer):
-            loss = loss_of(model, make_batch("cnn", seed=step))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        _train_step(session, model, optimizer, step)
         assert session.stats.ledger_peak_bytes <= budget - 1000
         reserves.append(session.reserve_bytes)
     assert reserves == [1000, 1000, 1700]
@@ -158,11 +163,7 @@ def test_the_predicted_peak_counts_what_the_allocator_held_above_the_ledger_befo
     predicted, unseen_before = [], 0
     for step, unseen in enumerate([3000, 1000, 5000, 0]):
         allocator.unseen_bytes = unseen
-        with session.step(model, optimizer):
-            loss = loss_of(model, make_batch("cnn", seed=step))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        _train_step(session, model, optimizer, step)
         stats = session.stats
         if step:
             assert stats.predicted_peak_bytes == session.plan.predicted_peak_bytes + unseen_before

@@ -99,6 +99,14 @@ class CountingRuntime:
         self.calls["copy_out"] += 1
         return self.inner.copy_out(after, sources, hosts)
 
+    def copy_out_now(self, sources: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+        self.calls["copy_out_now"] += 1
+        self.inner.copy_out_now(sources, hosts)
+
+    def copy_in_now(self, hosts: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+        self.calls["copy_in_now"] += 1
+        self.inner.copy_in_now(hosts, dests)
+
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         self.calls["allocate"] += 1
         return self.inner.allocate(shape, stride, dtype)

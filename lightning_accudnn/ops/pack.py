@@ -506,7 +506,7 @@ class SaveHooks(SaveRecords):
             self._reap()
         current = self._step
         if current is not None and current.next_prefetch >= 0 and not current.window_full:
-            self._prefetch()
+            self._prefetch(record)
         if kept is not None:
             if kept._version != version:
                 raise modified_in_place_error(kept.dtype, kept.shape, kept._version, version)

@@ -9,6 +9,11 @@ Two streams: *compute* (where the model runs and where the CPU's work lands) and
 - copies a group of tensors out or in on the copy stream after such an event
   (:meth:`~Runtime.copy_out`, :meth:`~Runtime.copy_in`), each call returning one event for
   its group (a layer's storages, a prefetch round: not one event per tensor),
+- copies a group that compute would wait on at once (:meth:`~Runtime.copy_out_now`: the
+  copy-out limit needs its sources gone now; :meth:`~Runtime.copy_in_now`: a save is read now)
+  with compute ordered after it on return: on the compute stream itself when no group on the
+  copy stream is pending (then no event, wait or stream switch at all), else on the copy stream
+  with compute waiting on it,
 - allocates on the compute stream (:meth:`~Runtime.allocate`, typed like the copy it receives),
 - makes compute wait on an event (:meth:`~Runtime.wait`, :meth:`~Runtime.use_on_compute`),
 - tells the runtime which device blocks it holds and when it drops them
@@ -38,6 +43,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -181,6 +187,21 @@ class Runtime(Protocol):
         index, on the copy stream, ordered after ``after``; one event after them all."""
         ...
 
+    def copy_out_now(self, sources: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+        """Copy as :meth:`copy_out` does, with the compute work issued from now on ordered after
+        the copies (nothing to wait on). Copying on the compute stream is safe only when every
+        copy on the copy stream that may read one of ``hosts`` (a buffer's earlier owner's copy
+        in) is ordered before compute: a runtime copies there only when no group of copies is
+        pending, else it copies on the copy stream and makes compute wait. While :attr:`timing`
+        is set, the copies' time is a stall, as a wait on them would be."""
+        ...
+
+    def copy_in_now(self, hosts: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+        """Copy as :meth:`copy_in` does (``dests`` allocated on the compute stream, the copies
+        out that wrote ``hosts`` waited on), with the compute work issued from now on ordered
+        after the copies, as :meth:`copy_out_now`."""
+        ...
+
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A device tensor of ``shape``, ``stride`` (dense: no gaps, no overlap) and ``dtype``,
         allocated on the compute stream (contents undefined)."""
@@ -259,6 +280,12 @@ class HostCopyRuntime:
         self._copied(start)
         return None
 
+    def copy_out_now(self, sources: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+        self.copy_out(None, sources, hosts)
+
+    def copy_in_now(self, hosts: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+        self.copy_in(None, hosts, dests)
+
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype)
 
@@ -312,7 +339,9 @@ class CudaRuntime:
     one wait of the copy stream on it, the copy stream made current and the compute stream made
     current again, one record of the group's event (from an :class:`EventRing`: no event made in
     the steady state); and compute's wait on it, skipped when compute already waited on a later
-    group. The compute stream is looked up once per pass (:meth:`begin_pass`), and so is the
+    group. A group compute would wait on at once (:meth:`copy_out_now`, :meth:`copy_in_now`)
+    costs none of these when no group is pending: it is copied on the compute stream itself.
+    The compute stream is looked up once per pass (:meth:`begin_pass`), and so is the
     current device: copies issued in a pass that started on another device go through
     ``torch.cuda.stream``, which puts the device back too. Work of one pass is therefore on one
     compute stream: the stream current when the pass began (autograd runs a backward op on the
@@ -391,6 +420,26 @@ class CudaRuntime:
         done.event.record(copy)
         return done
 
+    def copy_out_now(self, sources: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+        self._copies_now(hosts, sources)
+
+    def copy_in_now(self, hosts: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+        self._copies_now(dests, hosts)
+
+    def _copies_now(self, dests: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+        """On the compute stream when no group is pending on the copy stream (no call to
+        ``torch.cuda`` in the steady state), else a group on the copy stream compute waits on.
+
+        A copy on a device's tensors runs on that device's current stream, which is the pass's
+        compute stream (:meth:`begin_pass`), whichever device is current."""
+        events = self.events
+        if events.waited_generation != events.generation:  # a copy may still use a host buffer
+            self.wait(self._copies(self.record_compute(), dests, sources))
+        elif self.timing:
+            self._stall(partial(copy_each, dests, sources, non_blocking=True))
+        else:
+            copy_each(dests, sources, non_blocking=True)
+
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
 
@@ -414,13 +463,17 @@ class CudaRuntime:
             self.wait(ready)  # nothing when compute waited on a later group
 
     def _timed_wait(self, event: torch.cuda.Event) -> None:
-        """Compute waits on ``event`` between two timing events (read one collection late, and
-        given to :attr:`stalls`)."""
+        """Compute waits on ``event`` between two timing events (:meth:`_stall`)."""
+        self._stall(partial(event.wait, self._compute_stream()))
+
+    def _stall(self, work: Callable[[], object]) -> None:
+        """Issue ``work`` on compute between two timing events, read one collection late and
+        given to :attr:`stalls`: compute waiting, not a layer's compute."""
         compute = self._compute_stream()
         before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)
-        event.wait(compute)
+        work()
         after.record(compute)
         self._probes.append((before, after))
         if self.stalls is not None:

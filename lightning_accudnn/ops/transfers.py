@@ -29,6 +29,9 @@ from lightning_accudnn.ops.stash import DeviceBlock, FetchedCopy, StorageRecord
 
 #: :attr:`.StorageRecord.copy_out` of a record whose copy out waits for the rest of its group.
 NOT_ISSUED: object = object()
+#: :attr:`.StorageRecord.copy_out` of a record copied with compute ordered after the copy
+#: (:meth:`.Runtime.copy_out_now`): there is no event to wait on.
+COPIED_IN_ORDER: object = object()
 _NOTHING_WAITED: object = object()  # the compute stream has waited on no event of this engine yet
 
 #: A group of copies out is issued at the end of a layer once it holds this many bytes or this
@@ -267,8 +270,9 @@ class CopyTraffic:
                 step.copying_out_bytes -= record.nbytes
                 step.copying_out_count -= 1
         if not record.copy_out_waited:
-            if record.copy_out is NOT_ISSUED:
-                self._issue_copies_out()
+            if record.copy_out is NOT_ISSUED:  # compute would wait on the group at once
+                self._copy_out_now()
+                return
             record.copy_out_waited = True
             event = record.copy_out  # _wait_once, inline: the hot path (once per swapped storage)
             if event is not self._compute_waited_on:
@@ -306,11 +310,28 @@ class CopyTraffic:
         self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
         self._copies_out_bytes = 0
 
+    def _copy_out_now(self) -> None:
+        """Copy the group not issued yet with compute ordered after it (a retirement needs one
+        of its sources gone now, so compute would wait on the group as soon as it was issued):
+        :meth:`.Runtime.copy_out_now`, no event for the records to wait on. As
+        :meth:`_issue_copies_out`, each record holds the version its lineage has now."""
+        records = self._copies_out
+        with torch.no_grad() if torch.is_grad_enabled() else nullcontext():
+            self.runtime.copy_out_now(self._copy_sources, self._copy_hosts)
+        for record in records:
+            record.copy_out = COPIED_IN_ORDER
+            record.copy_out_waited = True
+            root = record.root()
+            if root is not None:
+                record.version = root._version
+        self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
+        self._copies_out_bytes = 0
+
     def _fetch(self, record: StorageRecord) -> None:
         """Make the record's bytes available on the device now (read in backward before its
         prefetch, or by a backward inside the forward)."""
         if self._place(record):
-            self._copy_in([record])
+            self._copy_in([record], now=True)
 
     def _place(self, record: StorageRecord) -> bool:
         """Give the record its bytes on the device: where they are if still in the FIFO, else a
@@ -359,16 +380,22 @@ class CopyTraffic:
             step.window_used += nbytes
         return storage is None
 
-    def _copy_in(self, records: list[StorageRecord]) -> None:
+    def _copy_in(self, records: list[StorageRecord], now: bool) -> None:
         """Copy the host copies of ``records`` into the blocks :meth:`_place` allocated them, as
-        one group on the copy stream after those allocations: one event for them all."""
-        allocated = self.runtime.record_compute()
+        one group on the copy stream after those allocations: one event for them all. ``now``:
+        compute reads one of them at once, so it would wait on the group as soon as it was
+        issued; :meth:`.Runtime.copy_in_now` orders compute after it, with no event to wait on."""
         hosts, destinations = [], []
         for record in records:
             assert record.host_view is not None and record.fetched is not None
             hosts.append(record.host_view)
             destinations.append(record.fetched)
-        ready = self.runtime.copy_in(allocated, hosts, destinations)
+        ready: StreamEvent | None
+        if now:
+            self.runtime.copy_in_now(hosts, destinations)
+            ready = None
+        else:
+            ready = self.runtime.copy_in(self.runtime.record_compute(), hosts, destinations)
         nbytes = 0
         for record in records:
             record.fetched_ready = ready
@@ -377,9 +404,10 @@ class CopyTraffic:
         if step is not None:
             step.bytes_in += nbytes
 
-    def _prefetch(self) -> None:
+    def _prefetch(self, needed: StorageRecord | None = None) -> None:
         """Bring back swapped records in reverse order of last save while the window allows,
-        those copied in as one group. Stopped by the window, it is not due again before a
+        those copied in as one group (copied now, :meth:`_copy_in`, when it holds ``needed``:
+        the record an unpack reads next). Stopped by the window, it is not due again before a
         block leaves the window (:attr:`StepState.window_full`): the unpacks skip it."""
         step = self._step
         if step is None or self._in_forward:
@@ -400,7 +428,7 @@ class CopyTraffic:
             next_prefetch -= 1
         step.next_prefetch = next_prefetch
         if copied:
-            self._copy_in(copied)
+            self._copy_in(copied, needed is not None and needed in copied)
 
     def _release_lingering(self) -> None:
         """The step is over: copies still referenced elsewhere are no longer the engine's."""

@@ -128,6 +128,9 @@ class SimulatedGPU:
         self._queue: deque[_CopyOp] = deque()
         self._blocks: dict[int, _Block] = {}
         self._poisoned_hosts: set[int] = set()
+        self._host_reads: dict[int, int] = {}  # host buffer -> the last copy in reading it
+        self._host_writes: dict[int, int] = {}  # host buffer -> the last copy out writing it
+        self._host_releases: dict[int, int] = {}  # host buffer -> its last release's copy op
         self.held_bytes = 0
         self.peak_held_bytes = 0
         self._written = _Event()  # the compute event, recorded again at each record_compute
@@ -257,8 +260,78 @@ class SimulatedGPU:
             self._poisoned_hosts.discard(host_key)
 
         position = self._enqueue(run)
+        self._host_writes[host_key] = position
         if block is not None:
             block.last_copy_access = position
+
+    def copy_out_now(self, sources: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+        """On the compute stream, at once, when no group of copies is pending (as
+        :class:`~lightning_accudnn.ops.CudaRuntime` does), else a group on the copy stream compute
+        waits on. Writing a host buffer a copy in may still read is a violation; the release of a
+        buffer written here lands first (the copy stream ran it early)."""
+        if self._pending_group():
+            self.wait(self._group(self._copy_out, self.record_compute(), sources, hosts))
+            return
+        self._compute_op()
+        seen = self._clocks[_COMPUTE][_COPY]
+        before = time.perf_counter()
+        for source, host in zip(sources, hosts, strict=True):
+            if self._block_of(source) is None:
+                self.violations.append(
+                    f"copy out of device memory at {source.data_ptr():#x} that the engine does not hold"
+                )
+            host_key = host.data_ptr()
+            read = self._host_reads.get(host_key, 0)
+            if read > seen:
+                self.violations.append(
+                    f"copy out on the compute stream writes host buffer {host_key:#x} that a copy in "
+                    f"(copy op {read}) may still read (compute has seen copy op {seen})"
+                )
+            self._run_through(self._host_releases.pop(host_key, 0))
+            with torch.no_grad():
+                host.copy_(source)
+            self._poisoned_hosts.discard(host_key)
+            self._host_writes[host_key] = 0
+        self._stalled(before)
+
+    def copy_in_now(self, hosts: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+        """As :meth:`copy_out_now`, into blocks the engine allocated: reading a host buffer whose
+        copy out compute is not ordered after, or one the engine released, is a violation."""
+        if self._pending_group():
+            self.wait(self._group(self._copy_in, self.record_compute(), hosts, dests))
+            return
+        self._compute_op()
+        seen = self._clocks[_COMPUTE][_COPY]
+        before = time.perf_counter()
+        for host, dest in zip(hosts, dests, strict=True):
+            if self._block_of(dest) is None:
+                self.violations.append(
+                    f"copy in to device memory at {dest.data_ptr():#x} the engine does not hold"
+                )
+            host_key = host.data_ptr()
+            written = self._host_writes.get(host_key, 0)
+            if written > seen:
+                self.violations.append(
+                    f"copy in on the compute stream reads host buffer {host_key:#x} before the copy "
+                    f"out writing it (copy op {written}) is ordered before it (compute has seen {seen})"
+                )
+            if host_key in self._poisoned_hosts:
+                self.violations.append(
+                    f"copy in read host buffer {host_key:#x} after the engine had released it"
+                )
+            with torch.no_grad():
+                dest.copy_(host)
+        self._stalled(before)
+
+    def _pending_group(self) -> bool:
+        """Whether compute is not ordered after every group of copies issued so far."""
+        events = self.events
+        return events.waited_generation != events.generation
+
+    def _stalled(self, before: float) -> None:
+        """Copies in compute order ran from ``before`` until now: a stall while timing."""
+        if self.timing and self.stalls is not None:
+            self.stalls.stall(before, time.perf_counter())
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         position = self._compute_op()
@@ -292,6 +365,7 @@ class SimulatedGPU:
                 dest.copy_(host)
 
         position = self._enqueue(run)
+        self._host_reads[host_key] = position
         if block is not None:
             block.last_copy_write = block.last_copy_access = position
 
@@ -310,8 +384,7 @@ class SimulatedGPU:
         clock[_COMPUTE] = max(clock[_COMPUTE], recorded.clock[_COMPUTE])
         before = time.perf_counter()
         self._run_through(recorded.clock[_COPY])  # the copies compute waits for run now
-        if self.timing and self.stalls is not None:
-            self.stalls.stall(before, time.perf_counter())
+        self._stalled(before)
         events.waited(event)
 
     def use_on_compute(self, data: torch.Tensor, ready: StreamEvent | None) -> None:
@@ -362,7 +435,7 @@ class SimulatedGPU:
             host.fill_(_POISON)
             self._poisoned_hosts.add(host_key)
 
-        self._enqueue(run)
+        self._host_releases[host_key] = self._enqueue(run)
 
     def collect_wait_seconds(self) -> float:
         return 0.0

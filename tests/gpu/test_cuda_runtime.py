@@ -3,7 +3,8 @@
 The runtime makes its copy stream current around each group of copies and makes the compute
 stream current again (the pass's, or outside a pass the one current at the call), not through
 ``torch.cuda.stream``: these check that, with the default stream and with a side stream as the
-compute stream; and that its events are reused from pass to pass."""
+compute stream; that copies compute would wait on at once run on the compute stream itself; and
+that its events are reused from pass to pass."""
 
 import pytest
 import torch
@@ -37,6 +38,32 @@ def test_copies_run_on_the_copy_stream_and_the_current_stream_is_kept(compute_st
         assert torch.cuda.current_stream(device) == compute
         runtime.wait(ready)
         assert torch.equal(back, source)  # read on compute, after its wait on the copy in
+    torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("compute_stream", ["default", "side"])
+def test_copies_compute_waits_on_at_once_run_on_the_compute_stream(compute_stream):
+    device = torch.device("cuda", torch.cuda.current_device())
+    runtime = CudaRuntime(device)
+    runtime.timing = False
+    compute = torch.cuda.current_stream(device) if compute_stream == "default" else torch.cuda.Stream(device)
+    with torch.cuda.stream(compute):
+        runtime.begin_pass()
+        source = torch.arange(1, 2**20 + 1, device=device, dtype=torch.float32)
+        host = torch.zeros(source.shape, pin_memory=True)
+        with torch.cuda.stream(runtime.copy_stream):
+            torch.cuda._sleep(LONG_STALL_CYCLES)  # the copy stream is busy, with no group pending
+        runtime.copy_out_now([source], [host])
+        assert torch.cuda.current_stream(device) == compute
+        compute_done = torch.cuda.Event()
+        compute_done.record(compute)
+        compute_done.synchronize()
+        # Copied in compute order: done with compute, not behind the stall on the copy stream.
+        assert torch.equal(host, source.cpu())
+        back = runtime.allocate(tuple(source.shape), source.stride(), source.dtype)
+        runtime.copy_in_now([host], [back])
+        assert torch.cuda.current_stream(device) == compute
+        assert torch.equal(back, source)
     torch.cuda.synchronize(device)
 
 

@@ -42,6 +42,14 @@ class StalledCopies(CudaRuntime):
             torch.cuda._sleep(STALL_CYCLES)
         return super().copy_in(after, hosts, dests)
 
+    def copy_out_now(self, sources, hosts):
+        torch.cuda._sleep(STALL_CYCLES)  # copies in compute order run late too
+        super().copy_out_now(sources, hosts)
+
+    def copy_in_now(self, hosts, dests):
+        torch.cuda._sleep(STALL_CYCLES)
+        super().copy_in_now(hosts, dests)
+
 
 @pytest.fixture(autouse=True)
 def deterministic_cuda():

@@ -142,7 +142,8 @@ def test_keep_on_device_in_a_replayed_pass_keeps_what_the_route_would_swap_whole
 
 
 class CountingCopies(SimulatedGPU):
-    """A simulated GPU that remembers how many copies each copy-out and copy-in call carried."""
+    """A simulated GPU that remembers how many copies each copy-out (on the copy stream or in
+    compute order) and copy-in call carried."""
 
     def __init__(self) -> None:
         super().__init__(lag=2, seed=1)
@@ -152,6 +153,10 @@ class CountingCopies(SimulatedGPU):
     def copy_out(self, after, sources, hosts):
         self.out_groups.append(len(sources))
         return super().copy_out(after, sources, hosts)
+
+    def copy_out_now(self, sources, hosts):
+        self.out_groups.append(len(sources))
+        return super().copy_out_now(sources, hosts)
 
     def copy_in(self, after, hosts, dests):
         self.in_groups.append(len(hosts))

@@ -305,6 +305,7 @@ def measure_step(
     model.zero_grad(set_to_none=True)
     step = MeasuredStep()
     skipped = {tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), *model.buffers())}
+    skipped.discard(0)  # an empty parameter's address: no saved tensor is skipped for sharing it
     counter = _SaveCounter(LayerTracker(), skipped, step)
     with _allocator(device, step):
         with (

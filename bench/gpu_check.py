@@ -14,6 +14,11 @@ step and peak and, for lightning-accudnn, the plan's predicted step and peak. Ea
 command has a time limit under 8 minutes (:data:`HEADLINE_SECONDS`). ``Step.quick`` is the same
 command at CPU sizes in seconds: CI runs it (``tests/bench/test_gpu_check.py``).
 
+After the CUDA tests and ``bench.calibration``, ``trace-check-gpt2-medium-bf16`` and
+``trace-check-resnet152-bf16`` run ``bench.trace_check``: what one training step saves for
+backward, per kind of layer, as the planner's trace for this GPU counts it and as the GPU's own
+kernels save it (a trace on the host and two training steps; 5 minutes each at most).
+
 Each step runs as its own process (as a user would type it), its output going to a log.
 Then ``bench/results/<device>/<date>-gpu-check.json`` records the device name, torch, CUDA,
 cuDNN and driver versions, the git commit, and per step the command, exit status, wall time,
@@ -103,6 +108,11 @@ GPT2_MEDIUM_BF16 = ["--workload", "gpt", "--param", "precision=bf16"]
 #: CPU sizes for the quick run of a headline command: every row, in seconds, no GPU.
 QUICK_CPU = ["--device", "cpu", "--min-swap-bytes", "0", "--warmup", "3", "--steps", "1", "--no-plot"]
 
+#: Time limit of each ``bench.trace_check`` step (a trace on the host, one measured training step).
+TRACE_CHECK_SECONDS = 300
+#: The quick CPU form of a ``bench.trace_check`` step: the tiny case of the planner table.
+TRACE_CHECK_QUICK = ["--case", "tiny", "--device", "cpu", "--batch-size", "2"]
+
 #: Every step, in the order they run: the headline first (GPU time comes in short windows), then
 #: the tests (a failure there makes the later figures suspect), then the long benchmarks.
 STEPS = (
@@ -130,6 +140,18 @@ STEPS = (
     Step("calibration-resnet152-bf16", ["-m", "bench.calibration", *RESNET152_B64_BF16], timeout_seconds=600),
     Step("calibration-gpt2-medium-bf16", ["-m", "bench.calibration", *GPT2_MEDIUM_BF16], timeout_seconds=600),
     Step(
+        "trace-check-gpt2-medium-bf16",
+        ["-m", "bench.trace_check", "--case", "gpt2-medium-bf16"],
+        timeout_seconds=TRACE_CHECK_SECONDS,
+        quick=TRACE_CHECK_QUICK,
+    ),
+    Step(
+        "trace-check-resnet152-bf16",
+        ["-m", "bench.trace_check", "--case", "resnet152-bf16"],
+        timeout_seconds=TRACE_CHECK_SECONDS,
+        quick=TRACE_CHECK_QUICK,
+    ),
+    Step(
         "cuda-tests-sanitizer",
         PYTEST,
         env={"TORCH_CUDA_SANITIZER": "1"},
@@ -150,8 +172,8 @@ STEPS = (
 
 
 def quick_command(step: Step, results_dir: Path) -> list[str]:
-    """A headline step's command at CPU sizes (its :attr:`Step.quick` arguments appended), writing
-    under ``results_dir``: what CI runs.
+    """A step's command at CPU sizes (its :attr:`Step.quick` arguments appended), writing under
+    ``results_dir``: what CI runs (the headline steps and the trace checks have one).
 
     Example:
         >>> quick_command(STEPS[0], Path("out"))[-2:]

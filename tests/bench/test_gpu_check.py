@@ -82,8 +82,9 @@ HEADLINE_ROWS = [
 def test_the_headline_runs_first_each_command_under_8_minutes_all_under_20(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    headline = [step for step in gpu_check.STEPS if step.quick]
+    headline = [step for step in gpu_check.STEPS if step.name.startswith("headline-")]
     assert [step.name for step in gpu_check.STEPS[: len(headline)]] == [step.name for step in headline]
+    assert all(step.quick for step in headline)
     assert {step.argv[3] for step in headline} == {"resnet152", "gpt"}
     assert all(step.timeout_seconds < 8 * 60 for step in headline)
     assert sum(step.timeout_seconds for step in headline) < 20 * 60
@@ -92,6 +93,22 @@ def test_the_headline_runs_first_each_command_under_8_minutes_all_under_20(
     for line, step in zip(lines, headline, strict=False):
         assert line.startswith(f"{step.name}: python -m bench.run")
         assert line.endswith(f"[time limit {step.timeout_seconds} s]")
+
+
+def test_the_trace_checks_follow_the_calibration_and_their_cpu_form_runs(tmp_path: Path) -> None:
+    from bench import trace_check
+
+    names = [step.name for step in gpu_check.STEPS]
+    checks = gpu_check.select_steps("trace-check-gpt2-medium-bf16,trace-check-resnet152-bf16")
+    assert names.index(checks[0].name) == names.index("calibration-gpt2-medium-bf16") + 1
+    assert names.index(checks[1].name) == names.index(checks[0].name) + 1
+    assert [step.argv[3] for step in checks] == ["gpt2-medium-bf16", "resnet152-bf16"]
+    assert all(step.timeout_seconds == 300 and step.writes_results for step in checks)
+    commands = [gpu_check.quick_command(step, tmp_path) for step in checks]
+    assert commands[0][4:] == commands[1][4:]  # one CPU form for both: run it once
+    record = trace_check.main(commands[0][2:])
+    assert record["case"] == "tiny" and record["device"] == "cpu" and record["measured_bytes"] > 0
+    assert len(list((tmp_path / "cpu").glob("*-trace-check-tiny.*"))) == 2
 
 
 @pytest.mark.slow

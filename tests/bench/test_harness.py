@@ -223,6 +223,7 @@ BENCH_MODULES = [
     "overhead.cuda_calls",
     "calibration",
     "replan",
+    "trace_check",
 ]
 
 

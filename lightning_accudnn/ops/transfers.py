@@ -296,33 +296,30 @@ class CopyTraffic:
         is also issued outside one (a step aborted inside a group, a forward that ends with one
         open), where copying a source that requires grad into a host view made in a hook is an
         in-place write that autograd refuses."""
-        records = self._copies_out
-        if not records:
+        if not self._copies_out:
             return
         written = self.runtime.record_compute()
         with torch.no_grad() if torch.is_grad_enabled() else nullcontext():
             done = self.runtime.copy_out(written, self._copy_sources, self._copy_hosts)
-        for record in records:
-            record.copy_out = done
-            root = record.root()
-            if root is not None:  # alive: the source held till now is a view of it
-                record.version = root._version
-        self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
-        self._copies_out_bytes = 0
+        self._close_copy_group(done, waited=False)
 
     def _copy_out_now(self) -> None:
         """Copy the group not issued yet with compute ordered after it (a retirement needs one
         of its sources gone now, so compute would wait on the group as soon as it was issued):
-        :meth:`.Runtime.copy_out_now`, no event for the records to wait on. As
-        :meth:`_issue_copies_out`, each record holds the version its lineage has now."""
-        records = self._copies_out
+        :meth:`.Runtime.copy_out_now`, no event for the records to wait on."""
         with torch.no_grad() if torch.is_grad_enabled() else nullcontext():
             self.runtime.copy_out_now(self._copy_sources, self._copy_hosts)
-        for record in records:
-            record.copy_out = COPIED_IN_ORDER
-            record.copy_out_waited = True
+        self._close_copy_group(COPIED_IN_ORDER, waited=True)
+
+    def _close_copy_group(self, done: StreamEvent, waited: bool) -> None:
+        """The group of copies out is issued: each record gets its event (``done``), whether
+        compute is ordered after it already (``waited``) and the version its lineage has now,
+        and the next group starts empty."""
+        for record in self._copies_out:
+            record.copy_out = done
+            record.copy_out_waited = waited
             root = record.root()
-            if root is not None:
+            if root is not None:  # alive: the source held till now is a view of it
                 record.version = root._version
         self._copies_out, self._copy_sources, self._copy_hosts = [], [], []
         self._copies_out_bytes = 0

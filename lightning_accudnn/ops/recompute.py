@@ -45,6 +45,7 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops._torch_internals import (
     SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
+    buffers_of,
     top_saved_tensor_hooks,
     tracks_running_statistics,
 )
@@ -86,24 +87,25 @@ class _Recomputation:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self._swapped: list[list[tuple[nn.Module, str, torch.Tensor]]] = []
+        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]]] = []
 
     def __enter__(self) -> None:
-        swapped: list[tuple[nn.Module, str, torch.Tensor]] = []
+        swapped: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
         for inner in self.module.modules():
             if tracks_running_statistics(inner):
+                buffers = buffers_of(inner)
                 for name in BATCH_NORM_STATISTICS:
-                    buffer = getattr(inner, name, None)
-                    if isinstance(buffer, torch.Tensor):
-                        swapped.append((inner, name, buffer))
-                        setattr(inner, name, buffer.clone())
+                    buffer = buffers.get(name)
+                    if buffer is not None:
+                        swapped.append((buffers, name, buffer))
+                        buffers[name] = buffer.clone()
         self._swapped.append(swapped)
         _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
 
     def __exit__(self, *exc_info: object) -> None:
         _recomputing.depth -= 1
-        for inner, name, buffer in self._swapped.pop():
-            setattr(inner, name, buffer)
+        for buffers, name, buffer in self._swapped.pop():
+            buffers[name] = buffer
 
 
 def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], _Recomputation]:

@@ -35,6 +35,7 @@ from lightning_accudnn.planner.recompute import (
 )
 from lightning_accudnn.planner.swap_search import (
     SearchResult,
+    chain_search,
     fewest_bytes_swapped,
     least_peak_choice,
     powers_of_two,
@@ -345,6 +346,11 @@ def _search_many(
         nested = nested_spans(profile, group)  # where one level of recomputation cannot fit, two may
         for chosen in fitting_sets(profile, (*group, *nested), cap, swappable and len(group) == len(spans)):
             sets.score(chosen)
+    searchable = set(sets.scores)  # the sets the full keep/swap search may take
+    if swappable:  # sets that leave more to swap, for the quick plans only
+        nested = nested_spans(profile, spans)
+        for chosen in fitting_sets(profile, (*spans, *nested), cap, True, CHAIN_SHARES):
+            sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
     best_key: _MixedKey | None = None
@@ -359,17 +365,29 @@ def _search_many(
     # step faster). The others are ranked by the copy bound, a proved lower bound on every plan
     # of the set (the bytes over the budget go out in forward and come back in backward), and
     # searched least first (recomputing nothing always), while the bound can beat the best.
-    needing: list[tuple[float, int, _SetScore]] = []
-    for order, score in enumerate(sets.scores.values()):
+    needing: list[tuple[float, int, _SetScore, bool]] = []
+    for order, (names, score) in enumerate(sets.scores.items()):
         if score.plain.peak_bytes <= cap:
             offer(score.plain, score.step, score.simulator)
         elif score.least_peak <= cap:
             bound = _copy_bound(score.step.profile, score.plain.peak_bytes - cap)
-            needing.append((bound, order if score.step.recomputed else -1, score))
-    searched = 0
-    for bound, _, score in sorted(needing, key=lambda entry: entry[:2]):
+            needing.append((bound, order if score.step.recomputed else -1, score, names in searchable))
+    needing.sort(key=lambda entry: entry[:2])
+    # A quick plan for each of them first (a few simulations: hidden chains, which the full
+    # search tries too), so that the full search below starts from a better plan to beat.
+    for bound, _, score, _ in needing:
         if best is not None and bound > best.step_seconds * (1 + 1e-9):
             break
+        step_fits = None if host_fits is None else _on_profile(host_fits, score.step)
+        chained = chain_search(score.simulator, cap, step_fits)
+        if chained is not None:
+            offer(chained, score.step, score.simulator)
+    searched = 0
+    for bound, _, score, full in needing:
+        if best is not None and bound > best.step_seconds * (1 + 1e-9):
+            break
+        if not full:
+            continue
         recomputes = bool(score.step.recomputed)
         if recomputes and searched >= SWAP_SEARCHED_SETS and best is not None:
             continue
@@ -518,17 +536,24 @@ def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
 #: :func:`fitting_sets` asks for sets that leave these shares of the bytes the link can copy
 #: behind the compute to be swapped...
 SWAP_SHARES = (0.0, 0.125, 0.25, 0.5)
+#: Larger shares give sets that only the quick hidden-chain plans judge (:func:`_search_many`).
+CHAIN_SHARES = (0.625, 0.75, 0.875)
 #: ...each within these shares of the memory left (the reduction may count a little low).
 FIT_MARGINS = (1.0, 0.97)
 
 
 def fitting_sets(
-    profile: StepProfile, spans: Sequence[SegmentSpan], cap: int, swappable: bool = True
+    profile: StepProfile,
+    spans: Sequence[SegmentSpan],
+    cap: int,
+    swappable: bool = True,
+    shares: Sequence[float] = SWAP_SHARES,
 ) -> list[tuple[SegmentSpan, ...]]:
     """The cheapest recompute sets that fit ``cap`` with nothing swapped by the reduction of
     :func:`~lightning_accudnn.planner.frontier.fitting_set`, and (``swappable``) those that
-    leave some bytes to swap: a share (:data:`SWAP_SHARES`) of what the link copies out during
-    the forward and back during the backward, the copies the compute can hide.
+    leave some bytes to swap: a share (each of ``shares``, by default :data:`SWAP_SHARES`) of
+    what the link copies out during the forward and back during the backward, the copies the
+    compute can hide.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile
@@ -549,7 +574,7 @@ def fitting_sets(
             backward * profile.h2d_bytes_per_second,
         )
     sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
-    for share in SWAP_SHARES if hidden > 0 else (0.0,):
+    for share in shares if hidden > 0 else (0.0,):
         for margin in FIT_MARGINS:
             chosen = fitting_set(spans, saved, int(margin * available + share * hidden))
             if chosen is not None:

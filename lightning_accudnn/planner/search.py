@@ -10,8 +10,9 @@ plan of the step the engine would then see (:mod:`.recompute`), and keeps the fa
 few candidates every non-overlapping set is searched; with many, the sets come from the
 frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, by a dynamic
 program over the forward order) and from its transient-aware dynamic program (the cheapest set
-that fits, :func:`fitting_sets`), each simulated exactly, and only a few of those that still
-need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
+that fits, :func:`fitting_sets`), each simulated exactly; those that still need swaps get a
+quick plan (a few simulations of hidden chains, :func:`~.swap_search.chain_search`), and only a
+few of them the full keep/swap search, ranked and pruned by a proved lower bound on their step.
 The transient-aware program and the smallest budget are also offered nested candidates
 (:func:`nested_spans`: a stage recomputed with its blocks recomputed again inside it), for
 budgets one level of recomputation cannot reach; with few candidates (every subset searched),
@@ -210,10 +211,13 @@ def search_mixed(
     :func:`frontier_sets` (the cheapest set for each amount of bytes freed), the set of
     :func:`recompute_sets` with the least peak and :func:`faster_recompute_sets`; each is
     simulated exactly: a set whose step fits with nothing swapped is scored so (swapping never
-    makes a step faster); of those that need swaps, recomputing nothing and the
-    :data:`SWAP_SEARCHED_SETS` most promising (by the copy time the bytes over the budget
-    force at the link rates) get the keep/swap search, each only while its compute alone can
-    still beat the best plan found.
+    makes a step faster); those that need swaps are ranked by the copy time the bytes over the
+    budget force at the link rates (a lower bound on their step) and, while that bound can beat
+    the best plan found, each gets its quick hidden-chain plans
+    (:func:`~lightning_accudnn.planner.swap_search.chain_search`); then recomputing nothing and
+    the :data:`SWAP_SEARCHED_SETS` most promising get the keep/swap search, each only while its
+    compute alone can still beat the best plan found. Sets that the transient-aware program
+    gives with :data:`CHAIN_SHARES` of the hideable bytes left to swap get the quick plans only.
     """
     check_policy(policy)
     spans = policy_spans(profile, policy)
@@ -349,7 +353,7 @@ def _search_many(
     searchable = set(sets.scores)  # the sets the full keep/swap search may take
     if swappable:  # sets that leave more to swap, for the quick plans only
         nested = nested_spans(profile, spans)
-        for chosen in fitting_sets(profile, (*spans, *nested), cap, True, CHAIN_SHARES):
+        for chosen in fitting_sets(profile, (*spans, *nested), cap, True, CHAIN_SHARES, (1.0,)):
             sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
@@ -536,7 +540,8 @@ def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
 #: :func:`fitting_sets` asks for sets that leave these shares of the bytes the link can copy
 #: behind the compute to be swapped...
 SWAP_SHARES = (0.0, 0.125, 0.25, 0.5)
-#: Larger shares give sets that only the quick hidden-chain plans judge (:func:`_search_many`).
+#: Larger shares (within the whole memory left) give sets that only the quick hidden-chain
+#: plans judge (:func:`_search_many`): the full keep/swap search rarely hides that much.
 CHAIN_SHARES = (0.625, 0.75, 0.875)
 #: ...each within these shares of the memory left (the reduction may count a little low).
 FIT_MARGINS = (1.0, 0.97)
@@ -548,6 +553,7 @@ def fitting_sets(
     cap: int,
     swappable: bool = True,
     shares: Sequence[float] = SWAP_SHARES,
+    margins: Sequence[float] = FIT_MARGINS,
 ) -> list[tuple[SegmentSpan, ...]]:
     """The cheapest recompute sets that fit ``cap`` with nothing swapped by the reduction of
     :func:`~lightning_accudnn.planner.frontier.fitting_set`, and (``swappable``) those that
@@ -575,7 +581,7 @@ def fitting_sets(
         )
     sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
     for share in shares if hidden > 0 else (0.0,):
-        for margin in FIT_MARGINS:
+        for margin in margins:
             chosen = fitting_set(spans, saved, int(margin * available + share * hidden))
             if chosen is not None:
                 sets.setdefault(set_key(chosen), chosen)

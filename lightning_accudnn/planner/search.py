@@ -10,8 +10,9 @@ plan of the step the engine would then see (:mod:`.recompute`), and keeps the fa
 few candidates every non-overlapping set is searched; with many, the sets come from the
 frontier of :mod:`.frontier` (the cheapest set for each amount of bytes freed, by a dynamic
 program over the forward order) and from its transient-aware dynamic program (the cheapest set
-that fits, :func:`fitting_sets`), each simulated exactly, and only a few of those that still
-need swaps get the keep/swap search, ranked and pruned by a proved lower bound on their step.
+that fits, :func:`fitting_sets`), each simulated exactly; those that still need swaps get a
+quick plan (a few simulations of hidden chains, :func:`~.swap_search.chain_search`), and only a
+few of them the full keep/swap search, ranked and pruned by a proved lower bound on their step.
 The transient-aware program and the smallest budget are also offered nested candidates
 (:func:`nested_spans`: a stage recomputed with its blocks recomputed again inside it), for
 budgets one level of recomputation cannot reach; with few candidates (every subset searched),
@@ -35,6 +36,7 @@ from lightning_accudnn.planner.recompute import (
 )
 from lightning_accudnn.planner.swap_search import (
     SearchResult,
+    chain_search,
     fewest_bytes_swapped,
     least_peak_choice,
     powers_of_two,
@@ -209,10 +211,13 @@ def search_mixed(
     :func:`frontier_sets` (the cheapest set for each amount of bytes freed), the set of
     :func:`recompute_sets` with the least peak and :func:`faster_recompute_sets`; each is
     simulated exactly: a set whose step fits with nothing swapped is scored so (swapping never
-    makes a step faster); of those that need swaps, recomputing nothing and the
-    :data:`SWAP_SEARCHED_SETS` most promising (by the copy time the bytes over the budget
-    force at the link rates) get the keep/swap search, each only while its compute alone can
-    still beat the best plan found.
+    makes a step faster); those that need swaps are ranked by the copy time the bytes over the
+    budget force at the link rates (a lower bound on their step) and, while that bound can beat
+    the best plan found, each gets its quick hidden-chain plans
+    (:func:`~lightning_accudnn.planner.swap_search.chain_search`); then recomputing nothing and
+    the :data:`SWAP_SEARCHED_SETS` most promising get the keep/swap search, each only while its
+    compute alone can still beat the best plan found. Sets that the transient-aware program
+    gives with :data:`CHAIN_SHARES` of the hideable bytes left to swap get the quick plans only.
     """
     check_policy(policy)
     spans = policy_spans(profile, policy)
@@ -345,6 +350,11 @@ def _search_many(
         nested = nested_spans(profile, group)  # where one level of recomputation cannot fit, two may
         for chosen in fitting_sets(profile, (*group, *nested), cap, swappable and len(group) == len(spans)):
             sets.score(chosen)
+    searchable = set(sets.scores)  # the sets the full keep/swap search may take
+    if swappable:  # sets that leave more to swap, for the quick plans only
+        nested = nested_spans(profile, spans)
+        for chosen in fitting_sets(profile, (*spans, *nested), cap, True, CHAIN_SHARES, (1.0,)):
+            sets.score(chosen)
     best: SimulationResult | None = None
     best_step: RecomputedProfile | None = None
     best_key: _MixedKey | None = None
@@ -359,17 +369,29 @@ def _search_many(
     # step faster). The others are ranked by the copy bound, a proved lower bound on every plan
     # of the set (the bytes over the budget go out in forward and come back in backward), and
     # searched least first (recomputing nothing always), while the bound can beat the best.
-    needing: list[tuple[float, int, _SetScore]] = []
-    for order, score in enumerate(sets.scores.values()):
+    needing: list[tuple[float, int, _SetScore, bool]] = []
+    for order, (names, score) in enumerate(sets.scores.items()):
         if score.plain.peak_bytes <= cap:
             offer(score.plain, score.step, score.simulator)
         elif score.least_peak <= cap:
             bound = _copy_bound(score.step.profile, score.plain.peak_bytes - cap)
-            needing.append((bound, order if score.step.recomputed else -1, score))
-    searched = 0
-    for bound, _, score in sorted(needing, key=lambda entry: entry[:2]):
+            needing.append((bound, order if score.step.recomputed else -1, score, names in searchable))
+    needing.sort(key=lambda entry: entry[:2])
+    # A quick plan for each of them first (a few simulations: hidden chains, which the full
+    # search tries too), so that the full search below starts from a better plan to beat.
+    for bound, _, score, _ in needing:
         if best is not None and bound > best.step_seconds * (1 + 1e-9):
             break
+        step_fits = None if host_fits is None else _on_profile(host_fits, score.step)
+        chained = chain_search(score.simulator, cap, step_fits)
+        if chained is not None:
+            offer(chained, score.step, score.simulator)
+    searched = 0
+    for bound, _, score, full in needing:
+        if best is not None and bound > best.step_seconds * (1 + 1e-9):
+            break
+        if not full:
+            continue
         recomputes = bool(score.step.recomputed)
         if recomputes and searched >= SWAP_SEARCHED_SETS and best is not None:
             continue
@@ -518,17 +540,26 @@ def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:
 #: :func:`fitting_sets` asks for sets that leave these shares of the bytes the link can copy
 #: behind the compute to be swapped...
 SWAP_SHARES = (0.0, 0.125, 0.25, 0.5)
+#: Larger shares (within the whole memory left) give sets that only the quick hidden-chain
+#: plans judge (:func:`_search_many`): the full keep/swap search rarely hides that much.
+CHAIN_SHARES = (0.625, 0.75, 0.875)
 #: ...each within these shares of the memory left (the reduction may count a little low).
 FIT_MARGINS = (1.0, 0.97)
 
 
 def fitting_sets(
-    profile: StepProfile, spans: Sequence[SegmentSpan], cap: int, swappable: bool = True
+    profile: StepProfile,
+    spans: Sequence[SegmentSpan],
+    cap: int,
+    swappable: bool = True,
+    shares: Sequence[float] = SWAP_SHARES,
+    margins: Sequence[float] = FIT_MARGINS,
 ) -> list[tuple[SegmentSpan, ...]]:
     """The cheapest recompute sets that fit ``cap`` with nothing swapped by the reduction of
     :func:`~lightning_accudnn.planner.frontier.fitting_set`, and (``swappable``) those that
-    leave some bytes to swap: a share (:data:`SWAP_SHARES`) of what the link copies out during
-    the forward and back during the backward, the copies the compute can hide.
+    leave some bytes to swap: a share (each of ``shares``, by default :data:`SWAP_SHARES`) of
+    what the link copies out during the forward and back during the backward, the copies the
+    compute can hide.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile
@@ -549,8 +580,8 @@ def fitting_sets(
             backward * profile.h2d_bytes_per_second,
         )
     sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
-    for share in SWAP_SHARES if hidden > 0 else (0.0,):
-        for margin in FIT_MARGINS:
+    for share in shares if hidden > 0 else (0.0,):
+        for margin in margins:
             chosen = fitting_set(spans, saved, int(margin * available + share * hidden))
             if chosen is not None:
                 sets.setdefault(set_key(chosen), chosen)

@@ -17,22 +17,32 @@ Facts the search relies on (they follow from the simulator's rules):
   one as fast.
 
 Choosing the swap set exactly is subset-sum-like, so small instances are searched
-exhaustively and large ones heuristically (forward prefixes, then a bounded greedy
-refinement), with a bounded number of simulations.
+exhaustively and large ones heuristically (forward prefixes, hidden chains, then a bounded
+greedy refinement), with a bounded number of simulations.
+
+A *hidden chain* (:func:`hidden_chain`) swaps a layer only once the copy of the one swapped
+before it has ended, so at copy-out limit 0 each retirement finds its copy done and the compute
+never waits in forward, while the copy stream stays busy: the bytes the link can move out
+behind the forward are retired. A prefix of the forward order instead retires layers that
+follow each other closely, and waits for their copies.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lightning_accudnn.planner.timeline import PlanChoice, SimulationResult, Simulator
 
 __all__ = [
+    "CHAIN_LEVELS",
     "EXACT_MAX_SWAPPABLE",
     "EXACT_MAX_WORK",
     "SearchResult",
+    "chain_search",
     "fewest_bytes_swapped",
+    "hidden_chain",
     "least_peak_choice",
     "powers_of_two",
     "search",
@@ -46,6 +56,9 @@ EXACT_MAX_WORK = 2**14
 _BISECTION_BITS = 10
 #: Greedy refinement in the heuristic: at most this many layer-steps simulated.
 _REFINE_WORK = 150_000
+#: Hidden chains are tried with these many of the largest distinct swappable sizes as the
+#: least size of a layer they swap.
+CHAIN_LEVELS = 6
 
 _Key = tuple[float, int, int, int, int]
 
@@ -93,6 +106,74 @@ def fewest_bytes_swapped(simulator: Simulator, cap: int) -> tuple[bool, ...]:
             if simulator.peak_bytes(PlanChoice(tuple(swap), 0, 0)) > cap:
                 swap[i] = True
     return tuple(swap)
+
+
+def hidden_chain(simulator: Simulator, min_bytes: int) -> tuple[bool, ...]:
+    """A swap set whose copies out never make the compute wait at copy-out limit 0.
+
+    Walking the forward order with the compute's clock (forward times, nothing waited for) and
+    the copy stream's, a layer with at least ``min_bytes`` swappable bytes is swapped when its
+    forward ends no earlier than the copy of the layer swapped before it (the stream is free:
+    that layer, retired by this push at limit 0, has nothing left to wait for). Last, the
+    swappable layer with the fewest bytes among the later ones whose forward ends once the
+    chain's last copy has ended is swapped too, so that the chain's last layer is retired as
+    well (the FIFO keeps only that small one). The two-stream simulator judges the result.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0),
+        ...           LayerProfile("c", 100, 100, 1.0, 1.0), LayerProfile("d", 10, 10, 2.0, 1.0))
+        >>> profile = StepProfile(layers, 0, d2h_bytes_per_second=50.0, h2d_bytes_per_second=50.0)
+        >>> hidden_chain(Simulator(profile), 100)  # a's copy ends at 3: b is skipped; d retires c
+        (True, False, True, True)
+    """
+    k = simulator.k
+    swap = [False] * k
+    ends = []
+    clock = 0.0
+    for seconds in simulator.fwd:
+        clock += seconds
+        ends.append(clock)
+    free = -math.inf  # when the copy stream has copied every chained layer out
+    last = -1
+    for i in range(k):
+        nbytes = simulator.swappable[i]
+        if nbytes > 0 and nbytes >= min_bytes and ends[i] >= free:
+            swap[i] = True
+            free = ends[i] + simulator.out[i]
+            last = i
+    if last < 0:
+        return tuple(swap)
+    tail = [i for i in range(last + 1, k) if simulator.swappable[i] > 0 and ends[i] >= free]
+    if tail:
+        swap[min(tail, key=lambda i: (simulator.swappable[i], i))] = True
+    return tuple(swap)
+
+
+def _chain_levels(simulator: Simulator) -> list[int]:
+    """The least sizes :func:`hidden_chain` is tried with: the largest distinct swappable sizes."""
+    return sorted({w for w in simulator.swappable if w > 0}, reverse=True)[:CHAIN_LEVELS]
+
+
+def chain_search(
+    simulator: Simulator, cap: int, host_fits: Callable[[tuple[bool, ...]], bool] | None = None
+) -> SimulationResult | None:
+    """The fastest :func:`hidden_chain` plan with peak at most ``cap`` (copy-out limit 0, the
+    largest window that fits), or ``None``: a few simulations, a quick plan for a step that
+    needs swaps before the full :func:`search`, which tries the same plans.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> layers = (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0),
+        ...           LayerProfile("c", 100, 100, 1.0, 1.0), LayerProfile("d", 10, 10, 2.0, 1.0))
+        >>> profile = StepProfile(layers, 0, d2h_bytes_per_second=50.0, h2d_bytes_per_second=50.0)
+        >>> result = chain_search(Simulator(profile), cap=300)
+        >>> result.choice.swap, result.peak_bytes  # nothing swapped peaks at 310
+        ((True, False, True, True), 300)
+    """
+    finder = _Finder(simulator, cap, None, host_fits)
+    finder.offer_chains()
+    return finder.best
 
 
 def search(
@@ -227,6 +308,25 @@ class _Finder:
             windows = self.simulator.window_candidates(swap, limit)
             self.offer(swap, self.best_window(swap, limit, windows), limit)
 
+    # -- hidden chains ----------------------------------------------------------------------
+    def offer_chains(self) -> None:
+        """Each :func:`hidden_chain` that fits, at limit 0 with the largest window that fits
+        (snapped to a window that behaves differently)."""
+        simulator = self.simulator
+        tried: set[tuple[bool, ...]] = set()
+        for level in _chain_levels(simulator):
+            swap = hidden_chain(simulator, level)
+            if swap in tried or not any(swap):
+                continue
+            tried.add(swap)
+            if not self.fits(swap):
+                continue
+            self.layer_steps += simulator.k
+            window = simulator.largest_window(swap, 0, self.cap)
+            assert window is not None  # it fits with window 0
+            retired = [simulator.swappable[i] for i in reversed(simulator.retired_layers(swap, 0))]
+            self.offer(swap, _snap(retired, window), 0)
+
     # -- heuristic --------------------------------------------------------------------------
     def consider(self, swap: tuple[bool, ...]) -> bool:
         """A few limits (the largest that fits and smaller ones), each with the largest window
@@ -286,6 +386,7 @@ class _Finder:
             self.consider(_swap_of(k, swappable[:length]))
         if self.best is None and self.host_fits is not None:  # every prefix passes the host limit
             self.consider(fewest_bytes_swapped(self.simulator, self.cap))
+        self.offer_chains()
         self._refine(swappable)
 
     def _refine(self, swappable: list[int]) -> None:

@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from lightning_accudnn.ops import SwapSchedule, keep_on_device
     from lightning_accudnn.planner import Budget, BudgetTooSmallError
     from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStats
-    from lightning_accudnn.session.out_of_memory import ProfilingPassOutOfMemoryError
+    from lightning_accudnn.session.out_of_memory import (
+        OutOfMemoryAfterRetriesError,
+        ProfilingPassOutOfMemoryError,
+    )
     from lightning_accudnn.strategy import AccUDNNDDPStrategy, AccUDNNStrategy, register_strategies
 
 #: Every public name, and the module that defines it: each is imported on first use.
@@ -39,6 +42,7 @@ _PUBLIC_NAMES = {
     "OffloadConfig": "lightning_accudnn.session",
     "OffloadSession": "lightning_accudnn.session",
     "OffloadStats": "lightning_accudnn.session",
+    "OutOfMemoryAfterRetriesError": "lightning_accudnn.session.out_of_memory",
     "ProfilingPassOutOfMemoryError": "lightning_accudnn.session.out_of_memory",
 }
 
@@ -57,6 +61,7 @@ __all__ = [
     "OffloadConfig",
     "OffloadSession",
     "OffloadStats",
+    "OutOfMemoryAfterRetriesError",
     "ProfilingPassOutOfMemoryError",
     "SwapSchedule",
     "keep_on_device",

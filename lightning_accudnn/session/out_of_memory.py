@@ -15,6 +15,7 @@ from lightning_accudnn.planner.budget import format_bytes
 
 __all__ = [
     "MAX_OUT_OF_MEMORY_RETRIES",
+    "OutOfMemoryAfterRetriesError",
     "OutOfMemoryRetries",
     "ProfilingPassOutOfMemoryError",
     "is_out_of_memory",
@@ -61,6 +62,39 @@ class ProfilingPassOutOfMemoryError(torch.OutOfMemoryError):
             "step holds besides the activations its layers save is never swapped: the model state, "
             "and working memory such as a loss's float32 logits. Raise the budget, or lower the "
             f"batch size so that the activations shrink. The device said: {error}"
+        )
+
+
+class OutOfMemoryAfterRetriesError(torch.OutOfMemoryError):
+    """A planned pass ran out of device memory again after :data:`MAX_OUT_OF_MEMORY_RETRIES`
+    re-plans in a row, each with a larger reserve: what the step holds beyond the plan's count
+    (workspaces, gradients in flight, the allocator's fragmentation) does not fit the budget.
+
+    Still a ``torch.OutOfMemoryError``, with the budget, the reserve reached and what to do in
+    its message and the device's own error as its cause.
+
+    Example:
+        >>> error = OutOfMemoryAfterRetriesError(
+        ...     4 * 2**30, 2**30, torch.OutOfMemoryError("CUDA out of memory")
+        ... )
+        >>> isinstance(error, torch.OutOfMemoryError), error.reserve_bytes
+        (True, 1073741824)
+        >>> "expandable_segments:True" in str(error)
+        True
+    """
+
+    def __init__(self, budget_bytes: int, reserve_bytes: int, error: BaseException) -> None:
+        self.budget_bytes = budget_bytes
+        self.reserve_bytes = reserve_bytes
+        super().__init__(
+            f"this training step ran out of device memory under its memory budget of "
+            f"{format_bytes(budget_bytes)} {MAX_OUT_OF_MEMORY_RETRIES + 1} times in a row, re-planned "
+            f"each time with a larger reserve (now {format_bytes(reserve_bytes)}) for what the plan "
+            "does not count: kernel workspaces, gradients in flight, the caching allocator's "
+            "fragmentation. Raise the budget, or lower the batch size; when the device's message "
+            "below shows much memory reserved but unallocated, set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts (less "
+            f"fragmentation). The device said: {error}"
         )
 
 

@@ -30,6 +30,7 @@ from lightning_accudnn.session.coordination import ReplanRequest
 from lightning_accudnn.session.host_buffers import HostBufferReservation
 from lightning_accudnn.session.out_of_memory import (
     MAX_OUT_OF_MEMORY_RETRIES,
+    OutOfMemoryAfterRetriesError,
     OutOfMemoryRetries,
     ProfilingPassOutOfMemoryError,
 )
@@ -329,14 +330,22 @@ class PassRunner:
 
     def retry_out_of_memory(self, error: BaseException | None = None) -> bool:
         """After :meth:`abort`: grow the reserve by an eighth of the budget and re-make every plan,
-        unless the pass that failed failed too often in a row (``False``). A profiling pass that
-        failed with ``error`` raises :class:`ProfilingPassOutOfMemoryError` from it (``False``
-        without ``error``): no plan needs less than that pass."""
+        unless the pass that failed failed too often in a row: then it raises
+        :class:`OutOfMemoryAfterRetriesError` from ``error`` (``False`` without ``error``). A
+        profiling pass that failed with ``error`` raises :class:`ProfilingPassOutOfMemoryError`
+        from it (``False`` without ``error``): no plan needs less than that pass."""
         failed = self.last_entered
+        headroom = self.planning.headroom
         if failed is not None and failed.plan is None and error is not None:
-            raise ProfilingPassOutOfMemoryError(self.planning.headroom.budget_bytes, error) from error
-        if failed is None or failed.plan is None or not self.out_of_memory_retries.take():
+            raise ProfilingPassOutOfMemoryError(headroom.budget_bytes, error) from error
+        if failed is None or failed.plan is None:
             return False
+        if not self.out_of_memory_retries.take():
+            if error is None:
+                return False
+            raise OutOfMemoryAfterRetriesError(
+                headroom.budget_bytes, headroom.reserve_bytes, error
+            ) from error
         retry = self.out_of_memory_retries.count
         self.planning.raise_reserve(
             max(1, self.planning.headroom.budget_bytes // 8),

@@ -287,7 +287,9 @@ class OffloadSession:
         a plan, it has not failed :data:`MAX_OUT_OF_MEMORY_RETRIES` times in a row, and the
         reserve (grown by an eighth of the budget) still leaves a plan; every known plan is
         re-made with it (logged as a warning). Returns ``False`` when retrying cannot help:
-        the caller re-raises. A profiling pass already runs in the least memory, so when it
+        the caller re-raises. A planned pass that failed with ``error`` once more than that
+        raises :class:`~lightning_accudnn.session.out_of_memory.OutOfMemoryAfterRetriesError`
+        from it. A profiling pass already runs in the least memory, so when it
         failed with ``error`` this raises
         :class:`~lightning_accudnn.session.out_of_memory.ProfilingPassOutOfMemoryError` from
         it (the budget is too small, and its message says what to do). A budget left too small

@@ -9,7 +9,11 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_accudnn.ops import HostCopyRuntime
-from lightning_accudnn.session.out_of_memory import MAX_OUT_OF_MEMORY_RETRIES, ProfilingPassOutOfMemoryError
+from lightning_accudnn.session.out_of_memory import (
+    MAX_OUT_OF_MEMORY_RETRIES,
+    OutOfMemoryAfterRetriesError,
+    ProfilingPassOutOfMemoryError,
+)
 from tests.models import Classifier, loader
 from tests.strategy.helpers import StatsRecorder, copies, swapping_strategy, trainer_for
 
@@ -56,7 +60,7 @@ def test_injected_oom_in_a_planned_step_replans_and_the_fit_equals_plain_trainin
     trainer_for("auto", max_steps=5).fit(plain, loader("cnn", batches=5))
 
     device = FaultyDevice(where)
-    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device)
+    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device, policy="swap")
     recorder = StatsRecorder()
     trainer = trainer_for(strategy, max_steps=5, callbacks=[recorder, ArmAt(device, batch_idx=3)])
     with caplog.at_level(logging.WARNING, logger="lightning_accudnn"):
@@ -78,13 +82,18 @@ def test_injected_oom_in_a_planned_step_replans_and_the_fit_equals_plain_trainin
     assert strategy.offload.engine.pool.in_use_bytes == 0
 
 
-def test_oom_that_persists_ends_the_run_after_a_bounded_number_of_retries():
+def test_oom_that_persists_ends_the_run_after_a_bounded_number_of_retries_saying_what_to_do():
     device = FaultyDevice("hold", times=100)
-    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device)
+    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device, policy="swap")
     trainer = trainer_for(strategy, max_steps=5, callbacks=[ArmAt(device, batch_idx=2)])
-    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+    with pytest.raises(OutOfMemoryAfterRetriesError, match="4 times in a row.*Raise the budget") as raised:
         trainer.fit(copies("cnn")[0], loader("cnn", batches=5))
+    assert isinstance(raised.value, torch.OutOfMemoryError)
+    assert "injected" in str(raised.value) and "injected" in str(raised.value.__cause__)
     assert device.fired == MAX_OUT_OF_MEMORY_RETRIES + 1
+    assert raised.value.budget_bytes == strategy.offload.budget_bytes
+    assert raised.value.reserve_bytes == strategy.offload.reserve_bytes > 0
+    assert strategy.offload.engine.pool.in_use_bytes == 0
 
 
 def test_oom_in_the_profiling_step_is_not_retried_and_says_the_budget_is_too_small():
@@ -131,7 +140,7 @@ def test_a_retried_step_starts_without_what_the_failed_pass_left_in_reference_cy
     retries on an H100 ran out of memory with far more allocated than planned)."""
     device = FaultyDevice(where)
     module = KeepsStemOutputInACycle()
-    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device)
+    strategy = swapping_strategy("cnn", share_of_activations=0.8, runtime=device, policy="swap")
     trainer = trainer_for(strategy, max_steps=5, callbacks=[ArmAt(device, batch_idx=3)])
     gc.disable()  # no collection by chance: only the one the retry asks for
     try:

@@ -208,7 +208,7 @@ class SaveRecords(CopyTraffic):
             if geometry is None:
                 geometry = (tensor.dtype, tensor.shape, tensor.stride(), int(tensor.storage_offset()))
             return (record, None, tensor._version, index, step, geometry)
-        return (record, tensor, tensor._version, index, step, None)
+        return (record, tensor.detach(), tensor._version, index, step, None)
 
     def _new_record(
         self,
@@ -298,7 +298,7 @@ class SaveHooks(SaveRecords):
         found = self._activation_storage(tensor)
         if found is None:
             recording.append(layer, excluded, 0, kind=FILTERED)
-            return tensor
+            return _left_alone(tensor)
         storage, key, storage_nbytes = found
         step = self._open_step()
         packed, record, opened = self._pack_record(
@@ -334,7 +334,7 @@ class SaveHooks(SaveRecords):
         if ordinal < self._fast_end:
             action = route.actions[ordinal]
             if action == LEAVE:
-                return tensor
+                return _left_alone(tensor)
             sequence = route.sequence
             if action < RECORD:  # KEEP_NEW, KEEP_AGAIN
                 try:
@@ -352,11 +352,13 @@ class SaveHooks(SaveRecords):
                         if self._tracks_blocks:
                             address = step.kept_address[ordinal] = tensor.data_ptr()
                             self.runtime.hold(address, nbytes)
-                        return (tensor, tensor._version, ordinal, ordinal, step)
+                        return (tensor.detach(), tensor._version, ordinal, ordinal, step)
                     group = sequence.groups[ordinal]
                     pending = step.kept_pending[group]
                     if pending:
                         step.kept_pending[group] = pending + 1
+                        # Not its op's own output (that would be a write in place of a saved
+                        # storage, refused at backward): no history to leave out (see .saves).
                         return (tensor, tensor._version, group, ordinal, step)
             else:
                 if action == SWAP_WHOLE:
@@ -387,7 +389,7 @@ class SaveHooks(SaveRecords):
             self._departed, self._fast_end = ordinal, 0
         found = self._activation_storage(tensor)
         if found is None:
-            return tensor
+            return _left_alone(tensor)
         storage, key, storage_nbytes = found
         step = self._open_step()
         return self._pack_record(
@@ -422,13 +424,18 @@ class SaveHooks(SaveRecords):
         if step is None or not self._in_forward:
             step = self._open_step()
         # _start_copy_out's dense case, inline: the host buffer first (it may raise: nothing held
-        # yet), laid out like the tensor, which is the copy's source itself; then the block held.
+        # yet), laid out like the tensor, which is the copy's source itself; then the block held
+        # (a runtime that models the allocator may run out of memory there: the buffer goes back).
         buffer = self.pool.acquire(nbytes)
         dtype, shape, stride = tensor.dtype, tensor.shape, tensor.stride()
         host = self.pool.typed_view(buffer, dtype, shape, stride)
         block = DeviceBlock(key, nbytes, True)  # held: _hold_found, inline (a new block, counted now)
         if self._tracks_blocks:
-            self.runtime.hold(key, nbytes)
+            try:
+                self.runtime.hold(key, nbytes)
+            except BaseException:
+                self.pool.release(buffer)
+                raise
         self.ledger.acquire(nbytes)
         base = tensor._base  # lineage_root, inline: the hot path
         root = tensor if base is None else base
@@ -568,6 +575,13 @@ class SaveHooks(SaveRecords):
 #: Module constants for the hot path's checks (one load each, no attribute lookup).
 _TENSOR = torch.Tensor
 _STRIDED = torch.strided
+
+
+def _left_alone(tensor: torch.Tensor) -> torch.Tensor:
+    """A save that is no activation (a parameter, a tensor on another device...), as its handle:
+    the tensor itself, or, when autograd made it, an alias without that history (a save of an
+    op's own output must not hold the op's node: see :mod:`.saves`)."""
+    return tensor if tensor.grad_fn is None else tensor.detach()
 
 
 def _is_dense(tensor: torch.Tensor) -> bool:

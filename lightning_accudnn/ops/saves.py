@@ -9,6 +9,15 @@ get. The unpack hook tells the two apart by their length (5 and 6) and unpacks e
 once, by name. Both refer to their :class:`StepState`, which therefore lives as long as the graph
 does.
 
+A handle holds a kept tensor saved first in its storage as an alias without autograd history
+(``tensor.detach()``): the same storage and version counter, no ``grad_fn``. An op that saves
+its own output would otherwise hold, through the handle, a tensor whose ``grad_fn`` is that op's
+node: a reference cycle through autograd's C++ graph that the garbage collector cannot see, so
+that a graph dropped without a backward (a failed step, a skipped batch) would never be freed.
+Autograd puts the history back when it unpacks the save. A later save of a storage already
+saved holds the tensor itself (an op's own output there would be a write in place into a saved
+storage, which the backward refuses), sparing the alias on the fast path.
+
 Example:
     >>> saved = torch.ones(2)
     >>> handle: KeptSave = (saved, saved._version, 0, 1, StepState([8, 8]))
@@ -109,13 +118,15 @@ class StepState:
 
 
 #: What autograd holds for a save kept on the fast path of a replayed pass:
-#: ``(tensor, version, group, ordinal, step)``: the tensor, its version when saved, its storage's
+#: ``(tensor, version, group, ordinal, step)``: the tensor (an alias without history at the first
+#: save of its storage), its version when saved, its storage's
 #: *group* (the ordinal of the storage's first save), its own ordinal and its step.
 KeptSave: TypeAlias = tuple[torch.Tensor, int, int, int, StepState]
 
 #: What autograd holds for a save through the engine's records:
-#: ``(record, tensor, version, number, step, geometry)``: the record, the tensor (``None`` when
-#: the record is swapped: the bytes come back from its copy), the tensor's version when saved,
+#: ``(record, tensor, version, number, step, geometry)``: the record, the tensor (an alias without
+#: history; ``None`` when the record is swapped: the bytes come back from its copy), the tensor's
+#: version when saved,
 #: the save's number in the step (its index in :attr:`StepState.handle_unpacked`), the step, and
 #: for a swapped record the tensor's :data:`Geometry` (the record's
 #: :attr:`.StorageRecord.dense` itself for the save of a dense record's tensor), else ``None``.

@@ -213,7 +213,12 @@ class CopyTraffic:
             )
         if not step.watched:
             self._watch(step)
-        self._hold_found(record.source_block)
+        try:
+            self._hold_found(record.source_block)
+        except BaseException:  # a runtime that models the allocator ran out of memory: the buffer goes back
+            record.host_buffer = record.host_view = None
+            self.pool.release(buffer)
+            raise
         self._enqueue_copy_out(step, record, storage, source, host, True)
 
     def _enqueue_copy_out(

@@ -1,5 +1,8 @@
 """Nothing lost: failures leave no hooks and no held buffers; buffers are reused; the ledger adds up."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -181,4 +184,35 @@ def test_a_graph_retained_past_the_end_of_its_step_reads_its_swapped_copies_agai
     for a, p in zip(first, model.parameters(), strict=True):
         assert torch.equal(a, p.grad)
     del loss
+    assert engine.pool.in_use_bytes == 0
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["observed", "replayed"])
+def test_a_graph_dropped_without_backward_is_freed_whole_with_kept_saves_of_op_outputs(replayed):
+    # ReLU saves its own output. Were its handle to hold that tensor, whose grad_fn is the ReLU's
+    # node, the node would hold itself through autograd's C++ graph, out of the garbage
+    # collector's sight: the graph, its kept activations and its step's host copies would never
+    # be freed after a step that ends without a backward (an error, a skipped batch).
+    torch.manual_seed(0)
+    model = SmallResNet()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
+    batch = make_batch("cnn")
+    profiled = _step(engine, model, SwapSchedule.keep_everything(), batch)
+    names = [layer.name for layer in profiled.layers]
+    schedule = SwapSchedule.swap_layers_named(names[: len(names) // 2])
+    outputs = []
+    handles = [
+        module.register_forward_hook(lambda module, args, output: outputs.append(weakref.ref(output)))
+        for module in model.modules()
+        if isinstance(module, torch.nn.ReLU)
+    ]
+    with engine.offload(model, schedule, sequence=profiled.sequence if replayed else None):
+        loss = loss_of(model, batch)
+    stats = engine.end_step()
+    for handle in handles:
+        handle.remove()
+    assert stats is not None and stats.bytes_swapped_out > 0 and outputs
+    del loss
+    gc.collect()
+    assert all(output() is None for output in outputs)
     assert engine.pool.in_use_bytes == 0

@@ -1,5 +1,8 @@
 """Nothing lost when a step fails: no hooks, no held host buffers, a trainer that can fit again."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -64,3 +67,34 @@ def test_budget_too_small_names_the_smallest_budget_that_works_before_any_update
     strategy = AccUDNNStrategy(budget=raised.value.min_budget_bytes, min_swap_bytes=0)
     trainer_for(strategy, max_steps=2).fit(Classifier("cnn"), loader("cnn"))
     assert strategy.stats.peak_device_bytes <= raised.value.min_budget_bytes
+
+
+class SkipsBatches(Classifier):
+    """Returns ``None`` from ``training_step`` for two batches (Lightning then runs no backward)
+    and keeps a weak reference to every ReLU output, which ReLU saves for its backward."""
+
+    def __init__(self) -> None:
+        super().__init__("cnn")
+        self.relu_outputs: list[weakref.ref] = []
+        for module in self.modules():
+            if isinstance(module, torch.nn.ReLU):
+                module.register_forward_hook(self._note_output)
+
+    def _note_output(self, module, args, output):
+        self.relu_outputs.append(weakref.ref(output))
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return None if batch_idx in (2, 3) else loss
+
+
+def test_the_graph_of_a_skipped_batch_is_freed():
+    # A skipped batch's graph is dropped without a backward: nothing of it may outlive it (on a
+    # GPU, its activations would stay allocated under every later step's plan).
+    strategy = swapping_strategy("cnn", share_of_activations=0.5, policy="swap")
+    module = SkipsBatches()
+    trainer_for(strategy, max_steps=6).fit(module, loader("cnn", batches=8))
+    gc.collect()
+    assert module.relu_outputs and not [output for output in module.relu_outputs if output() is not None]
+    assert strategy.offload.engine.pool.in_use_bytes == 0
+    assert strategy.offload.engine.ledger.activation_bytes == 0

@@ -269,59 +269,67 @@ class SimulatedGPU:
         :class:`~lightning_accudnn.ops.CudaRuntime` does), else a group on the copy stream compute
         waits on. Writing a host buffer a copy in may still read is a violation; the release of a
         buffer written here lands first (the copy stream ran it early)."""
-        if self._pending_group():
-            self.wait(self._group(self._copy_out, self.record_compute(), sources, hosts))
-            return
-        self._compute_op()
-        seen = self._clocks[_COMPUTE][_COPY]
-        before = time.perf_counter()
-        for source, host in zip(sources, hosts, strict=True):
-            if self._block_of(source) is None:
-                self.violations.append(
-                    f"copy out of device memory at {source.data_ptr():#x} that the engine does not hold"
-                )
-            host_key = host.data_ptr()
-            read = self._host_reads.get(host_key, 0)
-            if read > seen:
-                self.violations.append(
-                    f"copy out on the compute stream writes host buffer {host_key:#x} that a copy in "
-                    f"(copy op {read}) may still read (compute has seen copy op {seen})"
-                )
-            self._run_through(self._host_releases.pop(host_key, 0))
-            with torch.no_grad():
-                host.copy_(source)
-            self._poisoned_hosts.discard(host_key)
-            self._host_writes[host_key] = 0
-        self._stalled(before)
+        self._copies_now(self._copy_out, self._copy_out_in_order, sources, hosts)
 
     def copy_in_now(self, hosts: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
         """As :meth:`copy_out_now`, into blocks the engine allocated: reading a host buffer whose
         copy out compute is not ordered after, or one the engine released, is a violation."""
+        self._copies_now(self._copy_in, self._copy_in_in_order, hosts, dests)
+
+    def _copies_now(
+        self,
+        on_copy_stream: Callable[[StreamEvent, torch.Tensor, torch.Tensor], None],
+        in_order: Callable[[torch.Tensor, torch.Tensor, int], None],
+        froms: list[torch.Tensor],
+        tos: list[torch.Tensor],
+    ) -> None:
+        """A group compute would wait on at once: a group on the copy stream (each copy by
+        ``on_copy_stream``) that compute waits on when one is pending, else each pair copied now,
+        in compute order, by ``in_order`` (given the copy op compute has seen)."""
         if self._pending_group():
-            self.wait(self._group(self._copy_in, self.record_compute(), hosts, dests))
+            self.wait(self._group(on_copy_stream, self.record_compute(), froms, tos))
             return
         self._compute_op()
         seen = self._clocks[_COMPUTE][_COPY]
         before = time.perf_counter()
-        for host, dest in zip(hosts, dests, strict=True):
-            if self._block_of(dest) is None:
-                self.violations.append(
-                    f"copy in to device memory at {dest.data_ptr():#x} the engine does not hold"
-                )
-            host_key = host.data_ptr()
-            written = self._host_writes.get(host_key, 0)
-            if written > seen:
-                self.violations.append(
-                    f"copy in on the compute stream reads host buffer {host_key:#x} before the copy "
-                    f"out writing it (copy op {written}) is ordered before it (compute has seen {seen})"
-                )
-            if host_key in self._poisoned_hosts:
-                self.violations.append(
-                    f"copy in read host buffer {host_key:#x} after the engine had released it"
-                )
-            with torch.no_grad():
-                dest.copy_(host)
+        for source, destination in zip(froms, tos, strict=True):
+            in_order(source, destination, seen)
         self._stalled(before)
+
+    def _copy_out_in_order(self, source: torch.Tensor, host: torch.Tensor, seen: int) -> None:
+        if self._block_of(source) is None:
+            self.violations.append(
+                f"copy out of device memory at {source.data_ptr():#x} that the engine does not hold"
+            )
+        host_key = host.data_ptr()
+        read = self._host_reads.get(host_key, 0)
+        if read > seen:
+            self.violations.append(
+                f"copy out on the compute stream writes host buffer {host_key:#x} that a copy in "
+                f"(copy op {read}) may still read (compute has seen copy op {seen})"
+            )
+        self._run_through(self._host_releases.pop(host_key, 0))
+        with torch.no_grad():
+            host.copy_(source)
+        self._poisoned_hosts.discard(host_key)
+        self._host_writes[host_key] = 0
+
+    def _copy_in_in_order(self, host: torch.Tensor, dest: torch.Tensor, seen: int) -> None:
+        if self._block_of(dest) is None:
+            self.violations.append(
+                f"copy in to device memory at {dest.data_ptr():#x} the engine does not hold"
+            )
+        host_key = host.data_ptr()
+        written = self._host_writes.get(host_key, 0)
+        if written > seen:
+            self.violations.append(
+                f"copy in on the compute stream reads host buffer {host_key:#x} before the copy "
+                f"out writing it (copy op {written}) is ordered before it (compute has seen {seen})"
+            )
+        if host_key in self._poisoned_hosts:
+            self.violations.append(f"copy in read host buffer {host_key:#x} after the engine had released it")
+        with torch.no_grad():
+            dest.copy_(host)
 
     def _pending_group(self) -> bool:
         """Whether compute is not ordered after every group of copies issued so far."""

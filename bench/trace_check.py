@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from bench.environment import REPO_ROOT, device_name, resolve_device
 from bench.planner.cases import CASES, Case, trace_case
@@ -64,7 +63,7 @@ from lightning_accudnn.cli import INPUT_DTYPES, resolve_model
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.profiling.gpus import GPUS, GpuSpec, get_gpu
 from lightning_accudnn.profiling.roofline import StepTrace
-from lightning_accudnn.profiling.trace import DTYPES, trace_step
+from lightning_accudnn.profiling.trace import DTYPES, precision, step_loss, trace_step
 
 __all__ = [
     "RECORD_FIELDS",
@@ -242,28 +241,6 @@ class _SaveCounter:
         self.step.dtypes.setdefault(layer, []).append(str(tensor.dtype).removeprefix("torch."))
 
 
-def _loss(output: object) -> torch.Tensor:
-    """The trace's loss: the mean, in float32, of every floating-point output that requires grad."""
-    tensors = [
-        t
-        for t in tree_flatten(output)[0]
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
-    ]
-    if not tensors:
-        raise ValueError("the model returned no floating-point tensor that requires grad")
-    total = tensors[0].float().mean()
-    for tensor in tensors[1:]:
-        total = total + tensor.float().mean()
-    return total
-
-
-def _precision(dtype: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    autocast_dtype = DTYPES[dtype]
-    if autocast_dtype is None or dtype.endswith("-true"):
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=autocast_dtype)
-
-
 def measure_step(
     build: Callable[[], nn.Module],
     input_shape: tuple[int, ...],
@@ -298,8 +275,8 @@ def measure_step(
             input_dtype = true_dtype
     model.train()
     batch = torch.zeros(input_shape, dtype=input_dtype, device=device)
-    with _precision(dtype, device):  # warm-up: workspaces and lazy state, outside the figures
-        warm_up = _loss(model(batch))
+    with precision(dtype, device.type):  # warm-up: workspaces and lazy state, outside the figures
+        warm_up = step_loss(model(batch))
     warm_up.backward()
     del warm_up
     model.zero_grad(set_to_none=True)
@@ -311,10 +288,10 @@ def measure_step(
         with (
             counter.tracker.attached(model),
             torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor),
-            _precision(dtype, device),
+            precision(dtype, device.type),
         ):
             output = model(batch)
-            loss = _loss(output)
+            loss = step_loss(output)
         del output
         counter.seen.clear()  # the graph holds what it saved; nothing more is kept
         _forward_done(device, step)

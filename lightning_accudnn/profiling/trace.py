@@ -97,7 +97,7 @@ from lightning_accudnn.profiling.gpus import GpuSpec
 from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 
-__all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "trace_step"]
+__all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "precision", "step_loss", "trace_step"]
 
 #: The precisions a step is traced in: fp32; ``"bf16"``/``"fp16"``, mixed (autocast, parameters
 #: fp32, as Lightning's ``"bf16-mixed"``); ``"bf16-true"``/``"fp16-true"``, the model and its
@@ -563,7 +563,15 @@ def _target_attention(
         return run_attention(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def _loss(output: object) -> torch.Tensor:
+def step_loss(output: object) -> torch.Tensor:
+    """The loss a traced step backpropagates: the mean, in float32, of every floating-point
+    output that requires grad, summed (a model's own loss is not known to the trace).
+
+    Example:
+        >>> x = torch.ones(2, 3, requires_grad=True)
+        >>> step_loss((x, {"aux": 2 * x, "ids": torch.zeros(2, dtype=torch.long)})).item()
+        3.0
+    """
     tensors = [
         t
         for t in tree_flatten(output)[0]
@@ -580,13 +588,22 @@ def _loss(output: object) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _precision(dtype: str) -> Iterator[None]:
+def precision(dtype: str, device_type: str = "cpu") -> Iterator[None]:
+    """The step's precision on ``device_type``: autocast to the 16-bit dtype for mixed
+    ``"bf16"``/``"fp16"`` (Lightning's ``"bf16-mixed"``), nothing for ``"fp32"`` and the
+    ``-true`` precisions (the model itself is cast); an unknown ``dtype`` raises.
+
+    Example:
+        >>> with precision("bf16"):
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.bfloat16
+    """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if DTYPES[dtype] is None or dtype.endswith("-true"):
         yield
         return
-    with torch.autocast("cpu", dtype=DTYPES[dtype]):
+    with torch.autocast(device_type, dtype=DTYPES[dtype]):
         yield
 
 
@@ -627,7 +644,7 @@ def trace_step(
         >>> trace.forward_flops == 2 * (2 * 30 * 30) * 8 * 3 * 9
         True
     """
-    with _precision(dtype):  # validates dtype before any work
+    with precision(dtype):  # validates dtype before any work
         pass
     fake_mode = FakeTensorMode()
     recorder = _Recorder(tracker=tracker, capability=None if gpu is None else gpu.compute_capability)
@@ -654,9 +671,9 @@ def trace_step(
             _KernelMode(recorder),
             _FunctionMode(recorder),
         ):
-            with _precision(dtype):
+            with precision(dtype):
                 output = model(batch)
-                loss = _loss(output)
+                loss = step_loss(output)
             recorder.backward = True
             loss.backward()  # type: ignore[no-untyped-call]
     trainable = sum(_tensor_bytes(p) for p in params if p.requires_grad)

@@ -368,9 +368,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "kept": kept,
         "fraction": part,
     }
-    path = write_result(args.results_dir, device, f"calibration-{workload.name}", record)
     text = markdown(record)
-    path.with_suffix(".md").write_text(text)
+    write_result(args.results_dir, device, f"calibration-{workload.name}", record, text)
     print(text)
     return record
 

@@ -137,10 +137,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def write_result(results_dir: Path, device: torch.device, name: str, record: dict[str, Any]) -> Path:
+def write_result(
+    results_dir: Path, device: torch.device, name: str, record: dict[str, Any], markdown: str | None = None
+) -> Path:
     """Write ``record``, with the :func:`~bench.environment.environment` of ``device`` it was
     measured on, as ``<results_dir>/<device slug>/<date>-<name>.json`` (:func:`output_stem`,
-    :func:`write_json`); print where, and return the path.
+    :func:`write_json`), and ``markdown``, when given, beside it as ``.md``; print where, and
+    return the JSON's path.
 
     Example:
         >>> import tempfile
@@ -153,6 +156,8 @@ def write_result(results_dir: Path, device: torch.device, name: str, record: dic
     """
     path = output_stem(results_dir, device_slug(device), name).with_suffix(".json")
     write_json(path, {**record, "environment": environment(device)})
+    if markdown is not None:
+        path.with_suffix(".md").write_text(markdown, encoding="utf-8")
     print(f"wrote {path}")
     return path
 

@@ -510,9 +510,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = resolve_device(args.device)
     case = _changed(CASES[args.case], args.dtype, args.batch_size)
     record = check(case, resolve_gpu(args.gpu, device), device)
-    path = write_result(args.results_dir, device, f"trace-check-{case.key}", record)
     text = markdown(record)
-    path.with_suffix(".md").write_text(text)
+    write_result(args.results_dir, device, f"trace-check-{case.key}", record, text)
     print(text)
     return record
 

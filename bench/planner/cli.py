@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "cases": cases,
         "seconds": time.perf_counter() - started,
     }
-    path = write_result(args.results_dir, torch.device("cpu"), args.name or f"planner-{args.gpu}", record)
-    path.with_suffix(".md").write_text(markdown(record) + "\n", encoding="utf-8")
+    name = args.name or f"planner-{args.gpu}"
+    path = write_result(args.results_dir, torch.device("cpu"), name, record, markdown(record) + "\n")
     print(f"wrote {path.with_suffix('.md')}")
     return record

@@ -188,9 +188,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "baseline_commit": baseline_commit,
         "cases": cases,
     }
-    path = write_result(args.results_dir, torch.device("cpu"), args.name, record)
-    path.with_suffix(".md").write_text(markdown(record) + "\n", encoding="utf-8")
-    print(markdown(record))
+    text = markdown(record)
+    write_result(args.results_dir, torch.device("cpu"), args.name, record, text + "\n")
+    print(text)
     return record
 
 

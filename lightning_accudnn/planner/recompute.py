@@ -398,8 +398,10 @@ def innermost_segments(profile: StepProfile) -> dict[int, str]:
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
-        >>> layers = (LayerProfile("s.b.relu", 10, 10, resaved_by=(("head", 10),)), LayerProfile("head", 10, 10))
-        >>> innermost_segments(StepProfile(layers, 0, segments=(SegmentProfile("s", 1), SegmentProfile("s.b", 1))))
+        >>> layers = (LayerProfile("s.b.relu", 10, 10, resaved_by=(("head", 10),)),
+        ...           LayerProfile("head", 10, 10))
+        >>> segments = (SegmentProfile("s", 1), SegmentProfile("s.b", 1))
+        >>> innermost_segments(StepProfile(layers, 0, segments=segments))
         {0: 's.b'}
     """
     if _innermost_cache and _innermost_cache[0][0] is profile:

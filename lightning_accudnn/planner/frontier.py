@@ -174,10 +174,10 @@ def recompute_cost_lines(
     least ``y``, ``seconds(S) >= l * y + seconds(S) - l * freed(S) >= l * y + c``, ``c`` being
     the least of ``seconds - l * freed`` over every non-overlapping set (a dynamic program over
     the forward order whose state is the span just before). The values of ``l`` are the
-    breakpoints of that least (found by bisecting between the sets it picks), so the maximum is
-    the linear relaxation of choosing the set, a stage never with its blocks; without that
-    constraint (the fractional knapsack) it can only be lower. It is convex and non-decreasing
-    in ``y``.
+    breakpoints of that least (found by bisecting between the sets it picks, up to the set
+    freeing the most), so the maximum is the linear relaxation of choosing the set, a stage never
+    with its blocks; without that constraint (the fractional knapsack) it can only be lower. It
+    is convex and non-decreasing in ``y``.
 
     Example:
         >>> spans = [SegmentSpan("s", 0, 1, 0, 100, 2.0), SegmentSpan("s.b", 0, 0, 0, 60, 1.0)]
@@ -203,6 +203,11 @@ def recompute_cost_lines(
         for previous in (-1, *ending_at[span.first])
     }
     closes = [figure(span, None) for span in useful]
+    # per point: (span, the point after it, its recompute seconds) of the spans starting there
+    taking = [
+        [(index, at[useful[index].last + 1], useful[index].recompute_seconds) for index in row]
+        for row in starting
+    ]
 
     def schedule(slope: float) -> tuple[int, float]:
         """(bytes freed, seconds) of a non-overlapping set with the least ``seconds - slope *
@@ -211,29 +216,23 @@ def recompute_cost_lines(
         states: list[dict[int, tuple[float, int, float]]] = [{} for _ in points]
         states[0][-1] = (0.0, 0, 0.0)
         final = (math.inf, 0, 0.0)
-
-        def offer(p: int, previous: int, option: tuple[float, int, float]) -> None:
-            known = states[p].get(previous)
-            if known is None or option[:2] < known[:2]:
-                states[p][previous] = option
-
+        last = len(points) - 1
         for p, here in enumerate(states):
             for previous, (value, minus_freed, seconds) in here.items():
                 close = closes[previous] if previous >= 0 else 0
                 kept = (value - slope * close, minus_freed - close, seconds)
-                if p + 1 < len(points):  # the layers up to the next point are kept
-                    offer(p + 1, -1, kept)
+                if p < last:  # the layers up to the next point are kept
+                    known = states[p + 1].get(-1)
+                    if known is None or kept[:2] < known[:2]:
+                        states[p + 1][-1] = kept
                 elif kept[:2] < final[:2]:
                     final = kept
-                for index in starting[p]:
-                    span = useful[index]
+                for index, end, cost in taking[p]:
                     gain = gains[(previous, index)]
-                    option = (
-                        value - slope * gain + span.recompute_seconds,
-                        minus_freed - gain,
-                        seconds + span.recompute_seconds,
-                    )
-                    offer(at[span.last + 1], index, option)
+                    option = (value - slope * gain + cost, minus_freed - gain, seconds + cost)
+                    known = states[end].get(index)
+                    if known is None or option[:2] < known[:2]:
+                        states[end][index] = option
         return -final[1], final[2]
 
     top = sum(span.recompute_seconds for span in useful) + 1.0  # a byte more outweighs every second
@@ -253,10 +252,14 @@ def recompute_cost_lines(
             explore(middle, last, depth + 1)
 
     explore(low, high, 0)
+    slopes.discard(top)  # it only bounds within a byte of the most; its intercept would round
     lines = []
     for slope in sorted(slopes):
         freed_here, seconds = schedule(slope)
-        lines.append((slope, seconds - slope * freed_here))
+        # Lowered by a few units in the last place, so a line evaluated in floating point at any
+        # amount up to the most never lies above the exact line.
+        margin = 1e-15 * (slope * max(high[0], abs(freed_here)) + abs(seconds))
+        lines.append((slope, seconds - slope * freed_here - margin))
     return tuple(lines), high[0]
 
 

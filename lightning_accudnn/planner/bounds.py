@@ -128,11 +128,11 @@ class FreedBound:
             for i, segment in sorted(innermost.items())
             for later, nbytes in layers[i].resaved_by
         ]
-        self._covering: dict[tuple[int, int], list[tuple[int, str, int]]] = {}
+        self._covering: dict[tuple[str, int, int], list[tuple[int, str, int]]] = {}
         for span in spans:
             sources = span.sources
             self._covering.setdefault(
-                (span.first, span.last),
+                (span.name, span.first, span.last),
                 [
                     (i, segment, nbytes)
                     for i, segment, later, nbytes in resaves
@@ -150,7 +150,7 @@ class FreedBound:
     def covered_bytes(self, span: SegmentSpan, kept_before: int) -> int:
         """The most of ``span``'s inputs that layers before ``kept_before`` save first, as the
         accounting matches them (at most its inputs)."""
-        entries = self._covering.get((span.first, span.last))
+        entries = self._covering.get((span.name, span.first, span.last))
         if entries is None:
             raise ValueError(f"{span.name!r} is none of the spans this bound was made for")
         taken: dict[str, int] = {}

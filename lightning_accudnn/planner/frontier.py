@@ -28,13 +28,14 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lightning_accudnn.planner.recompute import SegmentSpan, set_key
 
 __all__ = [
     "DEFAULT_RESOLUTION",
     "FITTING_RESOLUTION",
+    "FreedBytes",
     "fitting_set",
     "freed_bytes",
     "recompute_cost_lines",
@@ -147,18 +148,36 @@ def _most_freed(spans: Sequence[SegmentSpan], layers: int, outputs_counted_again
     return best[layers]
 
 
-def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[float, float], ...], int]:
+#: What a bound on freed bytes says recomputing a span frees, given the recomputed span just
+#: before it (``before``, ``None`` when the layer before it is kept or it starts the step):
+#: ``freed(before, span)``; ``freed(before, None)`` is what ``before`` leaves to the kept layers
+#: after it (0 or less). :func:`recompute_cost_lines` sums it over a set's spans and gaps.
+FreedBytes = Callable[[SegmentSpan | None, SegmentSpan | None], int]
+
+
+def _own_freed(before: SegmentSpan | None, span: SegmentSpan | None) -> int:
+    """Each span's own :attr:`~.recompute.SegmentSpan.freed_bytes`, whatever lies around it."""
+    return 0 if span is None else span.freed_bytes
+
+
+def recompute_cost_lines(
+    spans: Sequence[SegmentSpan], freed: FreedBytes | None = None
+) -> tuple[tuple[tuple[float, float], ...], int]:
     """Lines whose maximum bounds from below the least forward seconds of a non-overlapping set
-    of ``spans`` that frees at least ``y`` bytes (``SegmentSpan.freed_bytes``), and the most
-    bytes any such set frees (beyond it, no set does).
+    of ``spans`` that frees at least ``y`` bytes, and the most bytes any such set frees (beyond
+    it, no set does). A set frees what ``freed`` says (:data:`FreedBytes`) summed over its
+    spans, each given the span just before it, and over the kept gaps after a span; by default
+    each span's own ``SegmentSpan.freed_bytes`` (spans freeing nothing are left out then). For
+    a bound on the step, ``freed`` must be at least what a set really frees, for every set.
 
     Each line ``(l, c)`` is a Lagrangian bound: for ``l >= 0`` and any set ``S`` freeing at
     least ``y``, ``seconds(S) >= l * y + seconds(S) - l * freed(S) >= l * y + c``, ``c`` being
-    the least of ``seconds - l * freed`` over every non-overlapping set (a weighted interval
-    schedule). The values of ``l`` are the breakpoints of that least (found by bisecting between
-    the sets it picks), so the maximum is the linear relaxation of choosing the set, a stage
-    never with its blocks; without that constraint (the fractional knapsack) it can only be
-    lower. It is convex and non-decreasing in ``y``.
+    the least of ``seconds - l * freed`` over every non-overlapping set (a dynamic program over
+    the forward order whose state is the span just before). The values of ``l`` are the
+    breakpoints of that least (found by bisecting between the sets it picks, up to the set
+    freeing the most), so the maximum is the linear relaxation of choosing the set, a stage never
+    with its blocks; without that constraint (the fractional knapsack) it can only be lower. It
+    is convex and non-decreasing in ``y``.
 
     Example:
         >>> spans = [SegmentSpan("s", 0, 1, 0, 100, 2.0), SegmentSpan("s.b", 0, 0, 0, 60, 1.0)]
@@ -166,28 +185,55 @@ def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[floa
         >>> most, round(max(slope * 80 + intercept for slope, intercept in lines), 9)
         (100, 1.5)
     """
-    useful = [span for span in spans if span.freed_bytes > 0]
+    useful = list(spans) if freed is not None else [span for span in spans if span.freed_bytes > 0]
     if not useful:
         return ((0.0, 0.0),), 0
+    figure = freed if freed is not None else _own_freed
     points = sorted({span.first for span in useful} | {span.last + 1 for span in useful})
     at = {point: p for p, point in enumerate(points)}
-    ending: list[list[SegmentSpan]] = [[] for _ in points]
-    for span in useful:
-        ending[at[span.last + 1]].append(span)
+    starting: list[list[int]] = [[] for _ in points]
+    for index, span in enumerate(useful):
+        starting[at[span.first]].append(index)
+    # What each step of a set frees: a span after the span just before it (-1: kept layers or
+    # the start), kept layers after a span; only spans ending where another starts are asked.
+    ending_at = {point: [i for i, span in enumerate(useful) if span.last + 1 == point] for point in points}
+    gains = {
+        (previous, index): figure(useful[previous] if previous >= 0 else None, useful[index])
+        for index, span in enumerate(useful)
+        for previous in (-1, *ending_at[span.first])
+    }
+    closes = [figure(span, None) for span in useful]
+    # per point: (span, the point after it, its recompute seconds) of the spans starting there
+    taking = [
+        [(index, at[useful[index].last + 1], useful[index].recompute_seconds) for index in row]
+        for row in starting
+    ]
 
     def schedule(slope: float) -> tuple[int, float]:
         """(bytes freed, seconds) of a non-overlapping set with the least ``seconds - slope *
         freed`` (on a tie, the one freeing more)."""
-        best: list[tuple[float, int, float]] = [(0.0, 0, 0.0)] * len(points)  # (-value, -freed, seconds)
-        for p in range(1, len(points)):
-            best[p] = best[p - 1]
-            for span in ending[p]:
-                value, freed, seconds = best[at[span.first]]
-                gain = slope * span.freed_bytes - span.recompute_seconds
-                option = (value - gain, freed - span.freed_bytes, seconds + span.recompute_seconds)
-                if option[:2] < best[p][:2]:
-                    best[p] = option
-        return -best[-1][1], best[-1][2]
+        # per point: span just before (-1: kept) -> (seconds - slope * freed, -freed, seconds)
+        states: list[dict[int, tuple[float, int, float]]] = [{} for _ in points]
+        states[0][-1] = (0.0, 0, 0.0)
+        final = (math.inf, 0, 0.0)
+        last = len(points) - 1
+        for p, here in enumerate(states):
+            for previous, (value, minus_freed, seconds) in here.items():
+                close = closes[previous] if previous >= 0 else 0
+                kept = (value - slope * close, minus_freed - close, seconds)
+                if p < last:  # the layers up to the next point are kept
+                    known = states[p + 1].get(-1)
+                    if known is None or kept[:2] < known[:2]:
+                        states[p + 1][-1] = kept
+                elif kept[:2] < final[:2]:
+                    final = kept
+                for index, end, cost in taking[p]:
+                    gain = gains[(previous, index)]
+                    option = (value - slope * gain + cost, minus_freed - gain, seconds + cost)
+                    known = states[end].get(index)
+                    if known is None or option[:2] < known[:2]:
+                        states[end][index] = option
+        return -final[1], final[2]
 
     top = sum(span.recompute_seconds for span in useful) + 1.0  # a byte more outweighs every second
     low, high = schedule(0.0), schedule(top)
@@ -206,10 +252,14 @@ def recompute_cost_lines(spans: Sequence[SegmentSpan]) -> tuple[tuple[tuple[floa
             explore(middle, last, depth + 1)
 
     explore(low, high, 0)
+    slopes.discard(top)  # it only bounds within a byte of the most; its intercept would round
     lines = []
     for slope in sorted(slopes):
-        freed, seconds = schedule(slope)
-        lines.append((slope, seconds - slope * freed))
+        freed_here, seconds = schedule(slope)
+        # Lowered by a few units in the last place, so a line evaluated in floating point at any
+        # amount up to the most never lies above the exact line.
+        margin = 1e-15 * (slope * max(high[0], abs(freed_here)) + abs(seconds))
+        lines.append((slope, seconds - slope * freed_here - margin))
     return tuple(lines), high[0]
 
 

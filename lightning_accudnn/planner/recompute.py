@@ -69,10 +69,12 @@ __all__ = [
     "SegmentSpan",
     "candidate_spans",
     "inner_spans",
+    "innermost_segments",
     "named_spans",
     "nested_span",
     "policy_spans",
     "recomputed_profile",
+    "resaved_inside",
     "set_key",
 ]
 
@@ -389,9 +391,19 @@ class RecomputedProfile:
 _innermost_cache: list[tuple[StepProfile, dict[int, str]]] = []
 
 
-def _innermost_segments(profile: StepProfile) -> dict[int, str]:
-    """Per layer that others save again, the innermost segment it runs in (the last profile's
-    answer is kept: a search asks for the same profile many times)."""
+def innermost_segments(profile: StepProfile) -> dict[int, str]:
+    """Per layer that others save again (by index), the innermost segment it runs in: the
+    segment whose outputs :func:`recomputed_profile` takes its re-saves to be (the last
+    profile's answer is kept: a search asks for the same profile many times).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
+        >>> layers = (LayerProfile("s.b.relu", 10, 10, resaved_by=(("head", 10),)),
+        ...           LayerProfile("head", 10, 10))
+        >>> segments = (SegmentProfile("s", 1), SegmentProfile("s.b", 1))
+        >>> innermost_segments(StepProfile(layers, 0, segments=segments))
+        {0: 's.b'}
+    """
     if _innermost_cache and _innermost_cache[0][0] is profile:
         return _innermost_cache[0][1]
     innermost: dict[int, str] = {}
@@ -404,8 +416,14 @@ def _innermost_segments(profile: StepProfile) -> dict[int, str]:
     return innermost
 
 
-def _resaved_inside(layer: LayerProfile, segment: str) -> int:
-    """Bytes of ``layer``'s ``resaved_by_module`` saved again by a module inside ``segment``."""
+def resaved_inside(layer: LayerProfile, segment: str) -> int:
+    """Bytes of ``layer``'s ``resaved_by_module`` saved again by a module inside ``segment``.
+
+    Example:
+        >>> layer = LayerProfile("b.x", 10, 10, resaved_by=(("c", 10),), resaved_by_module=(("b.y#2", 10),))
+        >>> resaved_inside(layer, "b"), resaved_inside(layer, "bb")
+        (10, 0)
+    """
     total = 0
     for module, nbytes in layer.resaved_by_module:
         base = module.split("#", 1)[0]
@@ -441,7 +459,7 @@ def recomputed_profile(
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
     # a segment saves what the segment's outputs are made from, rarely the outputs themselves.
-    innermost = _innermost_segments(profile)
+    innermost = innermost_segments(profile)
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
@@ -463,7 +481,7 @@ def recomputed_profile(
         span = groups[group][2]
         # Re-saves listed after the segment but made inside it, by a layer that saves nothing of
         # its own (listed under the next layer that does, the one after the segment).
-        inside = 0 if span is None else _resaved_inside(layer, span.name)
+        inside = 0 if span is None else resaved_inside(layer, span.name)
         for later_name, nbytes in layer.resaved_by:
             later = position[index[later_name]]
             if later == group:

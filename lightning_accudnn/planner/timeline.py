@@ -66,7 +66,6 @@ reported as not swapped).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
 
@@ -133,10 +132,23 @@ class Simulator:
             for i, layer in enumerate(layers)
         )
         self.has_resaves = any(self.resaved)
+        self._index_resaves()
         # Bytes a layer holds on top while its backward runs (a recomputed segment's saves).
         self.transient = tuple(transient_bytes) if transient_bytes is not None else (0,) * self.k
         if len(self.transient) != self.k or any(nbytes < 0 for nbytes in self.transient):
             raise ValueError(f"transient_bytes must hold {self.k} byte counts >= 0, got {transient_bytes}")
+
+    def _index_resaves(self) -> None:
+        """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
+        save, their total bytes); and those layers alone (what the backward terms read)."""
+        self._resaved_by_last: list[tuple[int, list[tuple[int, int]], int]] = []
+        for first, entries in enumerate(self.resaved):
+            if entries:
+                by_last: dict[int, int] = {}
+                for last, nbytes in entries:
+                    by_last[last] = by_last.get(last, 0) + nbytes
+                self._resaved_by_last.append((first, sorted(by_last.items()), sum(by_last.values())))
+        self._resaving = [first for first, _, _ in self._resaved_by_last]
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -255,6 +267,9 @@ class Simulator:
         (see the module docstring)."""
         if self.has_resaves:
             return self._backward_terms_resaved(retired)
+        return self._backward_terms_plain(retired)
+
+    def _backward_terms_plain(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         terms = []
         kept_below = self.static
         retired_below = 0
@@ -269,30 +284,29 @@ class Simulator:
 
     def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         k = self.k
+        if not any(retired[first] for first in self._resaving):
+            return self._backward_terms_plain(retired)  # nothing re-saved is retired: no E_i, Q_n = R_n
         # held[f][i]: bytes of f brought back for a later save at or above i, held while B_i runs
         held: list[dict[int, int]] = [{} for _ in range(k)]
         early = [0] * k  # E_i: the sum over f of held[f][i]
         arrivals: list[list[tuple[int, int]]] = [[] for _ in range(k)]  # (first, bytes) by last save
-        for first, entries in enumerate(self.resaved):
+        for first, by_last, total in self._resaved_by_last:
             cap = retired[first]
-            if not entries or cap == 0:
+            if cap == 0:
                 continue
-            by_last: dict[int, int] = {}
-            for last, nbytes in entries:
-                by_last[last] = by_last.get(last, 0) + nbytes
             # Held while B_i runs: the bytes re-saved at or above i (capped by those retired),
             # constant between two consecutive last saves.
-            remaining = sum(by_last.values())
+            remaining = total
             start = first + 1
             held_first = held[first]
-            for last in sorted(by_last):
+            for last, nbytes in by_last:
                 share = min(cap, remaining)
                 for i in range(start, last + 1):
                     held_first[i] = share
                     early[i] += share
                 start = max(start, last + 1)
-                remaining -= by_last[last]
-            for last, moved in by_last.items():
+                remaining -= nbytes
+            for last, moved in by_last:
                 arrivals[last].append((first, moved))
         # What is left at position n to bring back while B_i runs (retired bytes less those held
         # early, plus re-saved ones arriving there) depends on i only where something is held;
@@ -309,18 +323,30 @@ class Simulator:
         for n in range(k):
             fixed_below.append(nearest)
             if not varies[n]:
-                content = retired[n] + sum(min(retired[first], moved) for first, moved in arrivals[n])
+                content = retired[n]
+                if arrivals[n]:
+                    content += sum(min(retired[first], moved) for first, moved in arrivals[n])
                 if content > 0:
                     nearest = (n, content)
         terms = []
         kept_below = self.static
         retired_below = 0
+        saved, transient = self.saved, self.transient
+        # varying[low:high]: the varying positions above fixed_below[i] and below i (both only
+        # grow with i)
+        low = high = 0
+        count = len(varying)
         for i in range(k):
-            kept_below += self.saved[i] - retired[i]
+            kept_below += saved[i] - retired[i]
             retired_below += retired[i]
             fixed, next_retired = fixed_below[i]
+            while low < count and varying[low] <= fixed:
+                low += 1
+            while high < count and varying[high] < i:
+                high += 1
             # the varying positions between that one and i, nearest first
-            for n in reversed(varying[bisect_right(varying, fixed) : bisect_left(varying, i)]):
+            for at in range(high - 1, low - 1, -1):
+                n = varying[at]
                 content = retired[n] - held[n].get(i, 0)
                 for first, moved in arrivals[n]:
                     content += min(retired[first] - held[first].get(i, 0), moved)
@@ -330,7 +356,7 @@ class Simulator:
             held_early = early[i]
             terms.append(
                 (
-                    kept_below + held_early + self.transient[i],
+                    kept_below + held_early + transient[i],
                     retired[i],
                     next_retired,
                     retired_below - held_early,

@@ -465,6 +465,18 @@ def _innermost_of(profile: StepProfile) -> dict[int, str]:
     return innermost
 
 
+def _layer_index(profile: StepProfile) -> tuple[dict[str, int], list[int]]:
+    """Each layer's position by name, and the layers others save again (kept for the last profile)."""
+
+    def index() -> tuple[dict[str, int], list[int]]:
+        layers = profile.layers
+        return {layer.name: i for i, layer in enumerate(layers)}, [
+            i for i, layer in enumerate(layers) if layer.resaved_by
+        ]
+
+    return _memo.get(profile, "layer index", index)
+
+
 def resaved_inside(layer: LayerProfile, segment: str) -> int:
     """Bytes of ``layer``'s ``resaved_by_module`` saved again by a module inside ``segment``.
 
@@ -502,8 +514,11 @@ def recomputed_profile(
             groups.append((layer.name, [i], None))
         elif i == span.first:
             groups.append((span.name, list(range(span.first, span.last + 1)), span))
-    position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
-    index = {layer.name: i for i, layer in enumerate(layers)}
+    position = [0] * len(layers)  # per profile layer: its group
+    for g, (_, indices, _) in enumerate(groups):
+        for i in indices:
+            position[i] = g
+    index, resaving = _layer_index(profile)
     count = len(groups)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
@@ -525,7 +540,8 @@ def recomputed_profile(
             sources[segment][source] = left - taken
         return taken
 
-    for i, layer in enumerate(layers):
+    for i in resaving:
+        layer = layers[i]
         group = position[i]
         span = groups[group][2]
         # Re-saves listed after the segment but made inside it, by a layer that saves nothing of
@@ -569,6 +585,10 @@ def recomputed_profile(
     for g, (name, indices, span) in enumerate(groups):
         if span is None:
             layer = layers[indices[0]]
+            if swappable and not extra_resident[g] and not layer.resaved_by:
+                new_layers.append(layer)  # unchanged, as below (most layers of a large profile)
+                transient.append(0)
+                continue
             resident = layer.resident_bytes + extra_resident[g]
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0

@@ -287,18 +287,19 @@ class Simulator:
         if not any(retired[first] for first in self._resaving):
             return self._backward_terms_plain(retired)  # nothing re-saved is retired: no E_i, Q_n = R_n
         # held[f][i]: bytes of f brought back for a later save at or above i, held while B_i runs
-        held: list[dict[int, int]] = [{} for _ in range(k)]
+        # (only the layers f with bytes held: those re-saved later and retired)
+        held: dict[int, dict[int, int]] = {}
         early = [0] * k  # E_i: the sum over f of held[f][i]
-        arrivals: list[list[tuple[int, int]]] = [[] for _ in range(k)]  # (first, bytes) by last save
+        arrivals: dict[int, list[tuple[int, int]]] = {}  # (first, bytes) by last save
         for first, by_last, total in self._resaved_by_last:
             cap = retired[first]
             if cap == 0:
                 continue
             # Held while B_i runs: the bytes re-saved at or above i (capped by those retired),
-            # constant between two consecutive last saves.
+            # constant between two consecutive last saves (every last save is after first).
             remaining = total
             start = first + 1
-            held_first = held[first]
+            held_first = held[first] = {}
             for last, nbytes in by_last:
                 share = min(cap, remaining)
                 for i in range(start, last + 1):
@@ -307,57 +308,53 @@ class Simulator:
                 start = max(start, last + 1)
                 remaining -= nbytes
             for last, moved in by_last:
-                arrivals[last].append((first, moved))
+                arrivals.setdefault(last, []).append((first, moved))
         # What is left at position n to bring back while B_i runs (retired bytes less those held
-        # early, plus re-saved ones arriving there) depends on i only where something is held;
-        # elsewhere it is the same for every i, and the nearest such position with bytes is
-        # found by one pass instead of a scan below every i.
-        holds = [bool(bytes_held) for bytes_held in held]
-        varies = [
-            holds[n] or (bool(arriving) and any(holds[first] for first, _ in arriving))
-            for n, arriving in enumerate(arrivals)
-        ]
-        varying = [n for n in range(k) if varies[n]]
-        fixed_below: list[tuple[int, int]] = []  # per i: the nearest n < i not varying with content
-        nearest = (-1, 0)
-        for n in range(k):
-            fixed_below.append(nearest)
-            if not varies[n]:
-                content = retired[n]
-                if arrivals[n]:
-                    content += sum(min(retired[first], moved) for first, moved in arrivals[n])
-                if content > 0:
-                    nearest = (n, content)
+        # early, plus re-saved ones arriving there) depends on i only where something is held or
+        # arrives (every arrival comes from a layer that holds bytes); elsewhere it is R_n for
+        # every i, and the nearest such position with bytes is carried along instead of a scan
+        # below every i.
+        varying = sorted({*held, *arrivals})
+        count = len(varying)
+        varies = set(varying)
+        no_arrivals: list[tuple[int, int]] = []
         terms = []
         kept_below = self.static
         retired_below = 0
         saved, transient = self.saved, self.transient
-        # varying[low:high]: the varying positions above fixed_below[i] and below i (both only
-        # grow with i)
+        fixed = -1  # the nearest position below i that does not vary, with bytes...
+        fixed_content = 0  # ...and those bytes
+        # varying[low:high]: the varying positions above fixed and below i (both only grow)
         low = high = 0
-        count = len(varying)
         for i in range(k):
-            kept_below += saved[i] - retired[i]
-            retired_below += retired[i]
-            fixed, next_retired = fixed_below[i]
-            while low < count and varying[low] <= fixed:
-                low += 1
-            while high < count and varying[high] < i:
-                high += 1
-            # the varying positions between that one and i, nearest first
-            for at in range(high - 1, low - 1, -1):
-                n = varying[at]
-                content = retired[n] - held[n].get(i, 0)
-                for first, moved in arrivals[n]:
-                    content += min(retired[first] - held[first].get(i, 0), moved)
-                if content > 0:
-                    next_retired = content
-                    break
+            if i > 0:
+                n = i - 1
+                if retired[n] > 0 and n not in varies:
+                    fixed, fixed_content = n, retired[n]
+            own = retired[i]
+            kept_below += saved[i] - own
+            retired_below += own
+            next_retired = fixed_content
+            if count:
+                while low < count and varying[low] <= fixed:
+                    low += 1
+                while high < count and varying[high] < i:
+                    high += 1
+                # the varying positions between that one and i, nearest first
+                for at in range(high - 1, low - 1, -1):
+                    n = varying[at]
+                    held_n = held.get(n)
+                    content = retired[n] - (held_n.get(i, 0) if held_n is not None else 0)
+                    for first, moved in arrivals.get(n, no_arrivals):
+                        content += min(retired[first] - held[first].get(i, 0), moved)
+                    if content > 0:
+                        next_retired = content
+                        break
             held_early = early[i]
             terms.append(
                 (
                     kept_below + held_early + transient[i],
-                    retired[i],
+                    own,
                     next_retired,
                     retired_below - held_early,
                 )

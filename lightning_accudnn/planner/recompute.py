@@ -60,7 +60,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import TypeVar, cast
@@ -159,6 +159,10 @@ class SegmentSpan:
         recomputation and in its own)."""
         own = self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
         return own + sum(span.recompute_seconds for span in self.inner)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled and copied: the fields alone (the derived figures are computed again)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def overlaps(self, other: SegmentSpan) -> bool:
         return self.first <= other.last and other.first <= self.last
@@ -505,19 +509,19 @@ def recomputed_profile(
     for before, after in zip(chosen, chosen[1:], strict=False):
         if before.overlaps(after):
             raise ValueError(f"recomputed segments {before.name!r} and {after.name!r} overlap")
-    span_of: dict[int, SegmentSpan] = {i: span for span in chosen for i in range(span.first, span.last + 1)}
-    # The new layers: (name, [original indices], span or None)
+    # The new layers: (name, [original indices], span or None), and each profile layer's
+    position = [0] * len(layers)
     groups: list[tuple[str, list[int], SegmentSpan | None]] = []
-    for i, layer in enumerate(layers):
-        span = span_of.get(i)
-        if span is None:
-            groups.append((layer.name, [i], None))
-        elif i == span.first:
+    following = 0  # the first profile layer not grouped yet
+    for span in (*chosen, None):
+        for i in range(following, len(layers) if span is None else span.first):
+            position[i] = len(groups)
+            groups.append((layers[i].name, [i], None))
+        if span is not None:
+            for i in range(span.first, span.last + 1):
+                position[i] = len(groups)
             groups.append((span.name, list(range(span.first, span.last + 1)), span))
-    position = [0] * len(layers)  # per profile layer: its group
-    for g, (_, indices, _) in enumerate(groups):
-        for i in indices:
-            position[i] = g
+            following = span.last + 1
     index, resaving = _layer_index(profile)
     count = len(groups)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed

@@ -1,6 +1,9 @@
 """Answers kept for the last profile asked about: the same profile gets them again, any other
 profile (an equal one too) its own, and switching back recomputes them."""
 
+import copy
+import pickle
+
 import pytest
 
 from lightning_accudnn.planner.recompute import LastProfileMemo, SegmentSpan, candidate_spans
@@ -59,3 +62,11 @@ def test_span_figures_are_computed_once_and_match_the_fields():
     assert span.sources is span.sources
     with pytest.raises(TypeError):  # shared by every reader: read-only
         span.sources["a"] = 1  # type: ignore[index]
+
+
+def test_a_span_whose_figures_were_read_pickles_and_copies_as_its_fields():
+    span = SegmentSpan("b", 0, 3, 10, 400, 4.0, input_sources=(("a", 5),))
+    assert span.sources == {"a": 5} and span.freed_bytes == 390
+    for again in (pickle.loads(pickle.dumps(span)), copy.deepcopy(span), copy.copy(span)):
+        assert again == span
+        assert again.sources == {"a": 5} and again.freed_bytes == 390

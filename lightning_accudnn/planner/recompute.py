@@ -512,16 +512,16 @@ def recomputed_profile(
     # The new layers: (name, [original indices], span or None), and each profile layer's
     position = [0] * len(layers)
     groups: list[tuple[str, list[int], SegmentSpan | None]] = []
-    following = 0  # the first profile layer not grouped yet
+    ungrouped = 0  # the first profile layer not grouped yet
     for span in (*chosen, None):
-        for i in range(following, len(layers) if span is None else span.first):
+        for i in range(ungrouped, len(layers) if span is None else span.first):
             position[i] = len(groups)
             groups.append((layers[i].name, [i], None))
         if span is not None:
             for i in range(span.first, span.last + 1):
                 position[i] = len(groups)
             groups.append((span.name, list(range(span.first, span.last + 1)), span))
-            following = span.last + 1
+            ungrouped = span.last + 1
     index, resaving = _layer_index(profile)
     count = len(groups)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from lightning_accudnn.planner.frontier import fitting_set, recompute_frontier
 from lightning_accudnn.planner.recompute import (
@@ -417,12 +418,16 @@ def _search_many(
 
 @dataclass(frozen=True)
 class _SetScore:
-    """A recompute set's step, its simulator, its plan with nothing swapped and its least peak."""
+    """A recompute set's step, its simulator, its plan with nothing swapped and its least peak
+    (simulated when first asked for: a set that fits with nothing swapped never needs it)."""
 
     step: RecomputedProfile
     simulator: Simulator
     plain: SimulationResult
-    least_peak: int
+
+    @cached_property
+    def least_peak(self) -> int:
+        return self.simulator.peak_bytes(least_peak_choice(self.simulator))
 
 
 class _SetScores:
@@ -438,8 +443,7 @@ class _SetScores:
         if known is None:
             step = recomputed_profile(self.profile, chosen, swappable=self.swappable)
             simulator = Simulator(step.profile, step.transient_bytes)
-            least = simulator.peak_bytes(least_peak_choice(simulator))
-            known = self.scores[names] = _SetScore(step, simulator, _compute_only(simulator), least)
+            known = self.scores[names] = _SetScore(step, simulator, _compute_only(simulator))
         return known
 
     def fits_plain(self, chosen: tuple[SegmentSpan, ...]) -> bool:

@@ -59,12 +59,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
+from types import MappingProxyType
+from typing import TypeVar, cast
 
 from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, StepProfile
 
+T = TypeVar("T")
+
 __all__ = [
+    "LastProfileMemo",
     "RecomputedProfile",
     "SegmentSpan",
     "candidate_spans",
@@ -93,6 +99,9 @@ class SegmentSpan:
     A span with ``inner`` spans (made by :func:`nested_span`) is recomputed with those recomputed
     again inside it (two-level checkpointing): see :func:`nested_span`.
 
+    A span is immutable: its derived figures (``freed_bytes``, ``recompute_seconds``...) are
+    computed on first use and kept (the searches read them millions of times).
+
     Example:
         >>> span = SegmentSpan("block", 1, 2, input_bytes=40, saved_bytes=200, forward_seconds=1.5)
         >>> span.freed_bytes, span.overlaps(SegmentSpan("other", 2, 3, 0, 1, 0.0))
@@ -117,38 +126,43 @@ class SegmentSpan:
     rebuilt_bytes: int | None = None
     inner: tuple[SegmentSpan, ...] = ()
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         """The segments recomputing this span recomputes: its own, then its inner ones'."""
         return (self.name, *(span.name for span in self.inner))
 
-    @property
+    @cached_property
     def transient_bytes(self) -> int:
         """What its backward holds on top of everything else: the saves its recomputation rebuilds."""
         return self.saved_bytes if self.rebuilt_bytes is None else self.rebuilt_bytes
 
-    @property
-    def sources(self) -> dict[str, int]:
-        """``input_sources`` as a mapping: earlier segment -> bytes of its outputs among the inputs."""
-        return dict(self.input_sources)
+    @cached_property
+    def sources(self) -> Mapping[str, int]:
+        """``input_sources`` as a read-only mapping: earlier segment -> bytes of its outputs
+        among the inputs."""
+        return MappingProxyType(dict(self.input_sources))
 
-    @property
+    @cached_property
     def freed_bytes(self) -> int:
         """Saved bytes the segment no longer holds in forward."""
         return self.saved_bytes - self.input_bytes - self.kept_bytes
 
-    @property
+    @cached_property
     def held_bytes(self) -> int:
         """What the segment holds from its forward to its backward: its inputs (and, selective,
         what its expensive ops write)."""
         return self.input_bytes + self.kept_bytes
 
-    @property
+    @cached_property
     def recompute_seconds(self) -> float:
         """Forward time run again in backward (an inner span's twice: in this one's
         recomputation and in its own)."""
         own = self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
         return own + sum(span.recompute_seconds for span in self.inner)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled and copied: the fields alone (the derived figures are computed again)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def overlaps(self, other: SegmentSpan) -> bool:
         return self.first <= other.last and other.first <= self.last
@@ -156,6 +170,38 @@ class SegmentSpan:
     def holds(self, other: SegmentSpan) -> bool:
         """Whether ``other`` lies within this span."""
         return self.first <= other.first and other.last <= self.last
+
+
+class LastProfileMemo:
+    """Answers about the last profile asked about, by key: a plan asks the same questions of
+    one profile many times (its candidates, the segment around each layer). The profile is told
+    apart by identity and kept alive while its answers are, so another profile never gets them
+    (profiles are immutable); asking about another profile forgets them.
+
+    Example:
+        >>> memo = LastProfileMemo()
+        >>> first, second = StepProfile((), 0), StepProfile((), 0)
+        >>> memo.get(first, "layers", lambda: "first's"), memo.get(first, "layers", lambda: "again")
+        ("first's", "first's")
+        >>> memo.get(second, "layers", lambda: "second's")  # an equal profile, but another one
+        "second's"
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple[StepProfile, dict[object, object]] | None = None
+
+    def get(self, profile: StepProfile, key: object, compute: Callable[[], T]) -> T:
+        """The answer to ``key`` about ``profile``: kept, or ``compute()`` now and kept."""
+        entry = self._entry  # read once: another thread may put another profile's in its place
+        if entry is None or entry[0] is not profile:
+            entry = self._entry = (profile, {})
+        answers = entry[1]
+        if key not in answers:
+            answers[key] = compute()
+        return cast(T, answers[key])
+
+
+_memo = LastProfileMemo()
 
 
 def candidate_spans(profile: StepProfile, *, selective: bool = False) -> tuple[SegmentSpan, ...]:
@@ -174,12 +220,20 @@ def candidate_spans(profile: StepProfile, *, selective: bool = False) -> tuple[S
         >>> candidate_spans(profile)  # a's layers are not consecutive
         ()
     """
+    return _memo.get(profile, ("candidates", selective), lambda: _candidate_spans(profile, selective))
+
+
+def _candidate_spans(profile: StepProfile, selective: bool) -> tuple[SegmentSpan, ...]:
+    """:func:`candidate_spans`, computed."""
     layers = profile.layers
+    bases = [layer.name.split("#", 1)[0] for layer in layers]
     by_range: dict[tuple[int, int], SegmentSpan] = {}
     for segment in profile.segments:
         if selective and segment.selective_kept_bytes is None:
             continue
-        covered = [i for i, layer in enumerate(layers) if segment.covers(layer.name)]
+        inside = segment.name + "."
+        # SegmentProfile.covers, on the layers' names without their call suffix
+        covered = [i for i, base in enumerate(bases) if base == segment.name or base.startswith(inside)]
         if not covered or covered[-1] - covered[0] + 1 != len(covered):
             continue
         if any(layers[i].name == ROOT_LAYER for i in covered):
@@ -388,13 +442,11 @@ class RecomputedProfile:
         return tuple(span.name for span in self.spans if span.selective)
 
 
-_innermost_cache: list[tuple[StepProfile, dict[int, str]]] = []
-
-
 def innermost_segments(profile: StepProfile) -> dict[int, str]:
     """Per layer that others save again (by index), the innermost segment it runs in: the
     segment whose outputs :func:`recomputed_profile` takes its re-saves to be (the last
-    profile's answer is kept: a search asks for the same profile many times).
+    profile's answer is kept: a search asks for the same profile many times; read it, never
+    change it).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile
@@ -404,16 +456,29 @@ def innermost_segments(profile: StepProfile) -> dict[int, str]:
         >>> innermost_segments(StepProfile(layers, 0, segments=segments))
         {0: 's.b'}
     """
-    if _innermost_cache and _innermost_cache[0][0] is profile:
-        return _innermost_cache[0][1]
+    return _memo.get(profile, "innermost", lambda: _innermost_of(profile))
+
+
+def _innermost_of(profile: StepProfile) -> dict[int, str]:
     innermost: dict[int, str] = {}
     for i, layer in enumerate(profile.layers):
         if layer.resaved_by:
             around = [segment.name for segment in profile.segments if segment.covers(layer.name)]
             if around:
                 innermost[i] = max(around, key=len)
-    _innermost_cache[:] = [(profile, innermost)]
     return innermost
+
+
+def _layer_index(profile: StepProfile) -> tuple[dict[str, int], list[int]]:
+    """Each layer's position by name, and the layers others save again (kept for the last profile)."""
+
+    def index() -> tuple[dict[str, int], list[int]]:
+        layers = profile.layers
+        return {layer.name: i for i, layer in enumerate(layers)}, [
+            i for i, layer in enumerate(layers) if layer.resaved_by
+        ]
+
+    return _memo.get(profile, "layer index", index)
 
 
 def resaved_inside(layer: LayerProfile, segment: str) -> int:
@@ -444,17 +509,20 @@ def recomputed_profile(
     for before, after in zip(chosen, chosen[1:], strict=False):
         if before.overlaps(after):
             raise ValueError(f"recomputed segments {before.name!r} and {after.name!r} overlap")
-    span_of: dict[int, SegmentSpan] = {i: span for span in chosen for i in range(span.first, span.last + 1)}
-    # The new layers: (name, [original indices], span or None)
+    # The new layers: (name, [original indices], span or None), and each profile layer's
+    position = [0] * len(layers)
     groups: list[tuple[str, list[int], SegmentSpan | None]] = []
-    for i, layer in enumerate(layers):
-        span = span_of.get(i)
-        if span is None:
-            groups.append((layer.name, [i], None))
-        elif i == span.first:
+    ungrouped = 0  # the first profile layer not grouped yet
+    for span in (*chosen, None):
+        for i in range(ungrouped, len(layers) if span is None else span.first):
+            position[i] = len(groups)
+            groups.append((layers[i].name, [i], None))
+        if span is not None:
+            for i in range(span.first, span.last + 1):
+                position[i] = len(groups)
             groups.append((span.name, list(range(span.first, span.last + 1)), span))
-    position = {i: g for g, (_, indices, _) in enumerate(groups) for i in indices}
-    index = {layer.name: i for i, layer in enumerate(layers)}
+            ungrouped = span.last + 1
+    index, resaving = _layer_index(profile)
     count = len(groups)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
@@ -476,7 +544,8 @@ def recomputed_profile(
             sources[segment][source] = left - taken
         return taken
 
-    for i, layer in enumerate(layers):
+    for i in resaving:
+        layer = layers[i]
         group = position[i]
         span = groups[group][2]
         # Re-saves listed after the segment but made inside it, by a layer that saves nothing of
@@ -520,6 +589,10 @@ def recomputed_profile(
     for g, (name, indices, span) in enumerate(groups):
         if span is None:
             layer = layers[indices[0]]
+            if swappable and not extra_resident[g] and not layer.resaved_by:
+                new_layers.append(layer)  # unchanged, as below (most layers of a large profile)
+                transient.append(0)
+                continue
             resident = layer.resident_bytes + extra_resident[g]
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from lightning_accudnn.planner.frontier import fitting_set, recompute_frontier
 from lightning_accudnn.planner.recompute import (
+    LastProfileMemo,
     RecomputedProfile,
     SegmentSpan,
     inner_spans,
@@ -70,6 +72,10 @@ POLICIES = ("auto", "swap", "recompute", "selective")
 KEEP_OR_RECOMPUTE = ("recompute", "selective")
 #: Every non-overlapping set of recompute candidates is searched when there are at most this many.
 EXACT_MAX_SEGMENTS = 6
+
+#: The frontiers and nested candidates of the last profile searched: one plan asks for them
+#: several times (for the smallest budget, then for the search), a table at many budgets too.
+_memo = LastProfileMemo()
 
 
 def check_policy(policy: str) -> str:
@@ -307,7 +313,12 @@ def frontier_sets(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[tu
 
 
 def _frontiers(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[list[tuple[SegmentSpan, ...]]]:
-    """One frontier per limit on what a recomputed segment saves (see :func:`frontier_sets`)."""
+    """One frontier per limit on what a recomputed segment saves (see :func:`frontier_sets`);
+    the same lists for the same question about the same profile (read them, never change them)."""
+    return _memo.get(profile, ("frontiers", tuple(spans)), lambda: _frontiers_of(profile, spans))
+
+
+def _frontiers_of(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[list[tuple[SegmentSpan, ...]]]:
     if not spans:
         return [[()]]
     innermost = max(span.saved_bytes for span in _innermost(spans))
@@ -407,12 +418,16 @@ def _search_many(
 
 @dataclass(frozen=True)
 class _SetScore:
-    """A recompute set's step, its simulator, its plan with nothing swapped and its least peak."""
+    """A recompute set's step, its simulator, its plan with nothing swapped and its least peak
+    (simulated when first asked for: a set that fits with nothing swapped never needs it)."""
 
     step: RecomputedProfile
     simulator: Simulator
     plain: SimulationResult
-    least_peak: int
+
+    @cached_property
+    def least_peak(self) -> int:
+        return self.simulator.peak_bytes(least_peak_choice(self.simulator))
 
 
 class _SetScores:
@@ -428,8 +443,7 @@ class _SetScores:
         if known is None:
             step = recomputed_profile(self.profile, chosen, swappable=self.swappable)
             simulator = Simulator(step.profile, step.transient_bytes)
-            least = simulator.peak_bytes(least_peak_choice(simulator))
-            known = self.scores[names] = _SetScore(step, simulator, _compute_only(simulator), least)
+            known = self.scores[names] = _SetScore(step, simulator, _compute_only(simulator))
         return known
 
     def fits_plain(self, chosen: tuple[SegmentSpan, ...]) -> bool:
@@ -509,6 +523,10 @@ def nested_spans(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[Seg
         >>> [(span.names, span.transient_bytes) for span in nested_spans(profile, spans)]
         [(('s', 's.b0', 's.b1'), 230)]
     """
+    return list(_memo.get(profile, ("nested", tuple(spans)), lambda: _nested_spans(profile, spans)))
+
+
+def _nested_spans(profile: StepProfile, spans: Sequence[SegmentSpan]) -> tuple[SegmentSpan, ...]:
     saved = [layer.saved_bytes for layer in profile.layers]
     nested = []
     for span in spans:
@@ -517,7 +535,7 @@ def nested_spans(profile: StepProfile, spans: Sequence[SegmentSpan]) -> list[Seg
         inner = inner_spans(span, spans)
         if inner:
             nested.append(nested_span(span, inner, saved))
-    return nested
+    return tuple(nested)
 
 
 def span_groups(spans: Sequence[SegmentSpan]) -> list[tuple[SegmentSpan, ...]]:

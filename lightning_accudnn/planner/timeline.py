@@ -66,7 +66,6 @@ reported as not swapped).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
 
@@ -133,10 +132,23 @@ class Simulator:
             for i, layer in enumerate(layers)
         )
         self.has_resaves = any(self.resaved)
+        self._index_resaves()
         # Bytes a layer holds on top while its backward runs (a recomputed segment's saves).
         self.transient = tuple(transient_bytes) if transient_bytes is not None else (0,) * self.k
         if len(self.transient) != self.k or any(nbytes < 0 for nbytes in self.transient):
             raise ValueError(f"transient_bytes must hold {self.k} byte counts >= 0, got {transient_bytes}")
+
+    def _index_resaves(self) -> None:
+        """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
+        save, their total bytes); and those layers alone (what the backward terms read)."""
+        self._resaved_by_last: list[tuple[int, list[tuple[int, int]], int]] = []
+        for first, entries in enumerate(self.resaved):
+            if entries:
+                by_last: dict[int, int] = {}
+                for last, nbytes in entries:
+                    by_last[last] = by_last.get(last, 0) + nbytes
+                self._resaved_by_last.append((first, sorted(by_last.items()), sum(by_last.values())))
+        self._resaving = [first for first, _, _ in self._resaved_by_last]
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -255,6 +267,9 @@ class Simulator:
         (see the module docstring)."""
         if self.has_resaves:
             return self._backward_terms_resaved(retired)
+        return self._backward_terms_plain(retired)
+
+    def _backward_terms_plain(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         terms = []
         kept_below = self.static
         retired_below = 0
@@ -269,69 +284,77 @@ class Simulator:
 
     def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         k = self.k
+        if not any(retired[first] for first in self._resaving):
+            return self._backward_terms_plain(retired)  # nothing re-saved is retired: no E_i, Q_n = R_n
         # held[f][i]: bytes of f brought back for a later save at or above i, held while B_i runs
-        held: list[dict[int, int]] = [{} for _ in range(k)]
+        # (only the layers f with bytes held: those re-saved later and retired)
+        held: dict[int, dict[int, int]] = {}
         early = [0] * k  # E_i: the sum over f of held[f][i]
-        arrivals: list[list[tuple[int, int]]] = [[] for _ in range(k)]  # (first, bytes) by last save
-        for first, entries in enumerate(self.resaved):
+        arrivals: dict[int, list[tuple[int, int]]] = {}  # (first, bytes) by last save
+        for first, by_last, total in self._resaved_by_last:
             cap = retired[first]
-            if not entries or cap == 0:
+            if cap == 0:
                 continue
-            by_last: dict[int, int] = {}
-            for last, nbytes in entries:
-                by_last[last] = by_last.get(last, 0) + nbytes
             # Held while B_i runs: the bytes re-saved at or above i (capped by those retired),
-            # constant between two consecutive last saves.
-            remaining = sum(by_last.values())
+            # constant between two consecutive last saves (every last save is after first).
+            remaining = total
             start = first + 1
-            held_first = held[first]
-            for last in sorted(by_last):
+            held_first = held[first] = {}
+            for last, nbytes in by_last:
                 share = min(cap, remaining)
                 for i in range(start, last + 1):
                     held_first[i] = share
                     early[i] += share
                 start = max(start, last + 1)
-                remaining -= by_last[last]
-            for last, moved in by_last.items():
-                arrivals[last].append((first, moved))
+                remaining -= nbytes
+            for last, moved in by_last:
+                arrivals.setdefault(last, []).append((first, moved))
         # What is left at position n to bring back while B_i runs (retired bytes less those held
-        # early, plus re-saved ones arriving there) depends on i only where something is held;
-        # elsewhere it is the same for every i, and the nearest such position with bytes is
-        # found by one pass instead of a scan below every i.
-        holds = [bool(bytes_held) for bytes_held in held]
-        varies = [
-            holds[n] or (bool(arriving) and any(holds[first] for first, _ in arriving))
-            for n, arriving in enumerate(arrivals)
-        ]
-        varying = [n for n in range(k) if varies[n]]
-        fixed_below: list[tuple[int, int]] = []  # per i: the nearest n < i not varying with content
-        nearest = (-1, 0)
-        for n in range(k):
-            fixed_below.append(nearest)
-            if not varies[n]:
-                content = retired[n] + sum(min(retired[first], moved) for first, moved in arrivals[n])
-                if content > 0:
-                    nearest = (n, content)
+        # early, plus re-saved ones arriving there) depends on i only where something is held or
+        # arrives (every arrival comes from a layer that holds bytes); elsewhere it is R_n for
+        # every i, and the nearest such position with bytes is carried along instead of a scan
+        # below every i.
+        varying = sorted({*held, *arrivals})
+        count = len(varying)
+        varies = set(varying)
+        no_arrivals: list[tuple[int, int]] = []
         terms = []
         kept_below = self.static
         retired_below = 0
+        saved, transient = self.saved, self.transient
+        fixed = -1  # the nearest position below i that does not vary, with bytes...
+        fixed_content = 0  # ...and those bytes
+        # varying[low:high]: the varying positions above fixed and below i (both only grow)
+        low = high = 0
         for i in range(k):
-            kept_below += self.saved[i] - retired[i]
-            retired_below += retired[i]
-            fixed, next_retired = fixed_below[i]
-            # the varying positions between that one and i, nearest first
-            for n in reversed(varying[bisect_right(varying, fixed) : bisect_left(varying, i)]):
-                content = retired[n] - held[n].get(i, 0)
-                for first, moved in arrivals[n]:
-                    content += min(retired[first] - held[first].get(i, 0), moved)
-                if content > 0:
-                    next_retired = content
-                    break
+            if i > 0:
+                n = i - 1
+                if retired[n] > 0 and n not in varies:
+                    fixed, fixed_content = n, retired[n]
+            own = retired[i]
+            kept_below += saved[i] - own
+            retired_below += own
+            next_retired = fixed_content
+            if count:
+                while low < count and varying[low] <= fixed:
+                    low += 1
+                while high < count and varying[high] < i:
+                    high += 1
+                # the varying positions between that one and i, nearest first
+                for at in range(high - 1, low - 1, -1):
+                    n = varying[at]
+                    held_n = held.get(n)
+                    content = retired[n] - (held_n.get(i, 0) if held_n is not None else 0)
+                    for first, moved in arrivals.get(n, no_arrivals):
+                        content += min(retired[first] - held[first].get(i, 0), moved)
+                    if content > 0:
+                        next_retired = content
+                        break
             held_early = early[i]
             terms.append(
                 (
-                    kept_below + held_early + self.transient[i],
-                    retired[i],
+                    kept_below + held_early + transient[i],
+                    own,
                     next_retired,
                     retired_below - held_early,
                 )

@@ -2,7 +2,8 @@
 
 The planner (:mod:`lightning_accudnn.planner`) is pure, profile in and plan out; this
 package makes profiles and the figures around them. It holds the FakeTensor dry-run trace
-of a training step (:mod:`~lightning_accudnn.profiling.trace`), the roofline that times it
+of a training step (:mod:`~lightning_accudnn.profiling.trace`) and what each kernel it records
+costs (:mod:`~lightning_accudnn.profiling.kernels`), the roofline that times it
 for a GPU (:mod:`~lightning_accudnn.profiling.roofline`) from the datasheet table
 (:mod:`~lightning_accudnn.profiling.gpus`), the modelling of the kernels a CUDA device would
 run in its place (:mod:`~lightning_accudnn.profiling.attention`,

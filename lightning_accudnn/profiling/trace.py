@@ -87,13 +87,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import conv_flop_count, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from lightning_accudnn.profile import ROOT_LAYER, SELECTIVE_KEPT_OPS, SegmentProfile
 from lightning_accudnn.profiling.attention import attention_kernel, run_attention
 from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
 from lightning_accudnn.profiling.fake_model import build_fake, cast_floating
 from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.kernels import FLOP_FORMULAS, FREE_OPS, rate_class, tensor_bytes, tensors_in
 from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 
@@ -108,73 +108,6 @@ DTYPES = {
     "fp16": torch.float16,
     "bf16-true": torch.bfloat16,
     "fp16-true": torch.float16,
-}
-
-_aten = torch.ops.aten
-# Kernels that move no data (allocation only) or are bookkeeping.
-_FREE_OPS = {
-    _aten.empty.memory_format,
-    _aten.empty_strided.default,
-    _aten.empty_like.default,
-    _aten.new_empty.default,
-    _aten.new_empty_strided.default,
-    _aten.lift_fresh.default,
-    torch.ops.prim.device.default,
-}
-_CONVOLUTIONS = {_aten.convolution, _aten._convolution, _aten.convolution_backward}
-
-
-def _cpu_flash_flops(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: object, **kwargs: object
-) -> int:
-    return int(sdpa_flop_count(query.shape, key.shape, value.shape))  # type: ignore[no-untyped-call]
-
-
-def _cpu_flash_backward_flops(
-    grad_out: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    *args: object,
-    **kwargs: object,
-) -> int:
-    return int(
-        sdpa_backward_flop_count(  # type: ignore[no-untyped-call]
-            grad_out.shape, query.shape, key.shape, value.shape
-        )
-    )
-
-
-def _convolution_backward_flops(
-    grad_out: torch.Tensor,
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias_sizes: object,
-    stride: object,
-    padding: object,
-    dilation: object,
-    transposed: bool,
-    output_padding: object,
-    groups: int,
-    output_mask: list[bool],
-    *args: object,
-    out_val: object = None,
-    **kwargs: object,
-) -> int:
-    """The input gradient and the weight gradient each take as many multiply-adds as the
-    forward. (``flop_counter`` counts the weight gradient as a convolution over every input
-    channel, ``groups`` times too many: 8x to 19x the forward for depthwise convolutions.)"""
-    forward = conv_flop_count(list(input.shape), list(weight.shape), list(grad_out.shape), transposed)
-    return forward * (int(output_mask[0]) + int(output_mask[1]))
-
-
-#: ``flop_counter``'s formulas, with grouped convolutions' backward corrected, plus the CPU
-#: flash attention kernels it has none for.
-_FLOP_FORMULAS = {
-    **flop_registry,
-    _aten.convolution_backward: _convolution_backward_flops,
-    _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
-    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
 }
 
 
@@ -199,21 +132,6 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
         return int(StorageWeakRef(tensor.untyped_storage()).cdata)  # type: ignore[no-untyped-call]
     except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage
         return None
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def _rate(func: torch._ops.OpOverload, args: list[object]) -> str:
-    dtype = "fp32"
-    for arg in args:
-        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
-            dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(arg.dtype, "fp32")
-            break
-    if dtype == "fp32" and func._overloadpacket in _CONVOLUTIONS:
-        return "fp32-conv"
-    return dtype
 
 
 @dataclass
@@ -258,7 +176,7 @@ class _Recorder:
         self._touch(layer)
         self.saving.setdefault(layer, None)
         if key is None:
-            self.saved[layer].append(_tensor_bytes(tensor))
+            self.saved[layer].append(tensor_bytes(tensor))
         else:
             self.seen_storages[key] = tensor  # keep it alive: its address stays unique
             self.first_layer[key] = layer
@@ -286,7 +204,7 @@ class _Recorder:
     ) -> None:
         if not self.backward:
             self.selective.writes(func, args, kwargs)
-        if func in _FREE_OPS or func.is_view:
+        if func in FREE_OPS or func.is_view:
             return
         if self.backward:
             node = torch._C._current_autograd_node()
@@ -294,18 +212,18 @@ class _Recorder:
         else:
             layer = self.tracker.current
         self._touch(layer)
-        flat_args, _ = tree_flatten((args, kwargs))
-        flat_out, _ = tree_flatten(out)
-        moved = sum(_tensor_bytes(t) for t in flat_args + flat_out if isinstance(t, torch.Tensor))
+        flat_args = tensors_in((args, kwargs))
+        flat_out = tensors_in(out)
+        moved = sum(tensor_bytes(t) for t in flat_args + flat_out)
         flops = 0
-        formula = _FLOP_FORMULAS.get(func._overloadpacket)
+        formula = FLOP_FORMULAS.get(func._overloadpacket)
         if formula is not None:
             flops = int(formula(*args, **kwargs, out_val=out))
         self.flops[layer][int(self.backward)] += flops
         kept = not self.backward and func._overloadpacket.__name__ in SELECTIVE_KEPT_OPS
         if kept:
             self.selective.kept(flat_out)
-        self.ops.append(OpCost(layer, self.backward, flops, moved, _rate(func, flat_args), kept=kept))
+        self.ops.append(OpCost(layer, self.backward, flops, moved, rate_class(func, flat_args), kept=kept))
 
     # -- autograd nodes -----------------------------------------------------------------
     def map_nodes(self, out: object) -> None:
@@ -345,10 +263,8 @@ class _Selective:
         if name in self.open:
             del self.open[self.open.index(name) :]
 
-    def kept(self, outputs: list[object]) -> None:
+    def kept(self, outputs: list[torch.Tensor]) -> None:
         for value in outputs:
-            if not isinstance(value, torch.Tensor):
-                continue
             key = _storage_key(value)
             if key is None:
                 continue
@@ -469,7 +385,7 @@ def _distinct_storages(values: tuple[object, ...] | list[object]) -> dict[int, i
         if isinstance(value, torch.Tensor):
             key = _storage_key(value)
             if key is None:
-                storages[id(value)] = _tensor_bytes(value)
+                storages[id(value)] = tensor_bytes(value)
             else:
                 storages[key] = value.untyped_storage().nbytes()
     return storages
@@ -676,7 +592,7 @@ def trace_step(
                 loss = step_loss(output)
             recorder.backward = True
             loss.backward()  # type: ignore[no-untyped-call]
-    trainable = sum(_tensor_bytes(p) for p in params if p.requires_grad)
+    trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
     resaved, modules = recorder.resaved()
     layers = tuple(
         LayerTrace(
@@ -692,9 +608,9 @@ def trace_step(
     return StepTrace(
         layers=layers,
         ops=tuple(recorder.ops),
-        param_bytes=sum(_tensor_bytes(p) for p in params),
+        param_bytes=sum(tensor_bytes(p) for p in params),
         trainable_param_bytes=trainable,
-        buffer_bytes=sum(_tensor_bytes(b) for b in buffers),
+        buffer_bytes=sum(tensor_bytes(b) for b in buffers),
         dtype=dtype,
         segments=segments.segments(),
         segment_ops=tuple((name, first, end) for name, (first, end) in segments.op_ranges.items()),

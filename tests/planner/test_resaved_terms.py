@@ -7,7 +7,6 @@ simulator did before: quadratic in the number of layers). Random profiles, both 
 """
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
@@ -48,13 +47,12 @@ def _random_case(rng, k, resave_share):
         else ()
         for first in range(k)
     )
-    sim = SimpleNamespace(
-        k=k,
-        static=rng.randint(0, 100),
-        saved=[rng.randint(0, 50) for _ in range(k)],
-        transient=[rng.randint(0, 20) for _ in range(k)],
-        resaved=resaved,
-    )
+    # A simulator of these figures (their consistency with a profile does not matter here).
+    sim = object.__new__(Simulator)
+    sim.k, sim.static, sim.resaved = k, rng.randint(0, 100), resaved
+    sim.saved = [rng.randint(0, 50) for _ in range(k)]
+    sim.transient = [rng.randint(0, 20) for _ in range(k)]
+    sim._index_resaves()
     retired = [rng.choice([0, 0, rng.randint(0, 60)]) for _ in range(k)]
     return sim, retired
 
@@ -64,4 +62,13 @@ def test_resaved_terms_equal_the_direct_scan(resave_share):
     rng = random.Random(int(resave_share * 10))
     for _ in range(150):
         sim, retired = _random_case(rng, rng.randint(1, 60), resave_share)
-        assert Simulator._backward_terms_resaved(sim, retired) == _direct_terms(sim, retired)
+        assert sim._backward_terms_resaved(retired) == _direct_terms(sim, retired)
+
+
+def test_resaved_terms_with_no_resaved_layer_retired_equal_the_direct_scan():
+    """Nothing re-saved is retired: the terms are those without re-saves (a shortcut)."""
+    rng = random.Random(7)
+    for _ in range(100):
+        sim, retired = _random_case(rng, rng.randint(1, 60), 0.5)
+        retired = [0 if sim.resaved[i] else nbytes for i, nbytes in enumerate(retired)]
+        assert sim._backward_terms_resaved(retired) == _direct_terms(sim, retired)

@@ -10,6 +10,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "NORM_WITH_STATISTICS",
     "SELECTIVE_SAVES_THROUGH_HOOKS",
     "STOP_RECOMPUTATION",
     "TorchDispatchMode",
@@ -18,6 +19,7 @@ __all__ = [
     "buffers_of",
     "copy_each",
     "empty_host_cache",
+    "submodules_of",
     "tracks_running_statistics",
     "top_saved_tensor_hooks",
     "written_arguments",
@@ -132,11 +134,14 @@ def top_saved_tensor_hooks() -> object:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
+#: The base class of batch and instance norms: those whose ``training`` and ``track_running_stats``
+#: are set update running statistics when called.
+NORM_WITH_STATISTICS: type[nn.Module] = nn.modules.batchnorm._NormBase
+
+
 def tracks_running_statistics(module: nn.Module) -> bool:
     """A batch or instance norm that updates running statistics when called now."""
-    return (
-        isinstance(module, nn.modules.batchnorm._NormBase) and module.training and module.track_running_stats
-    )
+    return isinstance(module, NORM_WITH_STATISTICS) and module.training and bool(module.track_running_stats)
 
 
 def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
@@ -152,6 +157,17 @@ def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
         True
     """
     return module._buffers
+
+
+def submodules_of(module: nn.Module) -> dict[str, nn.Module | None]:
+    """The module's direct submodules, by name (``None`` where one is registered as ``None``):
+    the dict ``named_children`` walks, read without building names or a memo set.
+
+    Example:
+        >>> list(submodules_of(nn.Sequential(nn.ReLU(), nn.Tanh())))
+        ['0', '1']
+    """
+    return module._modules
 
 
 def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non_blocking: bool) -> None:

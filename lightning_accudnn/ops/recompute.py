@@ -43,11 +43,12 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import (
+    NORM_WITH_STATISTICS,
     SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
     buffers_of,
+    submodules_of,
     top_saved_tensor_hooks,
-    tracks_running_statistics,
 )
 from lightning_accudnn.ops.compiled_blocks import (
     CallWrapHandle,
@@ -80,7 +81,10 @@ class _Recomputation:
     """Around each recomputation of ``module``: training BatchNorms update scratch statistics.
 
     Checkpointing enters it once per backward that needs the segment again (a double backward
-    recomputes twice), so it can be entered any number of times, also nested.
+    recomputes twice), so it can be entered any number of times, also nested. Each entry walks
+    the segment's module tree as it is then (a BatchNorm put in or switched to training since
+    the call is seen), without names or a memo set: a module reached twice is swapped twice,
+    and the buffers are put back in reverse order, so the first swap's original comes back last.
     """
 
     __slots__ = ("module", "_swapped")
@@ -91,20 +95,26 @@ class _Recomputation:
 
     def __enter__(self) -> None:
         swapped: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
-        for inner in self.module.modules():
-            if tracks_running_statistics(inner):
+        pending: list[nn.Module | None] = [self.module]
+        pop, extend = pending.pop, pending.extend
+        while pending:
+            inner = pop()
+            if inner is None:  # a submodule registered as None
+                continue
+            if isinstance(inner, NORM_WITH_STATISTICS) and inner.training and inner.track_running_stats:
                 buffers = buffers_of(inner)
                 for name in BATCH_NORM_STATISTICS:
                     buffer = buffers.get(name)
                     if buffer is not None:
                         swapped.append((buffers, name, buffer))
                         buffers[name] = buffer.clone()
+            extend(submodules_of(inner).values())
         self._swapped.append(swapped)
         _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
 
     def __exit__(self, *exc_info: object) -> None:
         _recomputing.depth -= 1
-        for buffers, name, buffer in self._swapped.pop():
+        for buffers, name, buffer in reversed(self._swapped.pop()):
             buffers[name] = buffer
 
 
@@ -193,11 +203,13 @@ class SegmentRecomputer:
         self._selective = chosen
         for name in wanted:
             module = model.get_submodule(name)
+            options = _checkpoint_options(module, selective=name in chosen)
             if compiled_in_place(module):
-                self._wrapped[name] = (module, wrap_compiled_call(module, partial(_run, self, name, module)))
+                run = partial(_run, self, name, options)
+                self._wrapped[name] = (module, wrap_compiled_call(module, run))
                 continue
             previous = vars(module).get("forward", _NOTHING)
-            module.forward = partial(_run, self, name, module, module.forward)
+            module.forward = partial(_run, self, name, options, module.forward)
             self._wrapped[name] = (module, previous)
 
     def remove(self) -> None:
@@ -227,10 +239,22 @@ class SegmentRecomputer:
 _NOTHING = object()
 
 
+def _checkpoint_options(module: nn.Module, *, selective: bool) -> dict[str, Any]:
+    """``checkpoint``'s keywords for the segment ``module``, made once when it is installed."""
+    if selective:
+        return {
+            "use_reentrant": False,
+            "preserve_rng_state": True,
+            "context_fn": partial(_selective, module),
+            **_THROUGH_HOOKS,
+        }
+    return {"use_reentrant": False, "preserve_rng_state": True, "context_fn": partial(_contexts, module)}
+
+
 def _run(
     recomputer: SegmentRecomputer,
     name: str,
-    module: nn.Module,
+    options: dict[str, Any],
     forward: Callable[..., Any],
     *args: Any,
     **kwargs: Any,
@@ -238,23 +262,7 @@ def _run(
     if not recomputer.enabled or not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
-    replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
-    if name in recomputer._selective:
-        return checkpoint(
-            replay,
-            *tensors,
-            use_reentrant=False,
-            preserve_rng_state=True,
-            context_fn=partial(_selective, module),
-            **_THROUGH_HOOKS,
-        )
-    return checkpoint(
-        replay,
-        *tensors,
-        use_reentrant=False,
-        preserve_rng_state=True,
-        context_fn=partial(_contexts, module),
-    )
+    return checkpoint(_Replay(recomputer, name, forward, inputs, args, kwargs), *tensors, **options)
 
 
 class _Replay:

@@ -23,11 +23,12 @@ optimizer step) of:
 It reports per row the median CPU time of the thread per step (``time.thread_time``: the time
 other work on a shared machine takes is left out) over interleaved rounds (each round runs
 every row's steps in turn), the spread of the rounds' medians, and two counts that do not
-depend on the machine: Python bytecodes per step (``sys.settrace`` opcode events, as
-:mod:`bench.overhead.bytecodes` counts) and function calls per step (``sys.setprofile``:
-Python functions and C functions called from Python). Every row's weights after the run are
-checked bitwise equal to the plain row's (and the sessions' buffers too: checkpointing updates
-BatchNorm's running statistics again when it recomputes, the sessions do not).
+depend on the machine, averaged over :data:`COUNTED_STEPS` steps: Python bytecodes per step
+(``sys.settrace`` opcode events, as :mod:`bench.overhead.bytecodes` counts) and function calls
+per step (``sys.setprofile``: Python functions and C functions called from Python). Every
+row's weights after the run are checked bitwise equal to the plain row's (and the sessions'
+buffers too: checkpointing updates BatchNorm's running statistics again when it recomputes,
+the sessions do not).
 
 With ``--base REF`` the package ``lightning_accudnn`` of the git revision ``REF`` (its committed
 tree, through ``git archive``) and this working tree's are measured alternately, each in its own
@@ -79,6 +80,9 @@ ROWS = ("plain", "checkpoint", "keep", "recompute_all", "recompute_half")
 #: Profiling, the timed planned passes, then replayed passes: the steady state after these.
 WARMUP_STEPS = 3 + TIMED_PLANNED_PASSES
 AMPLE_BUDGET = 8 * 2**30
+#: Steps counted per row: a session's cycle of one observed pass in ``observe_every`` (the
+#: default), so that the counts are a steady-state step's on average.
+COUNTED_STEPS = OffloadConfig().observe_every
 
 LABEL = (
     "CPU figures (torch on 1 thread, a shared machine): the thread's CPU time per training step of "
@@ -166,6 +170,10 @@ class Row:
         optimizer.step()
         optimizer.zero_grad()
 
+    def steps(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
     def timed_steps(self, steps: int) -> list[float]:
         """The thread's CPU seconds of each of ``steps`` steps."""
         seconds = []
@@ -237,8 +245,8 @@ def measure(
         if count:
             for name, row in rows.items():
                 with _forced(row.forced):
-                    bytecodes[name] = count_opcodes(row.step)[0]
-                    calls[name] = count_calls(row.step)
+                    bytecodes[name] = count_opcodes(lambda row=row: row.steps(COUNTED_STEPS))[0]
+                    calls[name] = count_calls(lambda row=row: row.steps(COUNTED_STEPS))
         for row in rows.values():
             row.check_plan()
         equal = _bitwise_equal(rows)
@@ -255,9 +263,9 @@ def measure(
             "over_plain": median / plain,
         }
         if count:
-            result_rows[name]["bytecodes_per_step"] = sum(bytecodes[name].values())
-            result_rows[name]["python_calls_per_step"] = calls[name][0]
-            result_rows[name]["c_calls_per_step"] = calls[name][1]
+            result_rows[name]["bytecodes_per_step"] = round(sum(bytecodes[name].values()) / COUNTED_STEPS)
+            result_rows[name]["python_calls_per_step"] = round(calls[name][0] / COUNTED_STEPS)
+            result_rows[name]["c_calls_per_step"] = round(calls[name][1] / COUNTED_STEPS)
     record: dict[str, Any] = {
         "kind": "recompute-host",
         "label": LABEL,
@@ -265,6 +273,7 @@ def measure(
         "steps_per_round": steps,
         "rounds": rounds,
         "warmup_steps": WARMUP_STEPS,
+        "counted_steps": COUNTED_STEPS,
         "rows": result_rows,
         "bitwise_equal": equal["all"],
         "equality": equal,
@@ -272,9 +281,10 @@ def measure(
     if count:
         difference = collections.Counter(bytecodes["recompute_all"])
         difference.subtract(bytecodes["checkpoint"])
-        record["recompute_all_less_checkpoint_bytecodes"] = dict(
-            sorted(difference.items(), key=lambda item: -abs(item[1]))[:top]
-        )
+        record["recompute_all_less_checkpoint_bytecodes_per_step"] = {
+            function: round(count / COUNTED_STEPS)
+            for function, count in sorted(difference.items(), key=lambda item: -abs(item[1]))[:top]
+        }
     return record
 
 

@@ -83,18 +83,19 @@ class _Recomputation:
     Checkpointing enters it once per backward that needs the segment again (a double backward
     recomputes twice), so it can be entered any number of times, also nested. Each entry walks
     the segment's module tree as it is then (a BatchNorm put in or switched to training since
-    the call is seen), without names or a memo set: a module reached twice is swapped twice,
-    and the buffers are put back in reverse order, so the first swap's original comes back last.
+    the call is seen), without names or a memo set, and keeps a copy of each such norm's own
+    buffer dict; the exit puts those copies back in reverse order, so a module reached twice
+    ends with the buffers its first swap found.
     """
 
     __slots__ = ("module", "_swapped")
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]]] = []
+        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]]] = []
 
     def __enter__(self) -> None:
-        swapped: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
+        swapped: list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]] = []
         pending: list[nn.Module | None] = [self.module]
         pop, extend = pending.pop, pending.extend
         while pending:
@@ -103,10 +104,11 @@ class _Recomputation:
                 continue
             if isinstance(inner, NORM_WITH_STATISTICS) and inner.training and inner.track_running_stats:
                 buffers = buffers_of(inner)
+                before = buffers.copy()
+                swapped.append((buffers, before))
                 for name in BATCH_NORM_STATISTICS:
-                    buffer = buffers.get(name)
+                    buffer = before.get(name)
                     if buffer is not None:
-                        swapped.append((buffers, name, buffer))
                         buffers[name] = buffer.clone()
             extend(submodules_of(inner).values())
         self._swapped.append(swapped)
@@ -114,8 +116,8 @@ class _Recomputation:
 
     def __exit__(self, *exc_info: object) -> None:
         _recomputing.depth -= 1
-        for buffers, name, buffer in reversed(self._swapped.pop()):
-            buffers[name] = buffer
+        for buffers, before in reversed(self._swapped.pop()):
+            buffers.update(before)
 
 
 def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], _Recomputation]:

@@ -165,8 +165,8 @@ class PassRunner:
         # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
         # middle of a pass (selective checkpointing calls them from under its own). One that
         # recomputes and keeps the rest installs none in an unobserved pass.
-        swaps = plan is not None and bool(plan.swapped_layers)
-        observe = hooked or (bool(recomputed) and swaps) or records.observation_due(key)
+        swaps = bool(recomputed) and plan is not None and any(plan.swap)
+        observe = hooked or swaps or records.observation_due(key)
         context = self.engine.offload(
             model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
         )

@@ -220,11 +220,17 @@ def count_calls(run: Callable[[], Any]) -> tuple[int, int]:
 
 
 def measure(
-    depth: int = 152, steps: int = 4, rounds: int = 12, *, count: bool = True, top: int = 25
+    depth: int = 152,
+    steps: int = 4,
+    rounds: int = 12,
+    *,
+    count: bool = True,
+    counted_steps: int = COUNTED_STEPS,
+    top: int = 25,
 ) -> dict[str, Any]:
     """Every row's CPU time per step over ``rounds`` interleaved rounds of ``steps`` steps, and
-    (``count``) its bytecodes and function calls per step; ``top`` functions whose bytecodes
-    differ most between ``recompute_all`` and ``checkpoint``."""
+    (``count``) its bytecodes and function calls per step over ``counted_steps`` steps; ``top``
+    functions whose bytecodes differ most between ``recompute_all`` and ``checkpoint``."""
     torch.set_num_threads(1)
     workload = tiny_resnet152(depth=depth)
     batch = workload.make_batch(0)
@@ -245,8 +251,8 @@ def measure(
         if count:
             for name, row in rows.items():
                 with _forced(row.forced):
-                    bytecodes[name] = count_opcodes(lambda row=row: row.steps(COUNTED_STEPS))[0]
-                    calls[name] = count_calls(lambda row=row: row.steps(COUNTED_STEPS))
+                    bytecodes[name] = count_opcodes(lambda row=row: row.steps(counted_steps))[0]
+                    calls[name] = count_calls(lambda row=row: row.steps(counted_steps))
         for row in rows.values():
             row.check_plan()
         equal = _bitwise_equal(rows)
@@ -263,9 +269,9 @@ def measure(
             "over_plain": median / plain,
         }
         if count:
-            result_rows[name]["bytecodes_per_step"] = round(sum(bytecodes[name].values()) / COUNTED_STEPS)
-            result_rows[name]["python_calls_per_step"] = round(calls[name][0] / COUNTED_STEPS)
-            result_rows[name]["c_calls_per_step"] = round(calls[name][1] / COUNTED_STEPS)
+            result_rows[name]["bytecodes_per_step"] = round(sum(bytecodes[name].values()) / counted_steps)
+            result_rows[name]["python_calls_per_step"] = round(calls[name][0] / counted_steps)
+            result_rows[name]["c_calls_per_step"] = round(calls[name][1] / counted_steps)
     record: dict[str, Any] = {
         "kind": "recompute-host",
         "label": LABEL,
@@ -273,7 +279,7 @@ def measure(
         "steps_per_round": steps,
         "rounds": rounds,
         "warmup_steps": WARMUP_STEPS,
-        "counted_steps": COUNTED_STEPS,
+        "counted_steps": counted_steps if count else 0,
         "rows": result_rows,
         "bitwise_equal": equal["all"],
         "equality": equal,
@@ -282,7 +288,7 @@ def measure(
         difference = collections.Counter(bytecodes["recompute_all"])
         difference.subtract(bytecodes["checkpoint"])
         record["recompute_all_less_checkpoint_bytecodes_per_step"] = {
-            function: round(count / COUNTED_STEPS)
+            function: round(count / counted_steps)
             for function, count in sorted(difference.items(), key=lambda item: -abs(item[1]))[:top]
         }
     return record
@@ -408,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="steps per row per round")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--no-count", action="store_true", help="skip the bytecode and call counts")
+    parser.add_argument("--counted-steps", type=int, default=COUNTED_STEPS, help="steps counted per row")
     parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
     parser.add_argument("--name", default="recompute-host")
     parser.add_argument("--base", help="a git revision whose lightning_accudnn to compare against")
@@ -419,12 +426,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(profile_row(args.profile, depth=args.depth))
         return 0
     common = ["--depth", str(args.depth), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    common += ["--counted-steps", str(args.counted_steps)]
     if args.no_count:
         common.append("--no-count")
     if args.base:
         record = compare(args.base, args.alternations, common)
     else:
-        record = measure(args.depth, args.steps, args.rounds, count=not args.no_count)
+        record = measure(
+            args.depth, args.steps, args.rounds, count=not args.no_count, counted_steps=args.counted_steps
+        )
     if args.raw:
         args.raw.write_text(json.dumps(record))
         return 0

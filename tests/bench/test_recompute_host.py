@@ -11,7 +11,20 @@ from bench.overhead import recompute
 
 def test_every_row_is_measured_counted_and_bitwise_plain(tmp_path: Path) -> None:
     assert (
-        recompute.main(["--depth", "26", "--steps", "1", "--rounds", "2", "--results-dir", str(tmp_path)])
+        recompute.main(
+            [
+                "--depth",
+                "26",
+                "--steps",
+                "1",
+                "--rounds",
+                "1",
+                "--counted-steps",
+                "1",
+                "--results-dir",
+                str(tmp_path),
+            ]
+        )
         == 0
     )
     (written,) = (tmp_path / "cpu").glob("*-recompute-host.json")

@@ -287,11 +287,22 @@ def measure(
     if count:
         difference = collections.Counter(bytecodes["recompute_all"])
         difference.subtract(bytecodes["checkpoint"])
+        record["bytecodes_per_step_by_file"] = {
+            name: _by_file(bytecodes[name], counted_steps) for name in ("checkpoint", "recompute_all")
+        }
         record["recompute_all_less_checkpoint_bytecodes_per_step"] = {
             function: round(count / counted_steps)
             for function, count in sorted(difference.items(), key=lambda item: -abs(item[1]))[:top]
         }
     return record
+
+
+def _by_file(counts: collections.Counter[str], steps: int, top: int = 10) -> dict[str, int]:
+    """Bytecodes per step by source file (``torch/utils/checkpoint.py`` is ``checkpoint.py``)."""
+    files: collections.Counter[str] = collections.Counter()
+    for function, count in counts.items():
+        files[function.partition(":")[0]] += count
+    return {file: round(count / steps) for file, count in files.most_common(top)}
 
 
 def _bitwise_equal(rows: dict[str, Row]) -> dict[str, bool]:

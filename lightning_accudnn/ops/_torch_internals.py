@@ -10,6 +10,9 @@ import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "current_graph_task",
+    "inside_checkpoint_hooks",
+    "modes_active",
     "NORM_WITH_STATISTICS",
     "SELECTIVE_SAVES_THROUGH_HOOKS",
     "STOP_RECOMPUTATION",
@@ -137,6 +140,23 @@ def top_saved_tensor_hooks() -> object:
 #: The base class of batch and instance norms: those whose ``training`` and ``track_running_stats``
 #: are set update running statistics when called.
 NORM_WITH_STATISTICS: type[nn.Module] = nn.modules.batchnorm._NormBase
+
+
+def current_graph_task() -> int:
+    """The id of the graph task (backward) running on this thread, ``-1`` outside one."""
+    return int(torch._C._current_graph_task_id())
+
+
+def modes_active() -> bool:
+    """Whether a torch function mode (a device context) or dispatch mode is in force."""
+    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+
+
+def inside_checkpoint_hooks() -> bool:
+    """Whether the innermost saved-tensor hooks are ``torch.utils.checkpoint``'s own (its
+    forward or recomputation of a region around this call)."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return hooks is not None and bool(getattr(hooks[0], "_checkpoint_internal", False))
 
 
 def tracks_running_statistics(module: nn.Module) -> bool:

@@ -57,6 +57,7 @@ from lightning_accudnn.ops.compiled_blocks import (
     wrap_compiled_call,
 )
 from lightning_accudnn.ops.errors import RecomputationError
+from lightning_accudnn.ops.lean_recompute import lean_checkpoint, lean_possible
 from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS, CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
@@ -207,11 +208,14 @@ class SegmentRecomputer:
             module = model.get_submodule(name)
             options = _checkpoint_options(module, selective=name in chosen)
             if compiled_in_place(module):
-                run = partial(_run, self, name, options)
+                run = partial(_run, self, name, None, options)
                 self._wrapped[name] = (module, wrap_compiled_call(module, run))
                 continue
             previous = vars(module).get("forward", _NOTHING)
-            module.forward = partial(_run, self, name, options, module.forward)
+            # Whole segments take the lean checkpoint; with a selective segment in the plan every
+            # segment takes torch's, whose hooks a segment nested in a selective one must see.
+            lean = None if chosen else partial(_Recomputation, module)
+            module.forward = partial(_run, self, name, lean, options, module.forward)
             self._wrapped[name] = (module, previous)
 
     def remove(self) -> None:
@@ -256,6 +260,7 @@ def _checkpoint_options(module: nn.Module, *, selective: bool) -> dict[str, Any]
 def _run(
     recomputer: SegmentRecomputer,
     name: str,
+    lean: Callable[[], _Recomputation] | None,
     options: dict[str, Any],
     forward: Callable[..., Any],
     *args: Any,
@@ -264,7 +269,10 @@ def _run(
     if not recomputer.enabled or not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
-    return checkpoint(_Replay(recomputer, name, forward, inputs, args, kwargs), *tensors, **options)
+    replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
+    if lean is not None and lean_possible():
+        return lean_checkpoint(replay, tensors, lean)
+    return checkpoint(replay, *tensors, **options)
 
 
 class _Replay:

@@ -7,6 +7,12 @@ backward. :class:`SegmentRecomputer` installs a wrapper of each chosen module's 
 once (no per-step module hooks) and removes it cleanly; :class:`SegmentProbe` measures, in a
 profiling pass, which modules may be recomputed and their inputs' bytes.
 
+A segment recomputed whole is checkpointed by :func:`~.lean_recompute.lean_checkpoint`
+(``torch.utils.checkpoint``'s non-reentrant contract with a fraction of its Python per saved
+tensor); a segment recomputed selectively (and every segment of a plan that has one), a
+compiled block, and a call under a torch function or dispatch mode, compilation or FX tracing
+use ``torch.utils.checkpoint`` itself.
+
 Segments may nest (two-level checkpointing): a segment inside another that is recomputed is
 checkpointed again while the outer one's forward runs again in backward, as it was in forward,
 so that recomputation holds only the inner segments' inputs, and each inner segment is then
@@ -18,7 +24,7 @@ as it is, so recomputing it compiles nothing again; the modules inside it are ne
 
 What recomputation keeps exact:
 
-* random numbers: ``preserve_rng_state=True`` replays the forward's RNG state (dropout);
+* random numbers: the forward's RNG states are replayed (dropout);
 * BatchNorm running statistics are updated once per step: while a segment is recomputed,
   every training-mode BatchNorm in it updates scratch copies of its running statistics
   (thrown away afterwards), so the recomputed output, computed from batch statistics as in

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 import torch.utils._python_dispatch
@@ -142,9 +143,9 @@ def top_saved_tensor_hooks() -> object:
 NORM_WITH_STATISTICS: type[nn.Module] = nn.modules.batchnorm._NormBase
 
 
-def current_graph_task() -> int:
-    """The id of the graph task (backward) running on this thread, ``-1`` outside one."""
-    return int(torch._C._current_graph_task_id())
+#: The id of the graph task (backward) running on this thread, ``-1`` outside one (called once
+#: per unpacked save of a lean checkpoint: the C function itself, no Python frame around it).
+current_graph_task: Callable[[], int] = torch._C._current_graph_task_id
 
 
 def modes_active() -> bool:

@@ -132,12 +132,12 @@ class _Frame:
 
     def unpack(self, index: int) -> torch.Tensor:
         task = current_graph_task()
-        if task == -1:  # outside a backward: recomputed for this unpack alone
-            value = self._recompute()[index]
-            assert value is not None
-            return value
         entry = self.by_task.get(task)
         if entry is None:
+            if task == -1:  # outside a backward: recomputed for this unpack alone
+                value = self._recompute()[index]
+                assert value is not None
+                return value
             entry = self.by_task[task] = [self._recompute(), len(self.metadata)]
         values: list[torch.Tensor | None] = entry[0]
         value = values[index]
@@ -147,8 +147,8 @@ class _Frame:
                 "freed it, or it was read again)"
             )
         values[index] = None
-        entry[1] -= 1
-        if not entry[1]:
+        left = entry[1] = entry[1] - 1
+        if not left:
             del self.by_task[task]
         return value
 
@@ -158,52 +158,52 @@ class _Frame:
         inputs: tuple[torch.Tensor, ...] = saver.grad_fn.saved_tensors  # type: ignore[attr-defined]
         metadata = self.metadata
         saves = len(metadata)
-        values: list[torch.Tensor | None] = [None] * saves
-        captured = 0
+        values: list[torch.Tensor | None] = []
+        seen: list[tuple[torch.Size, torch.dtype, torch.device]] = []
+        keep, note = values.append, seen.append
 
         def capture(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal captured
-            if captured == saves:  # more than in forward (cannot be: the last one stops it)
-                raise CheckpointError(
-                    "lean checkpoint: the recomputation saved more tensors than the forward"
-                )
-            values[captured] = tensor.detach() if tensor.requires_grad else tensor
-            captured += 1
-            if captured == saves:
+            note((tensor.shape, tensor.dtype, tensor.device))
+            keep(tensor.detach() if tensor.requires_grad else tensor)
+            if len(values) >= saves:  # all of them: the rest of the forward need not run
                 raise STOP_RECOMPUTATION
             return tensor
 
         device_type = self.device_type
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(capture, _same))
-            stack.enter_context(torch.enable_grad())
-            stack.enter_context(torch.random.fork_rng(devices=self.devices, device_type=device_type))
+        autocast = self.device_autocast
+        device_autocast = (
+            contextlib.nullcontext()
+            if autocast is None
+            else torch.amp.autocast(
+                device_type=device_type, enabled=autocast[0], dtype=autocast[1], cache_enabled=autocast[2]
+            )
+        )
+        enabled, dtype, cache = self.cpu_autocast
+        with (
+            torch.autograd.graph.saved_tensors_hooks(capture, _same),
+            torch.enable_grad(),
+            torch.random.fork_rng(devices=self.devices, device_type=device_type),
+        ):
             torch.set_rng_state(self.cpu_state)
             if self.devices:
                 set_device_states(self.devices, self.device_states, device_type=device_type)
-            if self.device_autocast is not None:
-                enabled, dtype, cache = self.device_autocast
-                stack.enter_context(
-                    torch.amp.autocast(
-                        device_type=device_type, enabled=enabled, dtype=dtype, cache_enabled=cache
-                    )
-                )
-            enabled, dtype, cache = self.cpu_autocast
-            stack.enter_context(torch.amp.autocast("cpu", enabled=enabled, dtype=dtype, cache_enabled=cache))
-            stack.enter_context(self.context())
-            with contextlib.suppress(STOP_RECOMPUTATION):
+            with (
+                device_autocast,
+                torch.amp.autocast("cpu", enabled=enabled, dtype=dtype, cache_enabled=cache),
+                self.context(),
+                contextlib.suppress(STOP_RECOMPUTATION),
+            ):
                 self.function(*inputs)
-        if captured != saves:
-            raise CheckpointError(
-                f"lean checkpoint: the forward saved {saves} tensors, its recomputation {captured}"
-            )
-        for index, value in enumerate(values):
-            assert value is not None
-            if (value.shape, value.dtype, value.device) != metadata[index]:
+        if seen != metadata:
+            if len(seen) != saves:
                 raise CheckpointError(
-                    f"lean checkpoint: saved tensor {index} was {metadata[index]} in forward, "
-                    f"{(value.shape, value.dtype, value.device)} recomputed"
+                    f"lean checkpoint: the forward saved {saves} tensors, its recomputation {len(seen)}"
                 )
+            index = next(i for i, (was, now) in enumerate(zip(metadata, seen, strict=True)) if was != now)
+            raise CheckpointError(
+                f"lean checkpoint: saved tensor {index} was {metadata[index]} in forward, "
+                f"{seen[index]} recomputed"
+            )
         return values
 
 

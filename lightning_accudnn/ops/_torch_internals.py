@@ -11,6 +11,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "fx_tracing",
     "current_graph_task",
     "inside_checkpoint_hooks",
     "modes_active",
@@ -146,6 +147,15 @@ NORM_WITH_STATISTICS: type[nn.Module] = nn.modules.batchnorm._NormBase
 #: The id of the graph task (backward) running on this thread, ``-1`` outside one (called once
 #: per unpacked save of a lean checkpoint: the C function itself, no Python frame around it).
 current_graph_task: Callable[[], int] = torch._C._current_graph_task_id
+
+
+#: Whether FX symbolic tracing runs now (``torch.compiler.is_compiling`` covers export and
+#: compilation); ``is_fx_tracing`` itself warns at every call.
+fx_tracing: Callable[[], bool] = getattr(
+    torch.fx._symbolic_trace,
+    "is_fx_symbolic_tracing",
+    getattr(torch.fx._symbolic_trace, "_get_is_fx_tracing", torch.fx._symbolic_trace.is_fx_tracing),
+)
 
 
 def modes_active() -> bool:

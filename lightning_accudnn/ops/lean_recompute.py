@@ -35,6 +35,7 @@ from torch.utils.checkpoint import CheckpointError, get_device_states, set_devic
 from lightning_accudnn.ops._torch_internals import (
     STOP_RECOMPUTATION,
     current_graph_task,
+    fx_tracing,
     inside_checkpoint_hooks,
     modes_active,
 )
@@ -52,12 +53,7 @@ def lean_possible() -> bool:
         >>> lean_possible()
         True
     """
-    return not (
-        modes_active()
-        or torch.compiler.is_compiling()
-        or torch.fx._symbolic_trace.is_fx_tracing()
-        or inside_checkpoint_hooks()
-    )
+    return not (modes_active() or torch.compiler.is_compiling() or fx_tracing() or inside_checkpoint_hooks())
 
 
 class _SaveInputs(torch.autograd.Function):

@@ -5,6 +5,7 @@ a recomputation saves other tensors, and the cases that take ``torch.utils.check
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -104,3 +105,18 @@ def test_an_unpack_outside_backward_recomputes_for_itself():
     assert torch.equal(y.grad_fn._saved_result, x.exp())  # exp saves its result: unpacked here
     y.sum().backward()
     assert torch.equal(x.grad, x.exp().detach())
+
+
+def test_fx_tracing_takes_torch_checkpoint_without_a_warning():
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(lean_possible())
+            return x + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lean_possible()
+        torch.fx.symbolic_trace(Probe())
+    assert seen == [False]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 import torch.utils._python_dispatch
@@ -10,6 +11,11 @@ import torch.utils.checkpoint
 from torch import nn
 
 __all__ = [
+    "fx_tracing",
+    "current_graph_task",
+    "inside_checkpoint_hooks",
+    "modes_active",
+    "NORM_WITH_STATISTICS",
     "SELECTIVE_SAVES_THROUGH_HOOKS",
     "STOP_RECOMPUTATION",
     "TorchDispatchMode",
@@ -18,6 +24,7 @@ __all__ = [
     "buffers_of",
     "copy_each",
     "empty_host_cache",
+    "submodules_of",
     "tracks_running_statistics",
     "top_saved_tensor_hooks",
     "written_arguments",
@@ -132,11 +139,40 @@ def top_saved_tensor_hooks() -> object:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
+#: The base class of batch and instance norms: those whose ``training`` and ``track_running_stats``
+#: are set update running statistics when called.
+NORM_WITH_STATISTICS: type[nn.Module] = nn.modules.batchnorm._NormBase
+
+
+#: The id of the graph task (backward) running on this thread, ``-1`` outside one (called once
+#: per unpacked save of a lean checkpoint: the C function itself, no Python frame around it).
+current_graph_task: Callable[[], int] = torch._C._current_graph_task_id
+
+
+#: Whether FX symbolic tracing runs now (``torch.compiler.is_compiling`` covers export and
+#: compilation); ``is_fx_tracing`` itself warns at every call.
+fx_tracing: Callable[[], bool] = getattr(
+    torch.fx._symbolic_trace,
+    "is_fx_symbolic_tracing",
+    getattr(torch.fx._symbolic_trace, "_get_is_fx_tracing", torch.fx._symbolic_trace.is_fx_tracing),
+)
+
+
+def modes_active() -> bool:
+    """Whether a torch function mode (a device context) or dispatch mode is in force."""
+    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+
+
+def inside_checkpoint_hooks() -> bool:
+    """Whether the innermost saved-tensor hooks are ``torch.utils.checkpoint``'s own (its
+    forward or recomputation of a region around this call)."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return hooks is not None and bool(getattr(hooks[0], "_checkpoint_internal", False))
+
+
 def tracks_running_statistics(module: nn.Module) -> bool:
     """A batch or instance norm that updates running statistics when called now."""
-    return (
-        isinstance(module, nn.modules.batchnorm._NormBase) and module.training and module.track_running_stats
-    )
+    return isinstance(module, NORM_WITH_STATISTICS) and module.training and bool(module.track_running_stats)
 
 
 def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
@@ -152,6 +188,17 @@ def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
         True
     """
     return module._buffers
+
+
+def submodules_of(module: nn.Module) -> dict[str, nn.Module | None]:
+    """The module's direct submodules, by name (``None`` where one is registered as ``None``):
+    the dict ``named_children`` walks, read without building names or a memo set.
+
+    Example:
+        >>> list(submodules_of(nn.Sequential(nn.ReLU(), nn.Tanh())))
+        ['0', '1']
+    """
+    return module._modules
 
 
 def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non_blocking: bool) -> None:

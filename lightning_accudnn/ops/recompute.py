@@ -7,6 +7,12 @@ backward. :class:`SegmentRecomputer` installs a wrapper of each chosen module's 
 once (no per-step module hooks) and removes it cleanly; :class:`SegmentProbe` measures, in a
 profiling pass, which modules may be recomputed and their inputs' bytes.
 
+A segment recomputed whole is checkpointed by :func:`~.lean_recompute.lean_checkpoint`
+(``torch.utils.checkpoint``'s non-reentrant contract with a fraction of its Python per saved
+tensor); a segment recomputed selectively (and every segment of a plan that has one), a
+compiled block, and a call under a torch function or dispatch mode, compilation or FX tracing
+use ``torch.utils.checkpoint`` itself.
+
 Segments may nest (two-level checkpointing): a segment inside another that is recomputed is
 checkpointed again while the outer one's forward runs again in backward, as it was in forward,
 so that recomputation holds only the inner segments' inputs, and each inner segment is then
@@ -18,7 +24,7 @@ as it is, so recomputing it compiles nothing again; the modules inside it are ne
 
 What recomputation keeps exact:
 
-* random numbers: ``preserve_rng_state=True`` replays the forward's RNG state (dropout);
+* random numbers: the forward's RNG states are replayed (dropout);
 * BatchNorm running statistics are updated once per step: while a segment is recomputed,
   every training-mode BatchNorm in it updates scratch copies of its running statistics
   (thrown away afterwards), so the recomputed output, computed from batch statistics as in
@@ -43,11 +49,12 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import (
+    NORM_WITH_STATISTICS,
     SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
     buffers_of,
+    submodules_of,
     top_saved_tensor_hooks,
-    tracks_running_statistics,
 )
 from lightning_accudnn.ops.compiled_blocks import (
     CallWrapHandle,
@@ -56,6 +63,7 @@ from lightning_accudnn.ops.compiled_blocks import (
     wrap_compiled_call,
 )
 from lightning_accudnn.ops.errors import RecomputationError
+from lightning_accudnn.ops.lean_recompute import lean_checkpoint, lean_possible
 from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS, CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
@@ -80,32 +88,43 @@ class _Recomputation:
     """Around each recomputation of ``module``: training BatchNorms update scratch statistics.
 
     Checkpointing enters it once per backward that needs the segment again (a double backward
-    recomputes twice), so it can be entered any number of times, also nested.
+    recomputes twice), so it can be entered any number of times, also nested. Each entry walks
+    the segment's module tree as it is then (a BatchNorm put in or switched to training since
+    the call is seen), without names or a memo set, and keeps a copy of each such norm's own
+    buffer dict; the exit puts those copies back in reverse order, so a module reached twice
+    ends with the buffers its first swap found.
     """
 
     __slots__ = ("module", "_swapped")
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]]] = []
+        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]]] = []
 
     def __enter__(self) -> None:
-        swapped: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
-        for inner in self.module.modules():
-            if tracks_running_statistics(inner):
+        swapped: list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]] = []
+        pending: list[nn.Module | None] = [self.module]
+        pop, extend = pending.pop, pending.extend
+        while pending:
+            inner = pop()
+            if inner is None:  # a submodule registered as None
+                continue
+            if isinstance(inner, NORM_WITH_STATISTICS) and inner.training and inner.track_running_stats:
                 buffers = buffers_of(inner)
+                before = buffers.copy()
+                swapped.append((buffers, before))
                 for name in BATCH_NORM_STATISTICS:
-                    buffer = buffers.get(name)
+                    buffer = before.get(name)
                     if buffer is not None:
-                        swapped.append((buffers, name, buffer))
                         buffers[name] = buffer.clone()
+            extend(submodules_of(inner).values())
         self._swapped.append(swapped)
         _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
 
     def __exit__(self, *exc_info: object) -> None:
         _recomputing.depth -= 1
-        for buffers, name, buffer in self._swapped.pop():
-            buffers[name] = buffer
+        for buffers, before in reversed(self._swapped.pop()):
+            buffers.update(before)
 
 
 def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], _Recomputation]:
@@ -193,11 +212,16 @@ class SegmentRecomputer:
         self._selective = chosen
         for name in wanted:
             module = model.get_submodule(name)
+            options = _checkpoint_options(module, selective=name in chosen)
             if compiled_in_place(module):
-                self._wrapped[name] = (module, wrap_compiled_call(module, partial(_run, self, name, module)))
+                run = partial(_run, self, name, None, options)
+                self._wrapped[name] = (module, wrap_compiled_call(module, run))
                 continue
             previous = vars(module).get("forward", _NOTHING)
-            module.forward = partial(_run, self, name, module, module.forward)
+            # Whole segments take the lean checkpoint; with a selective segment in the plan every
+            # segment takes torch's, whose hooks a segment nested in a selective one must see.
+            lean = None if chosen else partial(_Recomputation, module)
+            module.forward = partial(_run, self, name, lean, options, module.forward)
             self._wrapped[name] = (module, previous)
 
     def remove(self) -> None:
@@ -227,10 +251,23 @@ class SegmentRecomputer:
 _NOTHING = object()
 
 
+def _checkpoint_options(module: nn.Module, *, selective: bool) -> dict[str, Any]:
+    """``checkpoint``'s keywords for the segment ``module``, made once when it is installed."""
+    if selective:
+        return {
+            "use_reentrant": False,
+            "preserve_rng_state": True,
+            "context_fn": partial(_selective, module),
+            **_THROUGH_HOOKS,
+        }
+    return {"use_reentrant": False, "preserve_rng_state": True, "context_fn": partial(_contexts, module)}
+
+
 def _run(
     recomputer: SegmentRecomputer,
     name: str,
-    module: nn.Module,
+    lean: Callable[[], _Recomputation] | None,
+    options: dict[str, Any],
     forward: Callable[..., Any],
     *args: Any,
     **kwargs: Any,
@@ -239,22 +276,9 @@ def _run(
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
     replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
-    if name in recomputer._selective:
-        return checkpoint(
-            replay,
-            *tensors,
-            use_reentrant=False,
-            preserve_rng_state=True,
-            context_fn=partial(_selective, module),
-            **_THROUGH_HOOKS,
-        )
-    return checkpoint(
-        replay,
-        *tensors,
-        use_reentrant=False,
-        preserve_rng_state=True,
-        context_fn=partial(_contexts, module),
-    )
+    if lean is not None and lean_possible():
+        return lean_checkpoint(replay, tensors, lean)
+    return checkpoint(replay, *tensors, **options)
 
 
 class _Replay:

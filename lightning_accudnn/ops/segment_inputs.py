@@ -19,7 +19,7 @@ inputs written in place since the call is refused rather than run on other data.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -51,16 +51,18 @@ class SegmentInputs:
 
     __slots__ = ("_structure", "_versions", "_references")
 
-    def __init__(self, structure: tuple[Any, Any], tensors: list[torch.Tensor]) -> None:
-        self._structure = structure
-        self._versions = tuple(tensor._version for tensor in tensors)
-        self._references = tuple(weakref.ref(tensor) for tensor in tensors)
+    def __init__(self, structure: tuple[Any, Any] | None, tensors: Sequence[torch.Tensor]) -> None:
+        self._structure = structure  # None: the call's arguments were its distinct tensors, in order
+        self._versions = tuple([tensor._version for tensor in tensors])
+        self._references = tuple(map(weakref.ref, tensors))
 
     @classmethod
     def record(
         cls, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[SegmentInputs, tuple[torch.Tensor, ...]]:
         """The call's arguments recorded, and their distinct tensors in order."""
+        if not kwargs and _distinct_tensors(args):
+            return cls(None, args), args
         tensors: list[torch.Tensor] = []
         positions: dict[int, int] = {}
         structure = (_flatten(args, tensors, positions), _flatten(kwargs, tensors, positions))
@@ -69,6 +71,8 @@ class SegmentInputs:
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` as at the call, in new containers, with ``tensors`` (one per
         distinct tensor, in :meth:`record`'s order) in place of the recorded ones."""
+        if self._structure is None:
+            return tuple(tensors), {}
         args_structure, kwargs_structure = self._structure
         return _build(args_structure, tensors), _build(kwargs_structure, tensors)
 
@@ -83,6 +87,15 @@ class SegmentInputs:
                     "after the call"
                 )
         return None
+
+
+def _distinct_tensors(args: tuple[Any, ...]) -> bool:
+    """Whether ``args`` are all tensors (subclasses too), no two the same object: the common
+    call (a block called on its input), recorded as it is."""
+    for value in args:
+        if not isinstance(value, torch.Tensor):
+            return False
+    return len(args) < 2 or len({id(value) for value in args}) == len(args)
 
 
 def _flatten(value: Any, tensors: list[torch.Tensor], positions: dict[int, int]) -> Any:

@@ -46,9 +46,10 @@ class OffloadConfig:
       products, convolutions and attention write, run the other ops of a segment again).
     * ``observe_every``: in steady state a pass whose plan recomputes nothing runs with the
       engine's hooks only up to its last swapped saved tensor (none at all when it keeps
-      everything), and the hooks cost nothing per saved tensor after it, but for one pass of
-      its kind in this many, observed whole: a changed graph shows there, and the next pass
-      profiles it (a change before the last swapped save shows at once). ``1`` observes
+      everything, or recomputes and swaps nothing), and the hooks cost nothing per saved
+      tensor after it, but for one pass of its kind in this many, observed whole: a changed
+      graph shows there, and the next pass profiles it (a change before the last swapped save
+      shows at once). A plan that recomputes and swaps is observed every pass. ``1`` observes
       every pass. On CUDA the allocator's peak is checked against the budget every pass
       either way.
     * ``pause_gc``: hold Python's cyclic garbage collector off from a training pass's forward

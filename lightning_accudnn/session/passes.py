@@ -162,7 +162,11 @@ class PassRunner:
         self.recomputer.enabled = bool(recomputed)
         self.recomputer.last_recomputed = None
         sequence = None if hooked else records.sequence(key)
-        observe = hooked or bool(recomputed) or records.observation_due(key)
+        # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
+        # middle of a pass (selective checkpointing calls them from under its own). One that
+        # recomputes and keeps the rest installs none in an unobserved pass.
+        swaps = bool(recomputed) and plan is not None and any(plan.swap)
+        observe = hooked or swaps or records.observation_due(key)
         context = self.engine.offload(
             model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
         )

@@ -1,0 +1,92 @@
+"""Steady state under a plan that recomputes and swaps nothing: passes run without the engine's
+hooks but one in ``observe_every`` of each kind, recompute their segments (BatchNorm's running
+statistics updated once, dropout replayed) and train bitwise like the plain loop."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.ops.recompute import is_recomputing
+from lightning_accudnn.planner import plan as planner_plan
+from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
+from lightning_accudnn.planner.search import MixedResult
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator
+from lightning_accudnn.profile import StepProfile
+from tests.recompute.models import batch, build, loss_of
+
+EVERY = 4
+STEPS = 16
+
+
+def _forcing(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """A search that recomputes the segments ``names`` (whole) and keeps every other layer."""
+
+    def search(
+        profile: StepProfile, cap: int, max_limit: int | None = None, policy: str = "auto", host_fits=None
+    ) -> MixedResult:
+        spans = [span for span in policy_spans(profile, policy) if span.name in names]
+        step = recomputed_profile(profile, spans, swappable=False)
+        simulator = Simulator(step.profile, step.transient_bytes)
+        best = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
+        return MixedResult(best, step, best.peak_bytes, "forced")
+
+    return search
+
+
+@pytest.mark.parametrize(
+    ("kind", "names"), [("resnet", ("blocks.0", "blocks.2")), ("gpt", ("blocks.0", "blocks.1.mlp"))]
+)
+def test_recomputing_plans_that_swap_nothing_run_mostly_unobserved_and_train_bitwise(
+    kind, names, monkeypatch
+):
+    monkeypatch.setattr(planner_plan, "search_mixed", _forcing(names))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = OffloadConfig(
+            budget=10**10, min_swap_bytes=0, reserve_bytes=0, policy="recompute", observe_every=EVERY
+        )
+        session = OffloadSession(config, "cpu")
+    model = build(kind)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    recomputations = []
+    inner = next(model.get_submodule(names[0]).children())  # its hooks run again when recomputed
+    inner.register_forward_hook(lambda *_: recomputations.append(1) if is_recomputing() else None)
+    observed = []
+    for step in range(STEPS):
+        inputs, targets = batch(kind, step)
+        before = len(recomputations)
+        torch.manual_seed(step)
+        with session.step(model, optimizer):
+            loss = loss_of(model, inputs, targets)
+        loss.backward()
+        torch.manual_seed(step)
+        loss_of(reference, inputs, targets).backward()
+        for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad), (step, name)
+        for opt in (optimizer, reference_optimizer):
+            opt.step()
+            opt.zero_grad()
+        assert session.stats is not None
+        if not session.stats.profiling:
+            plan = session.plan
+            assert plan is not None and sorted(plan.recomputed) == sorted(names), plan
+            assert not plan.swapped_layers
+            assert len(recomputations) > before, step  # the segment ran again in backward
+            observed.append(session.stats.observed)
+    session.close()
+    steady = observed[4:]
+    assert steady.count(False) >= len(steady) // 2, observed  # most steady passes skip the hooks
+    runs = longest = 0
+    for seen in observed:
+        runs = 0 if seen else runs + 1
+        longest = max(longest, runs)
+    assert longest <= EVERY - 1, observed
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -8,6 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
+from lightning_accudnn.planner.search import MixedResult
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator
+from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.profiling.bandwidth import LinkCurve
 from tests.models import SmallResNet
 
@@ -98,3 +102,20 @@ SLOW_LINK = LinkCurve((2**10, 2**30), d2h_seconds=(1.0, 2.0**20), h2d_seconds=(1
 def slow_link(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sessions made from now on (in this test) measure :data:`SLOW_LINK` as their host link."""
     monkeypatch.setattr("lightning_accudnn.session.session.probe_host_link", lambda device: SLOW_LINK)
+
+
+def forcing_search(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """A replacement for ``planner.plan.search_mixed`` that recomputes the segments ``names``
+    (whole) and keeps every other layer: the plan's recompute set, whatever the timings."""
+
+    def search(
+        profile: StepProfile, cap: int, max_limit: int | None = None, policy: str = "auto", host_fits=None
+    ) -> MixedResult:
+        spans = [span for span in policy_spans(profile, policy) if span.name in names]
+        assert sorted(span.name for span in spans) == sorted(names), [span.name for span in spans]
+        step = recomputed_profile(profile, spans, swappable=False)
+        simulator = Simulator(step.profile, step.transient_bytes)
+        best = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
+        return MixedResult(best, step, best.peak_bytes, "forced")
+
+    return search

@@ -26,35 +26,16 @@ import torch.nn.functional as F
 
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import plan as planner_plan
-from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
-from lightning_accudnn.planner.search import MixedResult
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator
-from lightning_accudnn.profile import StepProfile
+from tests.recompute.models import forcing_search
 from tests.recompute.test_accounting import MODELS, TOLERANCE
 
 BUDGET = 10**10
 STEPS = 2  # the profiling pass, then one under the forced plan
 
 
-def _forcing(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    """A search that recomputes the segments ``names`` (whole) and keeps every other layer."""
-
-    def search(
-        profile: StepProfile, cap: int, max_limit: int | None = None, policy: str = "auto", host_fits=None
-    ) -> MixedResult:
-        spans = [span for span in policy_spans(profile, policy) if span.name in names]
-        assert sorted(span.name for span in spans) == sorted(names), [span.name for span in spans]
-        step = recomputed_profile(profile, spans, swappable=False)
-        simulator = Simulator(step.profile, step.transient_bytes)
-        best = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
-        return MixedResult(best, step, best.peak_bytes, "forced")
-
-    return search
-
-
 def _ledger(kind: str, names: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
     """Per pass run under the forced plan: (ledger peak, predicted ledger peak, model state)."""
-    monkeypatch.setattr(planner_plan, "search_mixed", _forcing(names))
+    monkeypatch.setattr(planner_plan, "search_mixed", forcing_search(names))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         session = OffloadSession(

@@ -13,29 +13,10 @@ import torch
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.ops.recompute import is_recomputing
 from lightning_accudnn.planner import plan as planner_plan
-from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
-from lightning_accudnn.planner.search import MixedResult
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator
-from lightning_accudnn.profile import StepProfile
-from tests.recompute.models import batch, build, loss_of
+from tests.recompute.models import batch, build, forcing_search, loss_of
 
 EVERY = 4
 STEPS = 16
-
-
-def _forcing(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    """A search that recomputes the segments ``names`` (whole) and keeps every other layer."""
-
-    def search(
-        profile: StepProfile, cap: int, max_limit: int | None = None, policy: str = "auto", host_fits=None
-    ) -> MixedResult:
-        spans = [span for span in policy_spans(profile, policy) if span.name in names]
-        step = recomputed_profile(profile, spans, swappable=False)
-        simulator = Simulator(step.profile, step.transient_bytes)
-        best = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
-        return MixedResult(best, step, best.peak_bytes, "forced")
-
-    return search
 
 
 @pytest.mark.parametrize(
@@ -44,7 +25,7 @@ def _forcing(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
 def test_recomputing_plans_that_swap_nothing_run_mostly_unobserved_and_train_bitwise(
     kind, names, monkeypatch
 ):
-    monkeypatch.setattr(planner_plan, "search_mixed", _forcing(names))
+    monkeypatch.setattr(planner_plan, "search_mixed", forcing_search(names))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = OffloadConfig(

@@ -5,9 +5,10 @@
 On ResNet-152's block structure at tiny sizes (:mod:`bench.overhead.recompute`), most of a
 step that checkpoints every block is ``torch.utils.checkpoint``'s own Python per saved tensor
 (its holders, weak-key dictionaries, ``no_grad`` blocks and ``torch._dynamo.disable`` wrappers
-around its hooks), not the forward it runs again. AccUDNN recomputes through it, so it pays
-the same. How much of that is needed? :func:`lean_checkpoint` keeps only the core of the
-contract, on a ``saved_tensors_hooks`` pair:
+around its hooks), not the forward it runs again. How much of that is needed? The function
+:func:`lean_checkpoint` here keeps only the core of the contract, on a ``saved_tensors_hooks``
+pair, as a floor under the product's whole-segment checkpoint
+(:mod:`lightning_accudnn.ops.lean_recompute`, which :mod:`bench.overhead.recompute` measures):
 
 - in forward, the segment's inputs saved through the hooks in force (an autograd function
   that saves them, as ``torch.utils.checkpoint`` does) and each save inside replaced by its index;

@@ -19,7 +19,8 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
    step and peak) against the measured steady step and peak.
 
 On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
-``cudaFree`` calls and full synchronisations in it (``allocator``): what makes a step slow
+``cudaFree`` calls and full synchronisations in it (``allocator``), and every session step the
+host time it spent planning the passes after it (``planning_seconds``): what makes a step slow
 that is neither compute nor copies.
 
 Each session's plan (``plan``: per layer its bytes, times and choice) and the whole profile it
@@ -228,6 +229,7 @@ def _session_steps(
                     "wall_seconds": wall,
                     "measured_seconds": None if stats is None else stats.step_seconds,
                     "predicted_seconds": None if stats is None else stats.predicted_step_seconds,
+                    "planning_seconds": None if stats is None else stats.planning_seconds,
                     "peak_bytes": None if stats is None else stats.peak_device_bytes,
                     "predicted_peak_bytes": None if stats is None else stats.predicted_peak_bytes,
                     "source": None if stats is None or stats.plan_source is None else stats.plan_source.value,
@@ -298,14 +300,16 @@ def markdown(record: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Per step (wall ms, measured ms, predicted ms, plan source; on CUDA the allocator's retries "
-        "under the cap, cudaMalloc and cudaFree calls):",
+        "Per step (wall ms, measured ms, predicted ms, plan source, host ms planning the next passes "
+        "within the wall time; on CUDA the allocator's retries under the cap, cudaMalloc and cudaFree "
+        "calls):",
         "",
     ]
     for name, run in (("kept", kept), ("fraction", part)):
         cells = [
             f"{fmt_ms(step['wall_seconds'])}/{fmt_ms(step['measured_seconds'])}/"
-            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}" + _allocator_cell(step["allocator"])
+            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}/{fmt_ms(step.get('planning_seconds'))}"
+            + _allocator_cell(step["allocator"])
             for step in run["steps"]
         ]
         lines.append(f"- {name}: " + ", ".join(cells))

@@ -10,6 +10,7 @@ passes apart, checks the models and recovers from failures.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -123,6 +124,7 @@ class PassRunner:
         self.out_of_memory_retries = OutOfMemoryRetries()
         #: The most the allocator held above the engine's ledger in a pass so far (0 without one).
         self.unseen_bytes = 0
+        self._planning_seconds = 0.0  # spent making plans at the end of the pass concluding now
 
     def make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
         """The fastest plan for ``key`` under the headroom (:meth:`SessionPlanning.make_plan`)."""
@@ -240,6 +242,7 @@ class PassRunner:
             scheduled = True
         measured = Measured(profile, None if step.timed else known, planned=not profiling)
         self.agreement.record(key, measured, request)
+        self._planning_seconds = 0.0
         if self.agreement.due():
             agreed = self.agreement.agree()
             if agreed.catch_up_bytes:
@@ -253,6 +256,8 @@ class PassRunner:
             # planned from this rank's own figures (ranks may see other batch shapes); the next
             # agreement merges them.
             self._keep_new_plan(key, measured.profile_to_plan(), current=True)
+        if self._planning_seconds:
+            stats = self.stats = replace(stats, planning_seconds=self._planning_seconds)
         if self.on_stats is not None:
             self.on_stats(stats)
         return stats
@@ -293,6 +298,7 @@ class PassRunner:
 
     def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
         """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""
+        started = time.perf_counter()
         plan = self.make_plan(profile, key)
         sequence = self.records.sequence(key)
         if sequence is not None:
@@ -301,6 +307,7 @@ class PassRunner:
         self.book.keep(key, plan, PlanSource.REFINED if planned else PlanSource.PROFILED)
         if current:
             self.plan = plan
+        self._planning_seconds += time.perf_counter() - started
 
     # -- failures -------------------------------------------------------------------------
 

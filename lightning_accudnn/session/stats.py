@@ -33,7 +33,10 @@ class OffloadStats:
     keeps everything (one in ``OffloadConfig.observe_every`` of its kind is observed whole):
     on CPU its ledger figures are those of the last observed pass of its kind; on CUDA the
     allocator's peaks are measured every pass. ``storages_swapped_out`` counts the copies to
-    the host (one per swapped storage, however many times it was saved).
+    the host (one per swapped storage, however many times it was saved). ``planning_seconds``
+    is the host's wall-clock time this pass spent at the end of its backward planning the
+    passes after it (0 when it planned nothing): not part of ``step_seconds``, but of the step
+    a user waits for.
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
@@ -59,6 +62,7 @@ class OffloadStats:
     plan_source: PlanSource | None = None
     observed: bool = True
     storages_swapped_out: int = 0
+    planning_seconds: float = 0.0
 
     @property
     def peak_error(self) -> float | None:
@@ -85,6 +89,7 @@ class OffloadStats:
             "step_seconds",
             "peak_error",
             "step_time_error",
+            "planning_seconds",
         )
         values = {name: getattr(self, name) for name in names}
         metrics = {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}

@@ -1,5 +1,6 @@
 """Every DDP configuration trained twice in the same two ranks, once with Lightning's
-DDPStrategy and once with AccUDNNDDPStrategy (swapping forced); rank 0 prints whether the
+DDPStrategy and once with AccUDNNDDPStrategy (swapping forced, or recomputation under policy
+``"recompute"``); rank 0 prints whether the
 weights are bitwise equal. Run by tests/ddp/launched_ranks.py (for tests/ddp/test_launched.py)
 in its two ranks: the Trainers after the first find the process group already there and reuse
 it, so the eight fits cost one launch instead of eight."""
@@ -25,20 +26,31 @@ CONFIGURATIONS = {
     "static-graph-bucket-view": (Classifier, {"static_graph": True, "gradient_as_bucket_view": True}, {}),
     "accumulation-no-sync": (Classifier, {}, {"accumulate_grad_batches": 2}),
     "find-unused-parameters": (PartlyUnused, {"find_unused_parameters": True}, {}),
+    "recompute": (Classifier, {}, {}, {"policy": "recompute"}),
+    "recompute-static-graph": (Classifier, {"static_graph": True}, {}, {"policy": "recompute"}),
 }
 
+#: The budget's share of the activations of a batch of 4 (``memory_need``'s): half, or under
+#: policy "recompute" (no budget below the swap-everything profiling pass's peak is accepted) three
+#: halves, three quarters of what a rank's batch of 8 saves: only recomputation makes it fit.
+SHARES = {"recompute": 1.5, "recompute-static-graph": 1.5}
 
-def differing_weights(model_class, ddp_options, trainer_options, budget):
+
+def differing_weights(model_class, ddp_options, trainer_options, accudnn_options=None, *, budget):
     torch.manual_seed(0)
     plain, swapped = model_class(), model_class()
     swapped.load_state_dict(plain.state_dict())
     trainer_for(DDPStrategy(**ddp_options), max_steps=4, devices=2, **trainer_options).fit(
         plain, loader("cnn", batches=8)
     )
-    strategy = AccUDNNDDPStrategy(budget=budget, min_swap_bytes=0, **ddp_options)
+    strategy = AccUDNNDDPStrategy(budget=budget, min_swap_bytes=0, **(accudnn_options or {}), **ddp_options)
     trainer = trainer_for(strategy, max_steps=4, devices=2, **trainer_options)
     trainer.fit(swapped, loader("cnn", batches=8))
-    if not trainer.strategy.stats.bytes_swapped_out:
+    if accudnn_options:
+        plan = trainer.strategy.plan
+        if plan is None or not plan.recomputed:
+            return ["(nothing was recomputed)"]
+    elif not trainer.strategy.stats.bytes_swapped_out:
         return ["(nothing was swapped)"]
     pairs = zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True)
     return [name for (name, a), b in pairs if not torch.equal(a, b)]
@@ -48,6 +60,6 @@ def main() -> None:
     """Every configuration; rank 0 prints one verdict line per configuration."""
     static, saved = memory_need("cnn", batch_size=4)
     for name, configuration in CONFIGURATIONS.items():
-        differing = differing_weights(*configuration, budget=static + saved // 2)
+        differing = differing_weights(*configuration, budget=static + int(SHARES.get(name, 0.5) * saved))
         if torch.distributed.get_rank() == 0:
             print(f"{name}: {'equal' if not differing else 'differs in ' + ', '.join(differing)}", flush=True)

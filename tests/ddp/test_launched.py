@@ -26,7 +26,14 @@ SCRIPT = Path(__file__).with_name("launched_ranks.py")
 #: The agreement scenario's schedule: passes, agreement every N passes, rank 1 alone over its
 #: budget at one pass and at a batch size of its own at another.
 STEPS, EVERY, OVERSHOOT_AT, OTHER_SHAPE_AT = 12, 5, 3, 6
-CONFIGURATIONS = ("defaults", "static-graph-bucket-view", "accumulation-no-sync", "find-unused-parameters")
+CONFIGURATIONS = (
+    "defaults",
+    "static-graph-bucket-view",
+    "accumulation-no-sync",
+    "find-unused-parameters",
+    "recompute",
+    "recompute-static-graph",
+)
 
 
 @dataclass(frozen=True)

@@ -315,38 +315,52 @@ def fitting_set(
     unit = max(1, available_bytes // resolution)
     transient = [span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes for span in useful]
     covered = [min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources)) for span in useful]
+    # per span: (its end point, held bytes, recompute seconds, output bytes, name, input sources)
+    figures = [
+        (
+            at[span.last + 1],
+            span.held_bytes,
+            span.recompute_seconds,
+            span.output_bytes,
+            span.name,
+            span.sources,
+        )
+        for span in useful
+    ]
     # states[p]: (previous span or -1, bucket) -> (seconds, held bytes, back pointer, span taken)
     states: list[dict[tuple[int, int], _State]] = [{} for _ in points]
     states[0][(-1, 0)] = (0.0, 0, None, -1)
-
-    def offer(
-        p: int, previous: int, held: int, seconds: float, back: tuple[int, int, int], span: int
-    ) -> None:
-        if held > available_bytes:
-            return
-        key = (previous, held // unit)
-        known = states[p].get(key)
-        if known is None or (seconds, held) < known[:2]:
-            states[p][key] = (seconds, held, back, span)
-
     for p in range(len(points) - 1):
-        for (previous, bucket), (seconds, held, _, _) in _undominated(states[p]):
+        gap = prefix[points[p + 1]] - prefix[points[p]]
+        following, here = states[p + 1], starting[p]
+        # Only states no other with the same previous span beats in both bytes held and seconds
+        # go on (the others can only lead to sets no cheaper and no smaller).
+        least: dict[int, float] = {}
+        for (previous, bucket), (seconds, held, _, _) in sorted(states[p].items(), key=_held_then_seconds):
+            if seconds >= least.get(previous, math.inf):
+                continue
+            least[previous] = seconds
             back = (p, previous, bucket)
-            before = useful[previous] if previous >= 0 else None
+            outputs, before_name = (figures[previous][3], figures[previous][4]) if previous >= 0 else (0, "")
             # The layers up to the next point are kept.
-            outputs = before.output_bytes if before is not None else 0
-            gap = prefix[points[p + 1]] - prefix[points[p]]
-            offer(p + 1, -1, held + outputs + gap, seconds, back, -1)
-            for index in starting[p]:
-                span = useful[index]
-                if before is not None:
-                    extra = max(0, before.output_bytes - span.sources.get(before.name, 0))
-                    now = held + extra + span.held_bytes
+            now = held + outputs + gap
+            if now <= available_bytes:
+                key = (-1, now // unit)
+                known = following.get(key)
+                if known is None or (seconds, now) < known[:2]:
+                    following[key] = (seconds, now, back, -1)
+            for index in here:
+                end, span_held, span_seconds, _, _, sources = figures[index]
+                if previous >= 0:
+                    now = held + max(0, outputs - sources.get(before_name, 0)) + span_held
                 else:
-                    now = held + span.held_bytes - covered[index]
-                if now + transient[index] > available_bytes:
+                    now = held + span_held - covered[index]
+                if now + transient[index] > available_bytes or now > available_bytes:
                     continue
-                offer(at[span.last + 1], index, now, seconds + span.recompute_seconds, back, index)
+                key, total = (index, now // unit), seconds + span_seconds
+                known = states[end].get(key)
+                if known is None or (total, now) < known[:2]:
+                    states[end][key] = (total, now, back, index)
     final = [(entry[0], entry[1], key) for key, entry in states[-1].items()]
     if not final:
         return None
@@ -364,13 +378,5 @@ def fitting_set(
     return tuple(reversed(chosen))
 
 
-def _undominated(states: dict[tuple[int, int], _State]) -> list[tuple[tuple[int, int], _State]]:
-    """The states no other with the same previous span beats in both bytes held and seconds
-    (those can only lead to sets no cheaper and no smaller)."""
-    kept: list[tuple[tuple[int, int], _State]] = []
-    least: dict[int, float] = {}
-    for key, entry in sorted(states.items(), key=lambda item: (item[1][1], item[1][0])):
-        if entry[0] < least.get(key[0], math.inf):
-            least[key[0]] = entry[0]
-            kept.append((key, entry))
-    return kept
+def _held_then_seconds(item: tuple[tuple[int, int], _State]) -> tuple[int, float]:
+    return item[1][1], item[1][0]

@@ -10,8 +10,8 @@ around its hooks), not the forward it runs again. How much of that is needed? Th
 pair, as a floor under the product's whole-segment checkpoint
 (:mod:`lightning_accudnn.ops.lean_recompute`, which :mod:`bench.overhead.recompute` measures):
 
-- in forward, the segment's inputs saved through the hooks in force (an autograd function
-  that saves them, as ``torch.utils.checkpoint`` does) and each save inside replaced by its index;
+- in forward, the segment's inputs saved through the hooks in force (the product's own
+  :func:`~lightning_accudnn.ops.lean_recompute.save_inputs`) and each save inside replaced by its index;
 - at the first unpack, the forward run again from those inputs under the CPU RNG state of the
   call, with grad enabled, each save captured at its index (detached), stopped early once all
   are captured; each unpack hands its tensor over and forgets it.
@@ -47,6 +47,7 @@ from bench.overhead.bytecodes import count_opcodes
 from bench.overhead.models import tiny_resnet152
 from bench.overhead.recompute import Row
 from bench.report import write_result
+from lightning_accudnn.ops.lean_recompute import save_inputs, saved_inputs
 
 ROWS = ("plain", "checkpoint", "lean")
 LABEL = (
@@ -58,23 +59,6 @@ LABEL = (
 
 class _Stop(Exception):
     """Raised from the recomputation's pack hook once every save is captured again."""
-
-
-class _SaveInputs(torch.autograd.Function):
-    """Saves the segment's inputs through the saved-tensor hooks in force; its output is a
-    placeholder that holds the node (never part of the loss's graph)."""
-
-    @staticmethod
-    def forward(ctx: Any, dummy: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(*tensors)
-        return dummy.new_empty(())
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, ...]:
-        return (None,) * (1 + len(ctx.saved_tensors))
-
-
-_DUMMY = torch.empty(0, requires_grad=True)
 
 
 class _Frame:
@@ -108,8 +92,8 @@ class _Frame:
         return value
 
     def _recompute(self) -> list[torch.Tensor | None]:
-        assert self.saver is not None and self.saver.grad_fn is not None
-        inputs = self.saver.grad_fn.saved_tensors
+        assert self.saver is not None
+        inputs = saved_inputs(self.saver)
         saves = self.saves
         values: list[torch.Tensor | None] = [None] * saves
         self.values, self.left = values, saves
@@ -150,7 +134,7 @@ def lean_checkpoint(function: Callable[..., Any], *tensors: torch.Tensor) -> Any
         True
     """
     frame = _Frame(function, torch.get_rng_state())
-    frame.saver = _SaveInputs.apply(_DUMMY, *tensors)
+    frame.saver = save_inputs(tensors)
     with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
         return function(*tensors)
 

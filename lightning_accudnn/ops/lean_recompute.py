@@ -40,7 +40,7 @@ from lightning_accudnn.ops._torch_internals import (
     modes_active,
 )
 
-__all__ = ["lean_checkpoint", "lean_possible"]
+__all__ = ["lean_checkpoint", "lean_possible", "save_inputs", "saved_inputs"]
 
 #: Autocast's state at a call, per device type: (enabled, dtype, cache enabled).
 _Autocast = tuple[bool, torch.dtype, bool]
@@ -71,6 +71,28 @@ class _SaveInputs(torch.autograd.Function):
 
 
 _DUMMY = torch.empty(0, requires_grad=True)
+
+
+def save_inputs(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """A placeholder whose autograd node saves ``tensors`` through the saved-tensor hooks in
+    force (it is never part of the loss's graph, so no backward frees them): how a checkpoint
+    keeps its inputs, as ``torch.utils.checkpoint`` does. :func:`saved_inputs` unpacks them.
+
+    Example:
+        >>> x = torch.randn(2, requires_grad=True)
+        >>> saved_inputs(save_inputs((x,)))[0] is x
+        True
+    """
+    placeholder: torch.Tensor = _SaveInputs.apply(_DUMMY, *tensors)
+    return placeholder
+
+
+def saved_inputs(placeholder: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors :func:`save_inputs` saved in ``placeholder``, through the hooks that saved them."""
+    node = placeholder.grad_fn
+    assert node is not None
+    saved: tuple[torch.Tensor, ...] = node.saved_tensors  # type: ignore[attr-defined]
+    return saved
 
 
 def _autocast(device_type: str) -> _Autocast:
@@ -149,9 +171,8 @@ class _Frame:
         return value
 
     def _recompute(self) -> list[torch.Tensor | None]:
-        saver = self.saver
-        assert saver is not None and saver.grad_fn is not None
-        inputs: tuple[torch.Tensor, ...] = saver.grad_fn.saved_tensors  # type: ignore[attr-defined]
+        assert self.saver is not None
+        inputs = saved_inputs(self.saver)
         metadata = self.metadata
         saves = len(metadata)
         values: list[torch.Tensor | None] = []
@@ -229,6 +250,6 @@ def lean_checkpoint(
             device_type = tensor.device.type
             break
     frame = _Frame(function, context, device_type, tensors)
-    frame.saver = _SaveInputs.apply(_DUMMY, *tensors)
+    frame.saver = save_inputs(tensors)
     with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
         return function(*tensors)

@@ -12,15 +12,7 @@ from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 from tests.models import Classifier, loss_of, make_batch, make_model
 
-pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(autouse=True)
-def deterministic_cuda():
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    yield
-    torch.cuda.empty_cache()
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("deterministic_cuda")]
 
 
 @pytest.mark.parametrize("kind", ["cnn", "gpt"])

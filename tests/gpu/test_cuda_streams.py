@@ -15,7 +15,7 @@ from lightning_accudnn.ops import CudaRuntime, OffloadEngine, SwapSchedule
 from tests.gpu.allocator_cap import allocator_capped
 from tests.models import loss_of, make_batch, make_model
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("deterministic_cuda")]
 
 STALL_CYCLES = 2_000_000  # about a millisecond on current GPUs
 #: What the cache kept when a run starts decides where the small pool's 2 MiB segments fall: the
@@ -49,14 +49,6 @@ class StalledCopies(CudaRuntime):
     def copy_in_now(self, hosts, dests):
         torch.cuda._sleep(STALL_CYCLES)
         super().copy_in_now(hosts, dests)
-
-
-@pytest.fixture(autouse=True)
-def deterministic_cuda():
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    yield
-    torch.cuda.empty_cache()
 
 
 @pytest.fixture

@@ -14,19 +14,30 @@ from tests.recompute.models import batch, build, loss_of
 STEPS = 3 + TIMED_PLANNED_PASSES  # profiling, the timed planned passes, two replayed
 
 
-def plain(kind: str) -> list[dict[str, torch.Tensor]]:
-    """Per step, every gradient and (after the optimizer step) every parameter and buffer."""
-    model = build(kind)
+def plain(kind: str, device: str = "cpu", autocast: bool = False) -> list[dict[str, torch.Tensor]]:
+    """Per step, the loss, every gradient and (after the optimizer step) every parameter and
+    buffer, on ``device`` (under bf16 autocast when ``autocast``)."""
+    model = build(kind).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(1)
     record = []
     for step in range(STEPS):
-        loss_of(model, *batch(kind, step)).backward()
+        with _autocast(device, autocast):
+            loss = loss_of(model, *_batch(kind, step, device))
+        loss.backward()
         grads = {f"grad:{n}": p.grad.clone() for n, p in model.named_parameters()}
         optimizer.step()
         optimizer.zero_grad()
-        record.append({**grads, **state(model)})
+        record.append({"loss": loss.detach().clone(), **grads, **state(model)})
     return record
+
+
+def _batch(kind: str, step: int, device: str) -> tuple[torch.Tensor, ...]:
+    return tuple(tensor.to(device) for tensor in batch(kind, step))
+
+
+def _autocast(device: str, enabled: bool) -> torch.autocast:
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -63,27 +74,36 @@ def profiled(kind: str, config: OffloadConfig, runtime=None) -> tuple[StepProfil
     return session.plan.profile, peaks[0]
 
 
-def train(kind: str, config: OffloadConfig, runtime=None, after_step=lambda session: None):
+def train(
+    kind: str,
+    config: OffloadConfig,
+    runtime=None,
+    after_step=lambda session: None,
+    device: str = "cpu",
+    autocast: bool = False,
+):
+    """:func:`plain`'s steps under a session of ``config`` (on ``device``, under bf16 autocast
+    when ``autocast``): the record, and per step the plan, the passes hooked and the peaks."""
     reports: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        session = OffloadSession(config, "cpu", runtime=runtime, report=reports.append)
+        session = OffloadSession(config, device, runtime=runtime, report=reports.append)
     hooked = []
     attach = session.engine.tracker.attach
     session.engine.tracker.attach = lambda model: (hooked.append(1), attach(model))[1]
-    model = build(kind)
+    model = build(kind).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(1)
     record, plans, hooked_per_step, peaks = [], [], [], []
     for step in range(STEPS):
         before = len(hooked)
-        with session.step(model, optimizer):
-            loss = loss_of(model, *batch(kind, step))
+        with _autocast(device, autocast), session.step(model, optimizer):
+            loss = loss_of(model, *_batch(kind, step, device))
         loss.backward()
         grads = {f"grad:{n}": p.grad.clone() for n, p in model.named_parameters()}
         optimizer.step()
         optimizer.zero_grad()
-        record.append({**grads, **state(model)})
+        record.append({"loss": loss.detach().clone(), **grads, **state(model)})
         plans.append(session.plan)
         hooked_per_step.append(len(hooked) - before)
         peaks.append((session.stats.profiling, session.stats.ledger_peak_bytes))

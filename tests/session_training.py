@@ -5,19 +5,24 @@ from collections.abc import Callable
 import torch
 
 from lightning_accudnn.ops import OffloadEngine, StepStats, SwapSchedule
-from lightning_accudnn.session import OffloadSession
+from lightning_accudnn.session import OffloadSession, OffloadStats
 from tests.models import loss_of, make_batch
 
 
-def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> None:
-    """``steps`` SGD steps of ``model`` on the "cnn" batches, each under ``session.step``."""
+def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> list[OffloadStats]:
+    """``steps`` SGD steps of ``model`` on the "cnn" batches, each under ``session.step``; the
+    session's stats after each."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = []
     for index in range(steps):
         with session.step(model, optimizer):
             loss = loss_of(model, make_batch("cnn", seed=index))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        assert session.stats is not None
+        stats.append(session.stats)
+    return stats
 
 
 def measured_pass(

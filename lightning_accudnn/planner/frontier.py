@@ -355,7 +355,7 @@ def fitting_set(
                     now = held + max(0, outputs - sources.get(before_name, 0)) + span_held
                 else:
                     now = held + span_held - covered[index]
-                if now + transient[index] > available_bytes or now > available_bytes:
+                if now + transient[index] > available_bytes:  # transients are never negative
                     continue
                 key, total = (index, now // unit), seconds + span_seconds
                 known = states[end].get(key)

@@ -21,7 +21,10 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
 On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
 ``cudaFree`` calls and full synchronisations in it (``allocator``), and every session step the
 host time it spent planning the passes after it (``planning_seconds``): what makes a step slow
-that is neither compute nor copies.
+that is neither compute nor copies; and, on the step that adopted a plan made on the planning
+worker (``OffloadConfig.plan_in_background``), the worker's time making it
+(``background_planning_seconds``: not in the step's time). The warm-up ends waiting for the plans
+in the making, so that the steady steps run them.
 
 Each session's plan (``plan``: per layer its bytes, times and choice) and the whole profile it
 was made from (``profile``: layers, segments, static bytes, the link's rates) are in the JSON,
@@ -223,6 +226,8 @@ def _session_steps(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             after = _allocator_counts(device)
+            if index + 1 == warmup:  # the steady steps run the plans made from the warm-up
+                session.wait_for_plans()
             per_step.append(
                 {
                     "allocator": {name: after[name] - counts[name] for name in after},
@@ -230,6 +235,9 @@ def _session_steps(
                     "measured_seconds": None if stats is None else stats.step_seconds,
                     "predicted_seconds": None if stats is None else stats.predicted_step_seconds,
                     "planning_seconds": None if stats is None else stats.planning_seconds,
+                    "background_planning_seconds": (
+                        None if stats is None else stats.background_planning_seconds
+                    ),
                     "peak_bytes": None if stats is None else stats.peak_device_bytes,
                     "predicted_peak_bytes": None if stats is None else stats.predicted_peak_bytes,
                     "source": None if stats is None or stats.plan_source is None else stats.plan_source.value,
@@ -301,15 +309,15 @@ def markdown(record: dict[str, Any]) -> str:
     lines += [
         "",
         "Per step (wall ms, measured ms, predicted ms, plan source, host ms planning the next passes "
-        "within the wall time; on CUDA the allocator's retries under the cap, cudaMalloc and cudaFree "
-        "calls):",
+        "within the wall time, worker ms making the plan this step adopted; on CUDA the allocator's "
+        "retries under the cap, cudaMalloc and cudaFree calls):",
         "",
     ]
     for name, run in (("kept", kept), ("fraction", part)):
         cells = [
             f"{fmt_ms(step['wall_seconds'])}/{fmt_ms(step['measured_seconds'])}/"
-            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}/{fmt_ms(step.get('planning_seconds'))}"
-            + _allocator_cell(step["allocator"])
+            f"{fmt_ms(step['predicted_seconds'])}/{step['source']}/{fmt_ms(step.get('planning_seconds'))}/"
+            f"{fmt_ms(step.get('background_planning_seconds'))}" + _allocator_cell(step["allocator"])
             for step in run["steps"]
         ]
         lines.append(f"- {name}: " + ", ".join(cells))

@@ -192,6 +192,8 @@ def _train(
         )
         row.steps_completed = index + 1
         del loss, batch
+        if index + 1 == config.warmup:
+            technique.warmed_up()
     if spec.kind == "oracle" and device.type == "cpu":
         row.ledger_peak_bytes = _ledger_peak(workload, model, optimizer, batches[0], device, config)
 

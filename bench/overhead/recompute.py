@@ -148,7 +148,14 @@ class Row:
             checkpoint_blocks(self.model, blocks)
         elif name != "plain":
             policy = "swap" if name == "keep" else "recompute"
-            config = OffloadConfig(budget=AMPLE_BUDGET, min_swap_bytes=0, reserve_bytes=0, policy=policy)
+            # Plans made at the end of their pass: the forced search replaces the planner's there.
+            config = OffloadConfig(
+                budget=AMPLE_BUDGET,
+                min_swap_bytes=0,
+                reserve_bytes=0,
+                policy=policy,
+                plan_in_background=False,
+            )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.session = OffloadSession(config, "cpu")

@@ -77,6 +77,11 @@ class AccUDNN(Technique):
         # end_step read the allocator's peak of forward and backward, then reset it.
         return StepMemory(stats.peak_device_bytes, stats.peak_reserved_bytes)
 
+    def warmed_up(self) -> None:
+        """Wait for the plans the session makes in the background: the first measured step
+        adopts them, as the step after the last timed one does when plans are made inline."""
+        self._session().wait_for_plans()
+
     def step_figures(self) -> dict[str, Any]:
         stats = None if self.session is None else self.session.stats
         if stats is None:

@@ -42,6 +42,9 @@ class Technique:
     def release_failed_pass(self) -> None:
         """Once the error :meth:`recover` allowed is gone: free what the failed pass left."""
 
+    def warmed_up(self) -> None:
+        """The warm-up steps ran; the measured steps follow."""
+
     def step_figures(self) -> dict[str, Any]:
         """Figures of the step just run (bytes swapped and the like)."""
         return {}

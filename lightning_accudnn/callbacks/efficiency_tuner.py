@@ -341,6 +341,7 @@ class EfficiencyTuner(Callback):
 
         def predict(first: Trial, sizes: Sequence[int]) -> dict[int, Prediction]:
             local: dict[int, Prediction] = {}
+            view.wait_for_plans()  # the plan refined from the trial's warm passes
             plan, budget = view.plan, view.budget_bytes
             # The plan's profile is the first trial's unless its last batch was short (then the
             # plan is that batch's, scaled or reused from another shape).

@@ -84,6 +84,12 @@ class StrategyView:
         session = self.session
         return None if session is None else session.plan
 
+    def wait_for_plans(self) -> None:
+        """Wait for (and adopt) the plans the session makes in the background, if any."""
+        session = self.session
+        if session is not None:
+            session.wait_for_plans()
+
     @property
     def peak_bytes(self) -> int | None:
         """Peak device bytes of the last training step, as the strategy measured it."""

@@ -41,10 +41,12 @@ class Measured:
 @dataclass(frozen=True)
 class Agreed:
     """What an agreement settled: the reserve this rank must add to end with as much as the
-    rank that raised it most, and the profile to plan each pass kind from."""
+    rank that raised it most, the profile to plan each pass kind from, and the pass kinds whose
+    re-plan only refines the plan in force (see :class:`ReplanRequest`)."""
 
     catch_up_bytes: int
     profiles: dict[PassKey, StepProfile]
+    refine_only: frozenset[PassKey] = frozenset()
 
 
 class PlanAgreement:
@@ -106,7 +108,10 @@ class PlanAgreement:
         profiles = self.coordinator.merge(
             {wire: self._measured[key].profile_to_plan() for wire, key in keys.items()}
         )
-        return Agreed(catch_up, {keys[wire]: profile for wire, profile in profiles.items()})
+        # A reserve grown on any rank: every pass kind planned now plans under it at once.
+        grown = any(request.overshoot_bytes for request in agreed.values())
+        refine_only = frozenset(keys[wire] for wire in profiles if agreed[wire].refine_only and not grown)
+        return Agreed(catch_up, {keys[wire]: profile for wire, profile in profiles.items()}, refine_only)
 
     @contextmanager
     def alone(self) -> Iterator[None]:

@@ -56,6 +56,14 @@ class OffloadConfig:
       to the end of its backward, so that the objects a swapping pass makes are freed by
       reference counting instead of promoted into full collections
       (:mod:`lightning_accudnn.session.collector_pause`); ``False`` leaves it alone.
+    * ``plan_in_background``: make the plans that refine a pass kind's plan from its warmer
+      timings (after its profiling pass, two planned passes are timed again, see
+      :mod:`~lightning_accudnn.session.warm_times`) on a worker thread while training goes on;
+      the first pass of the kind that starts after such a plan is ready adopts it, and until
+      then the kind runs the plan in force, which fits the budget as well
+      (:mod:`~lightning_accudnn.session.background_plans`). ``False`` makes them at the end of
+      the pass they come from, so that which plan every pass runs does not depend on how long
+      planning takes. Gradients are the same either way.
     * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
       or ``"experimental"``: such a model is planned inside its compiled graph (see
       :mod:`lightning_accudnn.whole_model_compile`; PyTorch 2.14.1 only, swap or keep per
@@ -85,6 +93,7 @@ class OffloadConfig:
     policy: str = "auto"
     observe_every: int = DEFAULT_OBSERVE_EVERY
     pause_gc: bool = True
+    plan_in_background: bool = True
     whole_model_compile: str | None = None
     whole_model_backend: str = "inductor"
 
@@ -98,6 +107,8 @@ class OffloadConfig:
             raise ValueError(f"observe_every must be an int >= 1 (1: every pass), got {self.observe_every!r}")
         if not isinstance(self.pause_gc, bool):
             raise ValueError(f"pause_gc must be True or False, got {self.pause_gc!r}")
+        if not isinstance(self.plan_in_background, bool):
+            raise ValueError(f"plan_in_background must be True or False, got {self.plan_in_background!r}")
         set_field = object.__setattr__  # frozen: normalise once, here
         set_field(self, "budget", Budget.parse(self.budget))
         if self.host_memory_limit is not None:
@@ -146,7 +157,7 @@ class OffloadConfig:
             ...
             TypeError: unknown offload option 'budgett'; the options are budget, min_swap_bytes, \
 keep_on_device, host_memory_limit, reserve_bytes, policy, observe_every, pause_gc, \
-whole_model_compile, whole_model_backend
+plan_in_background, whole_model_compile, whole_model_backend
         """
         names = option_names()
         for name in options:

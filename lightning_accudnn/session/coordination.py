@@ -22,18 +22,30 @@ __all__ = ["RankCoordinator", "ReplanRequest"]
 @dataclass(frozen=True)
 class ReplanRequest:
     """What a rank asks for one pass kind: plan it again (from its latest profile), and grow
-    the reserve by ``overshoot_bytes`` first.
+    the reserve by ``overshoot_bytes`` first. ``refine_only``: the re-plan only refines the
+    plan in force from warmer timings (that plan still holds), so it may be made while training
+    goes on; merged, a request is that only when every re-plan in it is and no reserve grows.
 
     Example:
         >>> ReplanRequest(overshoot_bytes=10) | ReplanRequest(replan=True, overshoot_bytes=4)
-        ReplanRequest(replan=True, overshoot_bytes=10)
+        ReplanRequest(replan=True, overshoot_bytes=10, refine_only=False)
+        >>> ReplanRequest(replan=True, refine_only=True) | ReplanRequest()
+        ReplanRequest(replan=True, overshoot_bytes=0, refine_only=True)
     """
 
     replan: bool = False
     overshoot_bytes: int = 0
+    refine_only: bool = False
 
     def __or__(self, other: ReplanRequest) -> ReplanRequest:
-        return ReplanRequest(self.replan or other.replan, max(self.overshoot_bytes, other.overshoot_bytes))
+        replan = self.replan or other.replan
+        overshoot_bytes = max(self.overshoot_bytes, other.overshoot_bytes)
+        refine_only = (
+            replan
+            and not overshoot_bytes
+            and all(request.refine_only for request in (self, other) if request.replan)
+        )
+        return ReplanRequest(replan, overshoot_bytes, refine_only)
 
     def __bool__(self) -> bool:
         return self.replan or self.overshoot_bytes > 0
@@ -50,7 +62,7 @@ class RankCoordinator:
         >>> coordinator.due()
         True
         >>> coordinator.agree({"pass 0": ReplanRequest(overshoot_bytes=5), "pass 1": ReplanRequest()})
-        {'pass 0': ReplanRequest(replan=False, overshoot_bytes=5)}
+        {'pass 0': ReplanRequest(replan=False, overshoot_bytes=5, refine_only=False)}
     """
 
     collectives = 0

@@ -26,6 +26,7 @@ from lightning_accudnn.planner.plan import ROUTE_EAGER
 from lightning_accudnn.profiling.bandwidth import LinkCurve
 from lightning_accudnn.session.agreement import Measured, PlanAgreement
 from lightning_accudnn.session.allocator import AllocatorControl
+from lightning_accudnn.session.background_plans import BackgroundPlans
 from lightning_accudnn.session.collector_pause import CollectorPause
 from lightning_accudnn.session.coordination import ReplanRequest
 from lightning_accudnn.session.host_buffers import HostBufferReservation
@@ -61,7 +62,10 @@ class PassRunner:
     """Runs the passes of one session under the plans it keeps, one pass kind at a time.
 
     ``probe`` is the host link's probe (called at a pass kind's first profile);
-    ``selective_probe`` whether profiling passes measure selective recomputation.
+    ``selective_probe`` whether profiling passes measure selective recomputation;
+    ``plan_in_background`` whether plans that only refine a kind's plan are made on a worker
+    thread (:class:`~lightning_accudnn.session.background_plans.BackgroundPlans`) and adopted by
+    the first pass of the kind that starts after they are ready.
 
     Example:
         >>> from lightning_accudnn.planner.headroom import Headroom
@@ -99,6 +103,7 @@ class PassRunner:
         probe: Callable[[torch.device], LinkCurve],
         *,
         selective_probe: bool = False,
+        plan_in_background: bool = False,
         on_stats: Callable[[OffloadStats], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -109,6 +114,8 @@ class PassRunner:
         self.collector = collector
         self.probe = probe
         self.selective_probe = selective_probe
+        self.plan_in_background = plan_in_background
+        self.background_plans = BackgroundPlans()
         self.on_stats = on_stats
         self.book = PlanBook()
         self.shapes = ShapePlanner(self.book, self.make_plan)
@@ -125,6 +132,15 @@ class PassRunner:
         #: The most the allocator held above the engine's ledger in a pass so far (0 without one).
         self.unseen_bytes = 0
         self._planning_seconds = 0.0  # spent making plans at the end of the pass concluding now
+        self._background_seconds = 0.0  # the worker's time making the plan the current pass adopted
+        self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its worker's time
+        # Per pass kind whose refinement waits for its last timed pass: the fastest times so far.
+        self._warm_profiles: dict[PassKey, StepProfile] = {}
+
+    def refining(self, key: PassKey) -> bool:
+        """Whether ``key``'s next pass is timed to refine its plan: the plan needs refining
+        (:meth:`PlanBook.needs_refining`) and no refined plan is in the making for it."""
+        return self.book.needs_refining(key) and not self.background_plans.waiting(key)
 
     def make_plan(self, profile: StepProfile, key: PassKey) -> Plan:
         """The fastest plan for ``key`` under the headroom (:meth:`SessionPlanning.make_plan`)."""
@@ -143,9 +159,11 @@ class PassRunner:
         self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], key: PassKey
     ) -> AbstractContextManager[None]:
         """Start ``key``'s pass of ``model``: returns the engine's context, entered."""
+        self._adopt_ready_plan(key)
+        self._background_seconds = self._adopted_seconds.pop(key, 0.0)
         plan = self.book.plan(key)
         records = self.records
-        hooked = records.hooked(key, plan, refining=self.book.needs_refining(key))
+        hooked = records.hooked(key, plan, refining=self.refining(key))
         static_bytes = self.model_state_bytes(model, optimizers, refresh=hooked) + records.weight_copy_bytes(
             key
         )
@@ -229,17 +247,19 @@ class PassRunner:
             # kind runs hooked, and its layers (which then differ) are planned from.
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
-        scheduled = profiling or self.book.needs_refining(key)
+        scheduled = profiling or self.refining(key)
         if step.timed and not profiling:
             self.book.note_timed(key)
-        request = ReplanRequest(replan=changed or scheduled)
+        # Only refining: the plan in force still holds, so the new one may be made meanwhile.
+        refining = scheduled and not profiling and not changed
+        request = ReplanRequest(replan=changed or scheduled, refine_only=refining)
         if overshoot:
             # The reserve grows at once, on this rank (its next pass must not pass the budget
             # again while it waits for an agreement point); the agreement leaves every rank with
             # as much as the rank that raised it most.
             self.planning.raise_reserve(overshoot, "a planned pass's peak passed the usable budget")
             request = self.agreement.overshoot(overshoot)
-            scheduled = True
+            scheduled, refining = True, False
         measured = Measured(profile, None if step.timed else known, planned=not profiling)
         self.agreement.record(key, measured, request)
         self._planning_seconds = 0.0
@@ -250,14 +270,20 @@ class PassRunner:
                     agreed.catch_up_bytes, "another rank's pass passed its usable budget"
                 )
             for other, merged in agreed.profiles.items():
-                self._keep_new_plan(other, merged, current=other == key)
+                self._keep_new_plan(
+                    other, merged, current=other == key, in_background=other in agreed.refine_only
+                )
         elif scheduled:
             # Between agreement points a profiling or refining pass (or one over the budget) is
             # planned from this rank's own figures (ranks may see other batch shapes); the next
             # agreement merges them.
-            self._keep_new_plan(key, measured.profile_to_plan(), current=True)
-        if self._planning_seconds:
-            stats = self.stats = replace(stats, planning_seconds=self._planning_seconds)
+            self._keep_new_plan(key, measured.profile_to_plan(), current=True, in_background=refining)
+        if self._planning_seconds or self._background_seconds:
+            stats = self.stats = replace(
+                stats,
+                planning_seconds=self._planning_seconds,
+                background_planning_seconds=self._background_seconds,
+            )
         if self.on_stats is not None:
             self.on_stats(stats)
         return stats
@@ -290,24 +316,67 @@ class PassRunner:
             if profile is plan.profile:
                 profile = scaled_to_forward(profile, step.forward_seconds)
             else:
-                profile = fastest_times(profile, known.profile)
+                profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
 
-    def _keep_new_plan(self, key: PassKey, profile: StepProfile, *, current: bool) -> None:
-        """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not)."""
+    def _keep_new_plan(
+        self, key: PassKey, profile: StepProfile, *, current: bool, in_background: bool = False
+    ) -> None:
+        """Plan ``key`` from ``profile`` (its last pass's measurements, merged across ranks or not).
+
+        ``in_background`` when the plan only refines the one in force: with
+        :attr:`plan_in_background`, that plan then stays in force, and its passes are timed,
+        until :data:`~lightning_accudnn.session.warm_times.TIMED_PLANNED_PASSES` planned passes
+        were; the plan from them is made on the worker and adopted when ready. The passes timed
+        are those :attr:`plan_in_background` ``False`` times."""
         started = time.perf_counter()
-        plan = self.make_plan(profile, key)
+        planned = self.agreement.measured(key).planned
+        if in_background and planned and self.plan_in_background and self.book.plan(key) is not None:
+            # Until the last timed pass the plan in force runs (timed) on: one plan, from them all.
+            if self.book.timed_enough(key):
+                self._warm_profiles.pop(key, None)
+                route = self.routes.get(key.model, ROUTE_EAGER)
+                job = self.planning.plan_job(profile, key, self.records.sequence(key), route)
+                self.background_plans.submit(key, job, made_under=self.planning.headroom)
+            else:
+                self._warm_profiles[key] = profile
+        else:
+            self.background_plans.drop(key)  # made from older figures, or under another headroom
+            self._warm_profiles.pop(key, None)
+            plan = self.make_plan(profile, key)
+            self._adopt(key, plan, PlanSource.REFINED if planned else PlanSource.PROFILED)
+            if current:
+                self.plan = plan
+        self._planning_seconds += time.perf_counter() - started
+
+    def wait_for_plans(self) -> None:
+        """Wait for every plan in the making, and adopt each (the plan in force too)."""
+        self.background_plans.wait_all()
+        for key in self.book.passes():
+            self._adopt_ready_plan(key)
+        last = self.last_entered
+        if last is not None and self.book.plan(last.key) is not None:
+            self.plan = self.book.plan(last.key)
+
+    def _adopt_ready_plan(self, key: PassKey) -> None:
+        """Adopt ``key``'s plan made on the worker, if it is ready (and was made under the
+        headroom in force: else it is forgotten, and the next pass refines again)."""
+        ready = self.background_plans.take(key, made_under=self.planning.headroom)
+        if ready is None:
+            return
+        self.planning.report_plan(ready.plan, key)
+        self._adopt(key, ready.plan, PlanSource.REFINED)
+        self._adopted_seconds[key] = ready.seconds
+
+    def _adopt(self, key: PassKey, plan: Plan, source: PlanSource) -> None:
+        """Keep ``plan`` for ``key``, its host buffers reserved."""
         sequence = self.records.sequence(key)
         if sequence is not None:
             self.host_buffers.reserve(key, swapped_buffer_sizes(sequence, plan.swapped_layers))
-        planned = self.agreement.measured(key).planned
-        self.book.keep(key, plan, PlanSource.REFINED if planned else PlanSource.PROFILED)
-        if current:
-            self.plan = plan
-        self._planning_seconds += time.perf_counter() - started
+        self.book.keep(key, plan, source)
 
     # -- failures -------------------------------------------------------------------------
 
@@ -367,7 +436,10 @@ class PassRunner:
         return True
 
     def _remake_plans(self, which: Callable[[PassKey, Plan], bool]) -> None:
-        """Re-make, from its own profile, every kept plan ``which`` names (the one in force too)."""
+        """Re-make, from its own profile, every kept plan ``which`` names (the one in force too);
+        plans in the making are forgotten (the next pass of their kind refines again)."""
+        self.background_plans.drop()
+        self._warm_profiles.clear()
         for key in self.book.passes():
             plan = self.book.plan(key)
             if plan is not None and which(key, plan):

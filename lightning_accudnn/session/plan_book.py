@@ -117,7 +117,12 @@ class PlanBook:
             return False
         if entry.source in (PlanSource.PROFILED, PlanSource.SCALED):
             return True
-        return entry.source is PlanSource.REFINED and self._timed.get(key, 0) < TIMED_PLANNED_PASSES
+        return entry.source is PlanSource.REFINED and not self.timed_enough(key)
+
+    def timed_enough(self, key: PassKey) -> bool:
+        """Whether :data:`~lightning_accudnn.session.warm_times.TIMED_PLANNED_PASSES` planned
+        passes of ``key`` were timed: the times to refine its plan from are warm."""
+        return self._timed.get(key, 0) >= TIMED_PLANNED_PASSES
 
     def note_timed(self, key: PassKey) -> None:
         """A planned pass of ``key`` was timed layer by layer."""

@@ -110,40 +110,63 @@ class SessionPlanning:
         everything is not its floor: a scaled plan may recompute below it. With no profiling
         pass known, the planner computes the floor. ``sequence`` is the pass's recorded save
         sequence (its host buffers' sizes), ``route`` how the plan applies (``Plan.route``)."""
+        plan = self.plan_job(profile, key, sequence, route)()
+        self.report_plan(plan, key)
+        return plan
+
+    def plan_job(
+        self,
+        profile: StepProfile,
+        key: PassKey,
+        sequence: SaveSequence | None = None,
+        route: str | None = None,
+    ) -> Callable[[], Plan]:
+        """:meth:`make_plan`'s planning as a call that reads nothing of the session's when it
+        runs (the headroom, the host pool, the failed segments and the profiling floor are read
+        now), so that it may run on another thread."""
         budget = self.headroom.budget_bytes
+        reserve = self.headroom.reserve_bytes
+        policy = self.policy
         profile = self.recompute_failures.applied(key.model, profile)
         pool = self.engine.pool
+        capacity = pool.capacity_bytes
         host_bytes = layer_host_bytes(profile, sequence, self.min_swap_bytes, pool.host_bytes)
-        try:
-            plan = plan_swaps(
-                profile,
-                budget,
-                self.headroom.reserve_bytes,
-                policy=self.policy,
-                host_limit_bytes=pool.capacity_bytes,
-                host_bytes=host_bytes,
-                profiling_peak_bytes=self._profiling_peak(key, profile.static_bytes),
-            )
-        except HostLimitTooSmallError as error:
-            raise HostMemoryExceeded(str(error)) from error
-        except BudgetTooSmallError as error:
-            enough = error.with_host_memory_for_all_bytes
-            if enough is None or budget < enough:
-                raise
-            raise HostMemoryExceeded(
-                host_limit_message(pool.capacity_bytes, host_bytes, error, budget)
-            ) from error
-        if route is not None:
-            plan = replace(plan, route=route)
+        profiling_peak = self._profiling_peak(key, profile.static_bytes)
+
+        def make() -> Plan:
+            try:
+                plan = plan_swaps(
+                    profile,
+                    budget,
+                    reserve,
+                    policy=policy,
+                    host_limit_bytes=capacity,
+                    host_bytes=host_bytes,
+                    profiling_peak_bytes=profiling_peak,
+                )
+            except HostLimitTooSmallError as error:
+                raise HostMemoryExceeded(str(error)) from error
+            except BudgetTooSmallError as error:
+                enough = error.with_host_memory_for_all_bytes
+                if enough is None or budget < enough:
+                    raise
+                raise HostMemoryExceeded(host_limit_message(capacity, host_bytes, error, budget)) from error
+            return plan if route is None else replace(plan, route=route)
+
+        return make
+
+    def report_plan(self, plan: Plan, key: PassKey) -> None:
+        """Report ``plan``, made for ``key``, in one line."""
+        profile = plan.profile
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
         self.report(
             f"accudnn plan{which}: swap {len(plan.swapped_layers)} of {len(profile.layers)} layers "
             f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
             f"recompute {len(plan.recomputed)} segments, "
-            f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget {format_bytes(budget)}, "
+            f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget "
+            f"{format_bytes(plan.budget_bytes)}, "
             f"step {plan.predicted_step_seconds * 1e3:.1f} ms, bound ratio {plan.bound_ratio:.2f}"
         )
-        return plan
 
     def _profiling_peak(self, key: PassKey, static_bytes: int) -> int | None:
         """The largest measured peak of the profiling passes of ``key``'s pass (any batch shape),

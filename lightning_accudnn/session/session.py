@@ -194,6 +194,7 @@ class OffloadSession:
             CollectorPause(config.pause_gc),  # off from a pass's forward to its end
             probe_host_link,
             selective_probe=config.policy in ("auto", "selective"),
+            plan_in_background=config.plan_in_background,
             on_stats=on_stats,
         )
         self.recomputer: SegmentRecomputer = self._passes.recomputer  # the plan's recomputed segments
@@ -259,6 +260,7 @@ class OffloadSession:
                 self._passes.collector.resume,
                 self.engine.close,
                 self._backward_end.remove,
+                self._passes.background_plans.close,
             ):
                 releases.callback(release)
 
@@ -361,6 +363,19 @@ class OffloadSession:
     def whole_model_route(self, model: nn.Module) -> WholeModelRoute | None:
         """How ``model``, compiled whole, is compiled in training passes; ``None`` on other routes."""
         return self._whole_models.get(id(model))
+
+    def wait_for_plans(self) -> None:
+        """Wait for the plans being made on the planning worker
+        (``OffloadConfig.plan_in_background``) and adopt them: ``plan`` is then the newest, and
+        the next pass of each kind runs its own. For a benchmark's warm-up, a tuner reading the
+        plan, or a test that asserts which plan a pass runs.
+
+        Example:
+            >>> session = OffloadSession(OffloadConfig(budget="1GB"), "cpu")
+            >>> session.wait_for_plans()  # none in the making
+            >>> session.close()
+        """
+        self._passes.wait_for_plans()
 
     @contextmanager
     def planning_alone(self) -> Iterator[None]:

@@ -36,7 +36,9 @@ class OffloadStats:
     the host (one per swapped storage, however many times it was saved). ``planning_seconds``
     is the host's wall-clock time this pass spent at the end of its backward planning the
     passes after it (0 when it planned nothing): not part of ``step_seconds``, but of the step
-    a user waits for.
+    a user waits for. ``background_planning_seconds`` is, on the pass that adopted a plan made
+    on the planning worker (``OffloadConfig.plan_in_background``), the worker's time making it:
+    time the training thread did not wait for.
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
@@ -63,6 +65,7 @@ class OffloadStats:
     observed: bool = True
     storages_swapped_out: int = 0
     planning_seconds: float = 0.0
+    background_planning_seconds: float = 0.0
 
     @property
     def peak_error(self) -> float | None:
@@ -90,6 +93,7 @@ class OffloadStats:
             "peak_error",
             "step_time_error",
             "planning_seconds",
+            "background_planning_seconds",
         )
         values = {name: getattr(self, name) for name in names}
         metrics = {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}

@@ -4,6 +4,7 @@ the times the steady state is planned from."""
 
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -56,7 +57,8 @@ def _model(cold: int) -> nn.Module:
 
 
 def test_the_first_planned_passes_are_timed_then_the_plan_settles():
-    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu")
+    config = OffloadConfig(budget="1GB", min_swap_bytes=0, plan_in_background=False)
+    session = OffloadSession(config, "cpu")
     passes = _train(session, _model(cold=0), steps=3 + TIMED_PLANNED_PASSES)
     assert passes == [
         ("profiling", True),
@@ -68,10 +70,45 @@ def test_the_first_planned_passes_are_timed_then_the_plan_settles():
     session.close()
 
 
-def test_a_layer_keeps_the_time_of_its_warm_passes():
+def test_in_background_the_same_passes_are_timed_under_the_first_plan_then_the_refined_one_is_adopted():
     session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu")
+    model = _model(cold=0)
+    timed = _train(session, model, steps=1 + TIMED_PLANNED_PASSES)
+    assert timed == [("profiling", True), *[("profiled", True)] * TIMED_PLANNED_PASSES]
+    assert session.stats.background_planning_seconds == 0.0
+    session.wait_for_plans()
+    assert _train(session, model, steps=1) == [("refined", False)]
+    assert session.stats.background_planning_seconds > 0.0  # the worker's time making it
+    assert _train(session, model, steps=1) == [("refined", False)]
+    assert session.stats.background_planning_seconds == 0.0  # only the pass that adopted it
+    session.close()
+
+
+@pytest.mark.parametrize("in_background", [False, True])
+def test_a_layer_keeps_the_time_of_its_warm_passes(in_background):
+    config = OffloadConfig(budget="1GB", min_swap_bytes=0, plan_in_background=in_background)
+    session = OffloadSession(config, "cpu")
     model = _model(cold=2)  # the profiling pass and the first planned pass run cold
     _train(session, model, steps=2 + TIMED_PLANNED_PASSES)
+    session.wait_for_plans()
+    _train(session, model, steps=1)
+    assert session.plan.profile is not None
+    (cold_layer,) = (layer for layer in session.plan.profile.layers if layer.name == "0")
+    assert cold_layer.forward_seconds < COLD_SECONDS / 2
+    session.close()
+
+
+def test_in_background_a_layer_keeps_its_fastest_time_over_every_timed_pass():
+    """The first timed planned pass runs warm and the second cold: the plan made after the
+    second still keeps the first's time (the passes timed while the plan waits are all kept)."""
+    session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu")
+    model = _model(cold=1)  # the profiling pass runs cold
+    _train(session, model, steps=2)
+    model[0].calls, model[0].cold = 0, 1  # the next (last timed) pass runs cold again
+    _train(session, model, steps=TIMED_PLANNED_PASSES - 1)
+    session.wait_for_plans()
+    _train(session, model, steps=1)
+    assert session.stats.plan_source.value == "refined"
     (cold_layer,) = (layer for layer in session.plan.profile.layers if layer.name == "0")
     assert cold_layer.forward_seconds < COLD_SECONDS / 2
     session.close()

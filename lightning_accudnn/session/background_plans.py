@@ -1,0 +1,116 @@
+"""Plans made on a worker thread while training goes on.
+
+A pass kind's first plan is made at the end of its profiling pass: nothing can run before it.
+The plans that only refine it (made again from a planned pass's warmer timings, the plan in
+force still fitting the budget) need not stop training: :class:`BackgroundPlans` makes each on
+one worker thread, the pass kind keeps running its plan meanwhile, and the first pass of the
+kind that starts after the plan is ready adopts it. The planner is pure Python on immutable
+figures (:func:`~lightning_accudnn.planner.plan.plan_swaps`), so the worker shares nothing
+with the training thread but the interpreter's lock, which torch's kernels, CUDA's waits and
+the autograd engine's backward release.
+
+A plan made under a headroom that has changed since (the reserve grew) is made again from
+the same figures; an error in the worker is raised by the pass that would have adopted the
+plan, before its forward.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from lightning_accudnn.planner.plan import Plan
+
+__all__ = ["BackgroundPlans", "ReadyPlan"]
+
+
+@dataclass(frozen=True)
+class ReadyPlan:
+    """A plan the worker made, with the worker's wall-clock seconds making it."""
+
+    plan: Plan
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Pending:
+    future: concurrent.futures.Future[ReadyPlan]
+    made_under: object  # what the plan is valid under (the headroom): another one discards it
+
+
+class BackgroundPlans:
+    """At most one plan in the making per key, on one worker thread started when first needed.
+
+    Example:
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> profile = StepProfile((LayerProfile("fc", 4_000, 4_000, 1e-3, 2e-3),), static_bytes=1_000)
+        >>> plans = BackgroundPlans()
+        >>> plans.submit("pass 0", lambda: plan_swaps(profile, 10_000), made_under="headroom")
+        >>> plans.waiting("pass 0")
+        True
+        >>> ready = plans.wait("pass 0", made_under="headroom")
+        >>> ready.plan.predicted_peak_bytes <= 10_000, plans.waiting("pass 0")
+        (True, False)
+        >>> plans.close()
+    """
+
+    def __init__(self) -> None:
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[Hashable, _Pending] = {}
+
+    def submit(self, key: Hashable, make: Callable[[], Plan], *, made_under: object) -> None:
+        """Make ``key``'s plan with ``make`` on the worker (replacing one still in the making)."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accudnn-planner")
+        self.drop(key)
+        self._pending[key] = _Pending(self._executor.submit(_timed, make), made_under)
+
+    def waiting(self, key: Hashable) -> bool:
+        """Whether a plan for ``key`` is in the making or ready and not taken yet."""
+        return key in self._pending
+
+    def take(self, key: Hashable, *, made_under: object) -> ReadyPlan | None:
+        """``key``'s plan when it is ready and was made under ``made_under`` (``None`` while it
+        is in the making, when there is none, or when it was made under something else: it is
+        then forgotten). Raises what the worker raised making it."""
+        pending = self._pending.get(key)
+        if pending is None or not pending.future.done():
+            return None
+        del self._pending[key]
+        ready = pending.future.result()
+        return ready if pending.made_under is made_under else None
+
+    def wait(self, key: Hashable, *, made_under: object) -> ReadyPlan | None:
+        """``key``'s plan, waiting for it when it is in the making (see :meth:`take`)."""
+        pending = self._pending.get(key)
+        if pending is not None:
+            concurrent.futures.wait((pending.future,))
+        return self.take(key, made_under=made_under)
+
+    def wait_all(self) -> None:
+        """Wait until every plan in the making is ready (not taken: :meth:`take` takes each)."""
+        concurrent.futures.wait([pending.future for pending in self._pending.values()])
+
+    def drop(self, key: Hashable | None = None) -> None:
+        """Forget ``key``'s plan (every key's with ``None``); one in the making finishes unused."""
+        keys = list(self._pending) if key is None else [key]
+        for each in keys:
+            pending = self._pending.pop(each, None)
+            if pending is not None:
+                pending.future.cancel()
+
+    def close(self) -> None:
+        """Forget every plan and stop the worker (waiting for a plan in the making). Idempotent."""
+        self.drop()
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _timed(make: Callable[[], Plan]) -> ReadyPlan:
+    started = time.perf_counter()
+    plan = make()
+    return ReadyPlan(plan, time.perf_counter() - started)

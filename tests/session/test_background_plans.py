@@ -1,0 +1,217 @@
+"""Plans that refine a pass kind's plan are made on a worker thread while training goes on: the
+kind runs the plan in force until the refined one is ready, errors surface before a forward,
+and nothing of the worker outlives the session."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.planner import plan_swaps
+from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.session import planning
+from lightning_accudnn.session.background_plans import BackgroundPlans
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
+
+WORKER = "accudnn-planner"
+
+
+def _profile() -> StepProfile:
+    return StepProfile((LayerProfile("fc", 4_000, 4_000, 1e-3, 2e-3),), static_bytes=1_000)
+
+
+def _workers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith(WORKER)]
+
+
+def test_a_plan_is_taken_once_ready_and_only_under_what_it_was_made_under():
+    gate = threading.Event()
+    plans = BackgroundPlans()
+
+    def make():
+        gate.wait()
+        return plan_swaps(_profile(), 10_000)
+
+    plans.submit("kind", make, made_under="headroom")
+    assert plans.take("kind", made_under="headroom") is None and plans.waiting("kind")  # in the making
+    gate.set()
+    ready = plans.wait("kind", made_under="headroom")
+    assert ready is not None and ready.seconds > 0 and not plans.waiting("kind")
+    plans.submit("kind", lambda: plan_swaps(_profile(), 10_000), made_under="headroom")
+    assert plans.wait("kind", made_under="a larger reserve") is None and not plans.waiting("kind")
+    plans.close()
+    assert not _workers()
+
+
+def test_the_workers_error_is_raised_by_take():
+    plans = BackgroundPlans()
+
+    def fail():
+        raise RuntimeError("no plan")
+
+    plans.submit("kind", fail, made_under=None)
+    with pytest.raises(RuntimeError, match="no plan"):
+        plans.wait("kind", made_under=None)
+    assert not plans.waiting("kind")
+    plans.close()
+
+
+class Gate:
+    """``plan_swaps`` as the session's planning calls it, held on the worker until opened."""
+
+    def __init__(self, monkeypatch, error: Exception | None = None) -> None:
+        self.opened = threading.Event()
+        self.worker_calls = 0
+        self.error = error
+
+        def gated(*args, **kwargs):
+            if threading.current_thread().name.startswith(WORKER):
+                self.worker_calls += 1
+                self.opened.wait()
+                if self.error is not None:
+                    raise self.error
+            return plan_swaps(*args, **kwargs)
+
+        monkeypatch.setattr(planning, "plan_swaps", gated)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+
+
+def _steps(session: OffloadSession, model: nn.Module, optimizer, steps: int, first: int = 0) -> list:
+    stats = []
+    for step in range(first, first + steps):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
+        with session.step(model, optimizer):
+            loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        stats.append(session.stats)
+    return stats
+
+
+def _session(**options) -> OffloadSession:
+    return OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0, **options), "cpu")
+
+
+def test_training_goes_on_under_the_plan_in_force_until_the_refined_plan_is_ready(monkeypatch):
+    gate = Gate(monkeypatch)
+    session, model = _session(), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    timed = _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    first = session.plan
+    waiting = _steps(session, model, optimizer, 3, first=len(timed))
+    assert gate.worker_calls == 1  # one plan in the making, from every timed pass
+    assert [s.plan_source.value for s in waiting] == ["profiled"] * 3 and session.plan is first
+    assert all(s.planning_seconds == 0.0 for s in waiting)
+    gate.opened.set()
+    session.wait_for_plans()
+    assert session.plan is not first
+    (adopting,) = _steps(session, model, optimizer, 1, first=len(timed) + 3)
+    assert adopting.plan_source.value == "refined" and adopting.background_planning_seconds > 0
+    assert gate.worker_calls == 1  # settled: no more plans
+    session.close()
+
+
+def test_the_same_gradients_whichever_plan_a_pass_runs(monkeypatch):
+    """A pass kind waiting for its refined plan trains exactly as plain training does."""
+    Gate(monkeypatch).opened.set()
+    session, model = _session(), _model()
+    reference = _model()
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (model, reference)]
+    for step in range(4 + TIMED_PLANNED_PASSES):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
+        with session.step(model, optimizers[0]):
+            loss = model(x).square().mean()
+        loss.backward()
+        reference(x).square().mean().backward()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad), step
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    session.close()
+
+
+def test_an_error_making_the_plan_is_raised_where_it_would_be_adopted_and_training_goes_on(monkeypatch):
+    gate = Gate(monkeypatch, error=RuntimeError("the planner failed"))
+    gate.opened.set()
+    session, model = _session(), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    with pytest.raises(RuntimeError, match="the planner failed"):
+        session.wait_for_plans()
+    gate.error = None
+    (retimed,) = _steps(session, model, optimizer, 1, first=10)  # the plan in force, timed again
+    assert retimed.plan_source.value == "profiled"
+    session.wait_for_plans()
+    assert gate.worker_calls == 2  # planned from the pass timed again
+    (adopting,) = _steps(session, model, optimizer, 1, first=11)
+    assert adopting.plan_source.value == "refined"
+    session.close()
+
+
+def test_a_plan_in_the_making_when_the_reserve_grows_is_never_adopted(monkeypatch):
+    gate = Gate(monkeypatch)
+    session, model = _session(), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    in_the_making = gate.worker_calls
+    assert session.recover_from_out_of_memory()  # as after a planned pass ran out of memory
+    gate.opened.set()
+    session.wait_for_plans()
+    (retimed,) = _steps(session, model, optimizer, 1, first=9)
+    assert retimed.plan_source.value == "profiled"  # not the plan made before the reserve grew
+    session.wait_for_plans()
+    assert in_the_making == 1 and gate.worker_calls == 2  # timed again, and planned from
+    session.close()
+
+
+def test_close_waits_for_the_plan_in_the_making_and_leaves_no_worker(monkeypatch):
+    gate = Gate(monkeypatch)
+    session, model = _session(), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    assert _workers()
+    threading.Timer(0.05, gate.opened.set).start()
+    session.close()
+    assert not _workers()
+
+
+def test_inline_planning_makes_no_worker(monkeypatch):
+    gate = Gate(monkeypatch)
+    session, model = _session(plan_in_background=False), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    stats = _steps(session, model, optimizer, 2 + TIMED_PLANNED_PASSES)
+    assert gate.worker_calls == 0 and not _workers()
+    assert stats[-1].plan_source.value == "refined"
+    session.close()
+
+
+def test_an_agreement_leaves_in_the_background_only_what_every_rank_asks_to_refine():
+    from lightning_accudnn.session.agreement import Measured, PlanAgreement
+    from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
+    from lightning_accudnn.session.plan_book import PassKey
+
+    refine, other, grown = (PassKey(model=m, batch=(), position=0) for m in (1, 2, 3))
+    agreement = PlanAgreement(RankCoordinator())
+    for key in (refine, other, grown):
+        agreement.record(
+            key, Measured(_profile(), None, planned=True), ReplanRequest(replan=True, refine_only=True)
+        )
+    agreement.record(
+        other, Measured(_profile(), None, planned=True), ReplanRequest(replan=True)
+    )  # graph changed
+    agreed = agreement.agree()
+    assert agreed.refine_only == {refine, grown}
+    agreement.record(
+        refine, Measured(_profile(), None, planned=True), ReplanRequest(replan=True, refine_only=True)
+    )
+    agreement.record(grown, Measured(_profile(), None, planned=True), agreement.overshoot(1_000))
+    agreed = agreement.agree()
+    assert set(agreed.profiles) == {refine, grown} and agreed.refine_only == frozenset()

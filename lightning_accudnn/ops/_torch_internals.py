@@ -204,19 +204,10 @@ def tracks_running_statistics(module: nn.Module) -> bool:
     return isinstance(module, NORM_WITH_STATISTICS) and module.training and bool(module.track_running_stats)
 
 
-def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
-    """The module's own buffers, by name: the dict ``module.<name>`` reads them from. Writing a
-    registered name there replaces the buffer as ``setattr`` does, without ``nn.Module``'s
-    ``__setattr__`` (its checks and the global buffer-registration hooks, a few µs a buffer).
-
-    Example:
-        >>> norm = nn.BatchNorm1d(2)
-        >>> scratch = norm.running_mean.clone()
-        >>> buffers_of(norm)["running_mean"] = scratch
-        >>> norm.running_mean is scratch
-        True
-    """
-    return module._buffers
+#: The module's own buffers, by name: the dict ``module.<name>`` reads them from (a C call). Writing
+#: a registered name there replaces the buffer as ``setattr`` does, without ``nn.Module``'s
+#: ``__setattr__`` (its checks and the global buffer-registration hooks, a few µs a buffer).
+buffers_of: Callable[[nn.Module], dict[str, torch.Tensor | None]] = attrgetter("_buffers")
 
 
 def submodules_of(module: nn.Module) -> dict[str, nn.Module | None]:

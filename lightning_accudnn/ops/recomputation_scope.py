@@ -11,15 +11,19 @@ count the second call.
 recomputations (any number of times, also nested). It keeps what a recomputation needs from one
 to the next: the segment's module tree as it last saw it (a C-level comparison of every
 module's submodules tells whether the tree changed since; if so it is walked again), the norms
-in it, and for each norm scratch tensors made once and reused while the norm's statistics are
-the same tensors (not one ``clone`` per statistic per recomputation: on a GPU each is a kernel
-launch on the host's critical path).
+in it, and for each norm scratch tensors made once and reused while the norm's buffers are the
+same tensors (not one ``clone`` per statistic per recomputation: on a GPU each is a kernel
+launch on the host's critical path). When every norm of the segment is in training (the common
+case) the swap is a few C-level maps over the segment's norms, not Python per norm.
 """
 
 from __future__ import annotations
 
 import threading
-from operator import is_
+from collections import deque
+from collections.abc import Callable, Iterable
+from itertools import chain
+from operator import attrgetter
 
 import torch
 from torch import nn
@@ -35,6 +39,10 @@ from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS
 __all__ = ["RecomputationScope", "is_recomputing"]
 
 _recomputing = threading.local()
+_Buffers = dict[str, torch.Tensor | None]
+#: Whether a norm updates running statistics when called: both ``(True, True)``.
+_modes = attrgetter("training", "track_running_stats")
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend  # runs an iterator out, in C
 
 
 def is_recomputing() -> bool:
@@ -47,34 +55,6 @@ def is_recomputing() -> bool:
     return bool(getattr(_recomputing, "depth", 0))
 
 
-class _NormScratch:
-    """One norm's scratch statistics, and the statistics they stand in for."""
-
-    __slots__ = ("norm", "originals", "scratch")
-
-    def __init__(self, norm: nn.Module) -> None:
-        self.norm = norm
-        self.originals: tuple[torch.Tensor | None, ...] = ()
-        self.scratch: dict[str, torch.Tensor] = {}
-
-    def swap(self) -> tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]:
-        """Put the scratch statistics in the norm; what it had before, to put back."""
-        buffers = buffers_of(self.norm)
-        before = buffers.copy()
-        current = tuple(map(before.get, BATCH_NORM_STATISTICS))
-        if len(current) != len(self.originals) or not all(map(is_, current, self.originals)):
-            # First use, or the statistics were replaced (moved, loaded, or a scratch of an
-            # enclosing recomputation is in force): new scratch tensors for these ones.
-            self.originals = current
-            self.scratch = {
-                name: buffer.clone()
-                for name, buffer in zip(BATCH_NORM_STATISTICS, current, strict=True)
-                if buffer is not None
-            }
-        buffers.update(self.scratch)
-        return buffers, before
-
-
 class RecomputationScope:
     """Around each recomputation of the segment ``module``: its training norms update scratch
     statistics, and :func:`is_recomputing` is true.
@@ -82,7 +62,7 @@ class RecomputationScope:
     Each entry uses the segment's module tree as it is then: a norm put in the tree, or switched
     to training, since the last entry is seen (the tree is walked again when any module's
     submodules changed). It can be entered any number of times, also nested; each exit puts
-    back what its entry swapped, in reverse order.
+    back what its entry swapped.
 
     Example:
         >>> norm = nn.BatchNorm1d(2)
@@ -96,33 +76,82 @@ class RecomputationScope:
         (True, True, False)
     """
 
-    __slots__ = ("module", "_tree", "_children", "_norms", "_swapped")
+    __slots__ = (
+        "module",
+        "_tree",
+        "_children",
+        "_norms",
+        "_training",
+        "_originals",
+        "_ids",
+        "_scratch",
+        "_swapped",
+    )
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self._tree: list[nn.Module] = []  # every module of the segment (held: their ids stay theirs)
         self._children: list[int] | None = None  # ids of each tree module's submodules, in order
-        self._norms: list[_NormScratch] = []
-        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]]] = []
+        self._norms: list[nn.Module] = []  # the norms of the tree, each once
+        self._training: list[tuple[bool, bool]] = []  # what ``_modes`` gives for each when all train
+        # Per norm: its buffers when its scratch was made (held: their ids stay theirs), and its
+        # scratch statistics; the ids of all those buffers, in order, compared at once.
+        self._originals: list[tuple[torch.Tensor | None, ...]] = []
+        self._scratch: list[dict[str, torch.Tensor]] = []
+        self._ids: list[int] = []
+        self._swapped: list[tuple[list[_Buffers], list[_Buffers]]] = []
 
     def __enter__(self) -> None:
-        if self._children is None or self._children != children_ids(self._tree):
+        if self._children != children_ids(self._tree):
             self._walk()
-        swapped = []
-        for scratch in self._norms:
-            norm = scratch.norm
-            if norm.training and norm.track_running_stats:
-                swapped.append(scratch.swap())
-        self._swapped.append(swapped)
+        norms = self._norms
+        if list(map(_modes, norms)) == self._training:  # every norm trains: swap them all at once
+            dicts = list(map(buffers_of, norms))
+            befores = list(map(dict.copy, dicts))
+            if list(map(id, chain.from_iterable(map(dict.values, befores)))) != self._ids:
+                for index, before in enumerate(befores):
+                    self._renew(index, before)
+            _consume(map(dict.update, dicts, self._scratch))
+            self._swapped.append((dicts, befores))
+        else:
+            self._swapped.append(self._swap_training())
         _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
 
     def __exit__(self, *exc_info: object) -> None:
         _recomputing.depth -= 1
-        for buffers, before in reversed(self._swapped.pop()):
-            buffers.update(before)
+        dicts, befores = self._swapped.pop()
+        _consume(map(dict.update, dicts, befores))
+
+    def _swap_training(self) -> tuple[list[_Buffers], list[_Buffers]]:
+        """Swap the norms in training only, one by one."""
+        dicts: list[_Buffers] = []
+        befores: list[_Buffers] = []
+        for index, norm in enumerate(self._norms):
+            if norm.training and norm.track_running_stats:
+                buffers = buffers_of(norm)
+                before = buffers.copy()
+                if list(map(id, before.values())) != list(map(id, self._originals[index])):
+                    self._renew(index, before)
+                buffers.update(self._scratch[index])
+                dicts.append(buffers)
+                befores.append(before)
+        return dicts, befores
+
+    def _renew(self, index: int, buffers: _Buffers) -> None:
+        """New scratch statistics for norm ``index``, whose buffers are ``buffers`` (first use,
+        or its buffers were replaced: moved, loaded, or a scratch of an enclosing recomputation
+        is in force)."""
+        self._originals[index] = tuple(buffers.values())
+        self._scratch[index] = {
+            name: buffer.clone()
+            for name in BATCH_NORM_STATISTICS
+            if (buffer := buffers.get(name)) is not None
+        }
+        self._ids = list(map(id, chain.from_iterable(self._originals)))
 
     def _walk(self) -> None:
-        """The segment's modules (each once, in a depth-first order) and norms, as they are now."""
+        """The segment's modules (each once, in a depth-first order) and norms, as they are now
+        (a norm seen before keeps its scratch statistics)."""
         tree: list[nn.Module] = []
         seen: set[int] = set()
         pending: list[nn.Module | None] = [self.module]
@@ -133,11 +162,13 @@ class RecomputationScope:
             seen.add(id(module))
             tree.append(module)
             pending.extend(reversed(submodules_of(module).values()))
-        known = {id(scratch.norm): scratch for scratch in self._norms}
-        self._norms = [
-            known.get(id(module)) or _NormScratch(module)
-            for module in tree
-            if isinstance(module, NORM_WITH_STATISTICS)
-        ]
+        known = {id(norm): index for index, norm in enumerate(self._norms)}
+        norms = [module for module in tree if isinstance(module, NORM_WITH_STATISTICS)]
+        indices = [known.get(id(norm)) for norm in norms]
+        self._originals = [() if index is None else self._originals[index] for index in indices]
+        self._scratch = [{} if index is None else self._scratch[index] for index in indices]
+        self._ids = list(map(id, chain.from_iterable(self._originals)))
+        self._norms = norms
+        self._training = [(True, True)] * len(norms)
         self._tree = tree
         self._children = children_ids(tree)

@@ -194,6 +194,7 @@ class SegmentRecomputer:
 
 
 _NOTHING = object()
+_grad_enabled = torch.is_grad_enabled
 
 
 def _checkpoint_options(scope: RecomputationScope, *, selective: bool) -> dict[str, Any]:
@@ -217,7 +218,7 @@ def _run(
     *args: Any,
     **kwargs: Any,
 ) -> Any:
-    if not recomputer.enabled or not torch.is_grad_enabled():
+    if not recomputer.enabled or not _grad_enabled():
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
     replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
@@ -245,15 +246,17 @@ class _Replay:
         self.call: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
-        call, self.call = self.call, None  # the call's own objects are held no longer than it runs
+        call = self.call
         if call is not None:
+            self.call = None  # the call's own objects are held no longer than it runs
             return self.forward(*call[0], **call[1])
-        self.recomputer.last_recomputed = self.name
-        changed = self.inputs.changed_since_call()
+        recomputer, inputs = self.recomputer, self.inputs
+        recomputer.last_recomputed = self.name
+        changed = inputs.changed_since_call()
         if changed is not None:
             raise self._failed(changed)
-        args, kwargs = self.inputs.rebuild(tensors)
-        recomputer, enabled = self.recomputer, self.recomputer.enabled
+        args, kwargs = inputs.rebuild(tensors)
+        enabled = recomputer.enabled
         recomputer.enabled = True  # segments inside this one are checkpointed again, as in forward
         try:
             return self.forward(*args, **kwargs)

@@ -260,12 +260,16 @@ class _Frame:
         keep = captured.append
 
         def capture(tensor: torch.Tensor) -> torch.Tensor:
-            keep(tensor.detach() if tensor.requires_grad else tensor)
+            # Detached: what is kept, and what the recomputation's graph holds for it (the tensor
+            # itself, where it is its node's own output, would hold that node: a reference cycle
+            # through autograd that no collector frees, every recomputation).
+            value = tensor.detach() if tensor.requires_grad else tensor
+            keep(value)
             if len(captured) == saves:  # all of them: the rest of the forward need not run
                 raise STOP_RECOMPUTATION
-            return tensor
+            return value
 
-        device_type, device_rng, context = self.device_type, self.device_rng, self.context
+        device_type, device_rng = self.device_type, self.device_rng
         # Autocast is set only where its state differs from the call's (entering the same
         # state again changes nothing the recomputation computes).
         device_autocast = self.device_autocast
@@ -277,38 +281,26 @@ class _Frame:
         grad_before = _grad_enabled()
         cpu_before = _cpu_generator.get_state()
         device_before = None if device_rng is None else device_rng.now()
-        push_saved_tensor_hooks(capture, _same)
         try:
-            set_grad_mode(True)
-            _cpu_generator.set_state(self.cpu_state)
-            if device_rng is not None:
-                device_rng.set(device_rng.states)
-            device_autocast_before = (
-                None if device_autocast is None else _enter_autocast(device_type, device_autocast)
-            )
+            push_saved_tensor_hooks(capture, _same)
             try:
-                cpu_autocast_before = None if cpu_autocast is None else _enter_autocast("cpu", cpu_autocast)
-                try:
-                    if context is None:
-                        self.function(*inputs)
-                    else:
-                        with context:
-                            self.function(*inputs)
-                except STOP_RECOMPUTATION:
-                    pass
-                finally:
-                    if cpu_autocast_before is not None:
-                        _exit_autocast("cpu", cpu_autocast_before)
+                set_grad_mode(True)
+                _cpu_generator.set_state(self.cpu_state)
+                if device_rng is not None:
+                    device_rng.set(device_rng.states)
+                self._run_again(inputs, device_autocast, cpu_autocast)
             finally:
-                if device_autocast_before is not None:
-                    _exit_autocast(device_type, device_autocast_before)
-        finally:
-            pop_saved_tensor_hooks()
-            set_grad_mode(grad_before)
-            _cpu_generator.set_state(cpu_before)
-            if device_before is not None:
-                assert device_rng is not None
-                device_rng.set(device_before)
+                pop_saved_tensor_hooks()
+                set_grad_mode(grad_before)
+                _cpu_generator.set_state(cpu_before)
+                if device_before is not None:
+                    assert device_rng is not None
+                    device_rng.set(device_before)
+        except STOP_RECOMPUTATION:
+            # Caught out of the recomputation's hooks and grad mode: caught inside them (where the
+            # partial forward's frames, held by the exception, are freed) it measured about 35 µs
+            # more per ResNet bottleneck on CPU.
+            pass
         seen = list(map(_metadata, captured))
         if seen != metadata:
             if len(seen) != saves:
@@ -321,6 +313,31 @@ class _Frame:
                 f"{seen[index]} recomputed"
             )
         return dict(enumerate(captured))
+
+    def _run_again(
+        self,
+        inputs: tuple[torch.Tensor, ...],
+        device_autocast: _Autocast | None,
+        cpu_autocast: _Autocast | None,
+    ) -> None:
+        """The call run again from ``inputs``, under the call's autocast states where they differ
+        from the ones now (``None``: the same) and inside its context."""
+        device_type, context = self.device_type, self.context
+        device_before = None if device_autocast is None else _enter_autocast(device_type, device_autocast)
+        try:
+            cpu_before = None if cpu_autocast is None else _enter_autocast("cpu", cpu_autocast)
+            try:
+                if context is None:
+                    self.function(*inputs)
+                else:
+                    with context:
+                        self.function(*inputs)
+            finally:
+                if cpu_before is not None:
+                    _exit_autocast("cpu", cpu_before)
+        finally:
+            if device_before is not None:
+                _exit_autocast(device_type, device_before)
 
 
 def _packer(metadata: list[_Metadata]) -> Callable[[torch.Tensor], int]:

@@ -5,6 +5,7 @@ a recomputation saves other tensors, and the cases that take ``torch.utils.check
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 
 import pytest
@@ -148,3 +149,22 @@ def test_a_save_unpacked_twice_in_one_backward_raises_checkpoint_error():
     node.register_prehook(lambda grads: (node._saved_self, None)[1])  # read before the node reads it
     with pytest.raises(CheckpointError, match="unpacked twice"):
         y.sum().backward()
+
+
+def test_a_recomputation_leaves_nothing_alive_after_its_backward():
+    # The first ReLU saves its own output; the second one's save ends the recomputation early.
+    linear = nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def step() -> None:
+        lean_checkpoint(lambda t: torch.relu(torch.relu(linear(t)) * 2), (x,)).sum().backward()
+
+    def live_tensors() -> int:
+        gc.collect()
+        return sum(issubclass(type(value), torch.Tensor) for value in gc.get_objects())
+
+    step()
+    before = live_tensors()
+    for _ in range(3):
+        step()
+    assert live_tensors() == before

@@ -101,11 +101,11 @@ class _Frame:
 
         def capture(tensor: torch.Tensor) -> torch.Tensor:
             nonlocal captured
-            values[captured] = tensor.detach() if tensor.requires_grad else tensor
+            value = values[captured] = tensor.detach() if tensor.requires_grad else tensor
             captured += 1
             if captured == saves:
                 raise _Stop
-            return tensor
+            return value  # not ``tensor``: a node's own output would hold that node, a cycle never freed
 
         state = torch.get_rng_state()
         torch.set_rng_state(self.rng_state)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from itertools import chain
+from operator import attrgetter
+from typing import Any
 
 import torch
 import torch.utils._python_dispatch
@@ -12,6 +15,12 @@ from torch import nn
 
 __all__ = [
     "fx_tracing",
+    "function_mode_depth",
+    "dispatch_mode_depth",
+    "push_saved_tensor_hooks",
+    "pop_saved_tensor_hooks",
+    "innermost_saved_tensor_hooks",
+    "set_grad_mode",
     "current_graph_task",
     "inside_checkpoint_hooks",
     "modes_active",
@@ -22,6 +31,7 @@ __all__ = [
     "CurrentCudaStream",
     "StorageWeakReference",
     "buffers_of",
+    "children_ids",
     "copy_each",
     "empty_host_cache",
     "submodules_of",
@@ -149,24 +159,43 @@ NORM_WITH_STATISTICS: type[nn.Module] = nn.modules.batchnorm._NormBase
 current_graph_task: Callable[[], int] = torch._C._current_graph_task_id
 
 
-#: Whether FX symbolic tracing runs now (``torch.compiler.is_compiling`` covers export and
-#: compilation); ``is_fx_tracing`` itself warns at every call.
+#: Whether FX symbolic tracing runs now, or compilation traces with FX (the flag alone, where
+#: this PyTorch has it: ``torch.compiler.is_compiling`` is asked apart); ``is_fx_tracing``
+#: itself warns at every call.
 fx_tracing: Callable[[], bool] = getattr(
     torch.fx._symbolic_trace,
-    "is_fx_symbolic_tracing",
-    getattr(torch.fx._symbolic_trace, "_get_is_fx_tracing", torch.fx._symbolic_trace.is_fx_tracing),
+    "_get_is_fx_tracing",
+    getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", torch.fx._symbolic_trace.is_fx_tracing),
 )
+
+#: How many torch function modes (a device context is one) and dispatch modes are in force.
+function_mode_depth: Callable[[], int] = torch._C._len_torch_function_stack
+dispatch_mode_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
+
+#: ``saved_tensors_hooks``' own calls, without its context-manager object: push a
+#: ``(pack, unpack)`` pair, pop the innermost, read the innermost (called with ``False``;
+#: ``None`` when none is in force).
+push_saved_tensor_hooks: Callable[[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]], None] = (
+    torch._C._autograd._push_saved_tensors_default_hooks
+)
+pop_saved_tensor_hooks: Callable[[], None] = torch._C._autograd._pop_saved_tensors_default_hooks
+innermost_saved_tensor_hooks: Callable[[bool], tuple[Callable[..., Any], Callable[..., Any]] | None] = (
+    torch._C._autograd._top_saved_tensors_default_hooks
+)
+
+#: What ``torch.enable_grad`` and ``torch.no_grad`` set, without their context-manager objects.
+set_grad_mode: Callable[[bool], None] = torch._C._set_grad_enabled
 
 
 def modes_active() -> bool:
     """Whether a torch function mode (a device context) or dispatch mode is in force."""
-    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+    return bool(function_mode_depth() or dispatch_mode_depth())
 
 
 def inside_checkpoint_hooks() -> bool:
     """Whether the innermost saved-tensor hooks are ``torch.utils.checkpoint``'s own (its
     forward or recomputation of a region around this call)."""
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    hooks = innermost_saved_tensor_hooks(False)
     return hooks is not None and bool(getattr(hooks[0], "_checkpoint_internal", False))
 
 
@@ -175,19 +204,10 @@ def tracks_running_statistics(module: nn.Module) -> bool:
     return isinstance(module, NORM_WITH_STATISTICS) and module.training and bool(module.track_running_stats)
 
 
-def buffers_of(module: nn.Module) -> dict[str, torch.Tensor | None]:
-    """The module's own buffers, by name: the dict ``module.<name>`` reads them from. Writing a
-    registered name there replaces the buffer as ``setattr`` does, without ``nn.Module``'s
-    ``__setattr__`` (its checks and the global buffer-registration hooks, a few µs a buffer).
-
-    Example:
-        >>> norm = nn.BatchNorm1d(2)
-        >>> scratch = norm.running_mean.clone()
-        >>> buffers_of(norm)["running_mean"] = scratch
-        >>> norm.running_mean is scratch
-        True
-    """
-    return module._buffers
+#: The module's own buffers, by name: the dict ``module.<name>`` reads them from (a C call). Writing
+#: a registered name there replaces the buffer as ``setattr`` does, without ``nn.Module``'s
+#: ``__setattr__`` (its checks and the global buffer-registration hooks, a few µs a buffer).
+buffers_of: Callable[[nn.Module], dict[str, torch.Tensor | None]] = attrgetter("_buffers")
 
 
 def submodules_of(module: nn.Module) -> dict[str, nn.Module | None]:
@@ -199,6 +219,22 @@ def submodules_of(module: nn.Module) -> dict[str, nn.Module | None]:
         ['0', '1']
     """
     return module._modules
+
+
+_submodule_dicts = attrgetter("_modules")
+
+
+def children_ids(modules: list[nn.Module]) -> list[int]:
+    """The ids of the direct submodules of each of ``modules`` (``None`` where one is registered
+    as ``None``), in order: what tells whether a module tree changed, in a few C calls however
+    large the tree.
+
+    Example:
+        >>> relu, tanh = nn.ReLU(), nn.Tanh()
+        >>> children_ids([nn.Sequential(relu, tanh), relu]) == [id(relu), id(tanh)]
+        True
+    """
+    return list(map(id, chain.from_iterable(map(dict.values, map(_submodule_dicts, modules)))))
 
 
 def copy_each(destinations: list[torch.Tensor], sources: list[torch.Tensor], non_blocking: bool) -> None:

@@ -27,33 +27,50 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import CheckpointError, get_device_states, set_device_states
+from torch.utils.checkpoint import CheckpointError
 
 from lightning_accudnn.ops._torch_internals import (
     STOP_RECOMPUTATION,
     current_graph_task,
+    dispatch_mode_depth,
+    function_mode_depth,
     fx_tracing,
-    inside_checkpoint_hooks,
-    modes_active,
+    innermost_saved_tensor_hooks,
+    pop_saved_tensor_hooks,
+    push_saved_tensor_hooks,
+    set_grad_mode,
 )
 
 __all__ = ["lean_checkpoint", "lean_possible", "save_inputs", "saved_inputs"]
 
 #: Autocast's state at a call, per device type: (enabled, dtype, cache enabled).
 _Autocast = tuple[bool, torch.dtype, bool]
+#: What the determinism check compares per saved tensor: its shape, dtype and device.
+_Metadata = tuple[torch.Size, torch.dtype, torch.device]
+
+_metadata: Callable[[torch.Tensor], _Metadata] = attrgetter("shape", "dtype", "device")
+_cpu_generator = torch.default_generator
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
 
 
 def lean_possible() -> bool:
-    """Whether :func:`lean_checkpoint` may checkpoint a call made now (the plain eager case).
+    """Whether :func:`lean_checkpoint` may checkpoint a call made now (the plain eager case): no
+    torch function or dispatch mode, no compilation or FX tracing, and not inside
+    ``torch.utils.checkpoint``'s own hooks.
 
     Example:
         >>> lean_possible()
         True
     """
-    return not (modes_active() or torch.compiler.is_compiling() or fx_tracing() or inside_checkpoint_hooks())
+    if function_mode_depth() or dispatch_mode_depth() or _is_compiling() or fx_tracing():
+        return False
+    hooks = innermost_saved_tensor_hooks(False)
+    return hooks is None or not getattr(hooks[0], "_checkpoint_internal", False)
 
 
 class _SaveInputs(torch.autograd.Function):
@@ -103,8 +120,64 @@ def _autocast(device_type: str) -> _Autocast:
     )
 
 
+_AUTOCAST_AVAILABLE: dict[str, bool] = {}
+
+
+def _autocast_available(device_type: str) -> bool:
+    available = _AUTOCAST_AVAILABLE.get(device_type)
+    if available is None:
+        available = _AUTOCAST_AVAILABLE[device_type] = torch.amp.is_autocast_available(device_type)
+    return available
+
+
+def _enter_autocast(device_type: str, state: _Autocast) -> _Autocast:
+    """``torch.autocast``'s entry with ``state`` (the eager case: no mode is in force); the
+    state before, for :func:`_exit_autocast`."""
+    before = _autocast(device_type)
+    enabled, dtype, cache = state
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    torch.set_autocast_cache_enabled(cache)
+    return before
+
+
+def _exit_autocast(device_type: str, before: _Autocast) -> None:
+    """``torch.autocast``'s exit back to ``before`` (its cache dropped at the outermost exit)."""
+    if torch.autocast_decrement_nesting() == 0:
+        torch.clear_autocast_cache()
+    enabled, dtype, cache = before
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.set_autocast_cache_enabled(cache)
+
+
+class _CudaRng:
+    """The RNG states of the CUDA devices of a call's tensors: their default generators, read
+    and set as ``torch.cuda.get_rng_state`` and ``set_rng_state`` do once CUDA is initialised."""
+
+    __slots__ = ("generators", "states")
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        devices = dict.fromkeys(tensor.get_device() for tensor in tensors if tensor.is_cuda)
+        generators = torch.cuda.default_generators
+        self.generators = [generators[index] for index in devices]
+        self.states = self.now()
+
+    def now(self) -> list[torch.Tensor]:
+        return [generator.get_state() for generator in self.generators]
+
+    def set(self, states: list[torch.Tensor]) -> None:
+        for generator, state in zip(self.generators, states, strict=True):
+            generator.set_state(state)
+
+
 class _Frame:
-    """One checkpointed call: what it saved (how many, their metadata) and how to run it again."""
+    """One checkpointed call: what it saved (how many, their metadata) and how to run it again.
+
+    The recomputed saves of the graph task (backward) that unpacked last are in ``values``, by
+    index, until each is unpacked; another task's, while tasks interleave, in ``others``.
+    """
 
     __slots__ = (
         "function",
@@ -112,105 +185,120 @@ class _Frame:
         "saver",
         "metadata",
         "cpu_state",
-        "devices",
-        "device_states",
+        "device_rng",
         "device_type",
         "device_autocast",
         "cpu_autocast",
-        "by_task",
+        "task",
+        "values",
+        "others",
     )
 
     def __init__(
         self,
         function: Callable[..., Any],
-        context: Callable[[], contextlib.AbstractContextManager[Any]],
-        device_type: str,
+        context: contextlib.AbstractContextManager[Any] | None,
         tensors: tuple[torch.Tensor, ...],
     ) -> None:
         self.function = function
         self.context = context
-        self.metadata: list[tuple[torch.Size, torch.dtype, torch.device]] = []
+        self.metadata: list[_Metadata] = []
+        self.cpu_state = _cpu_generator.get_state()
+        device_type = "cpu"
+        for tensor in tensors:
+            if not tensor.is_cpu:
+                device_type = tensor.device.type
+                break
         self.device_type = device_type
-        self.cpu_state = torch.get_rng_state()
-        self.devices: list[int] = []
-        self.device_states: list[torch.Tensor] = []
-        if device_type == "cuda" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            self.devices, self.device_states = get_device_states(*tensors)
-        available = torch.amp.is_autocast_available(device_type)
-        self.device_autocast = _autocast(device_type) if available else None
+        self.device_rng: _CudaRng | None = None
+        self.device_autocast: _Autocast | None = None
+        if device_type != "cpu":
+            if device_type == "cuda" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+                self.device_rng = _CudaRng(tensors)
+            if _autocast_available(device_type):
+                self.device_autocast = _autocast(device_type)
         self.cpu_autocast = _autocast("cpu")
-        self.saver: torch.Tensor | None = None
-        # graph task -> [its recomputed saves (None once unpacked), how many are left]
-        self.by_task: dict[int, list[Any]] = {}
-
-    def pack(self, tensor: torch.Tensor) -> int:
-        metadata = self.metadata
-        metadata.append((tensor.shape, tensor.dtype, tensor.device))
-        return len(metadata) - 1
+        self.task: int | None = None
+        self.values: dict[int, torch.Tensor] = {}
+        self.others: dict[int, dict[int, torch.Tensor]] | None = None
+        self.saver = save_inputs(tensors)
 
     def unpack(self, index: int) -> torch.Tensor:
-        task = current_graph_task()
-        entry = self.by_task.get(task)
-        if entry is None:
-            if task == -1:  # outside a backward: recomputed for this unpack alone
-                value = self._recompute()[index]
-                assert value is not None
-                return value
-            entry = self.by_task[task] = [self._recompute(), len(self.metadata)]
-        values: list[torch.Tensor | None] = entry[0]
-        value = values[index]
-        if value is None:
+        if current_graph_task() != self.task:
+            return self._unpack_in_another_task(index)
+        try:
+            return self.values.pop(index)
+        except KeyError:
             raise CheckpointError(
                 "lean checkpoint: a saved tensor was unpacked twice in one backward (its graph "
                 "freed it, or it was read again)"
-            )
-        values[index] = None
-        left = entry[1] = entry[1] - 1
-        if not left:
-            del self.by_task[task]
-        return value
+            ) from None
 
-    def _recompute(self) -> list[torch.Tensor | None]:
+    def _unpack_in_another_task(self, index: int) -> torch.Tensor:
+        """The first unpack of a graph task (its saves recomputed, or taken back from where they
+        were kept while another task unpacked), or an unpack outside a backward (recomputed for
+        itself alone)."""
+        task = current_graph_task()
+        if task == -1:
+            return self._recompute()[index]
+        values, previous = self.values, self.task
+        if values and previous is not None:  # that task has saves left: kept while tasks interleave
+            if self.others is None:
+                self.others = {}
+            self.others[previous] = values
+        others = self.others
+        kept = None if others is None else others.pop(task, None)
+        self.task, self.values = task, self._recompute() if kept is None else kept
+        return self.unpack(index)
+
+    def _recompute(self) -> dict[int, torch.Tensor]:
         assert self.saver is not None
         inputs = saved_inputs(self.saver)
         metadata = self.metadata
         saves = len(metadata)
-        values: list[torch.Tensor | None] = []
-        seen: list[tuple[torch.Size, torch.dtype, torch.device]] = []
-        keep, note = values.append, seen.append
+        captured: list[torch.Tensor] = []
+        keep = captured.append
 
         def capture(tensor: torch.Tensor) -> torch.Tensor:
-            note((tensor.shape, tensor.dtype, tensor.device))
-            keep(tensor.detach() if tensor.requires_grad else tensor)
-            if len(values) >= saves:  # all of them: the rest of the forward need not run
+            # Detached: what is kept, and what the recomputation's graph holds for it (the tensor
+            # itself, where it is its node's own output, would hold that node: a reference cycle
+            # through autograd that no collector frees, every recomputation).
+            value = tensor.detach() if tensor.requires_grad else tensor
+            keep(value)
+            if len(captured) == saves:  # all of them: the rest of the forward need not run
                 raise STOP_RECOMPUTATION
-            return tensor
+            return value
 
-        device_type = self.device_type
-        autocast = self.device_autocast
-        device_autocast = (
-            contextlib.nullcontext()
-            if autocast is None
-            else torch.amp.autocast(
-                device_type=device_type, enabled=autocast[0], dtype=autocast[1], cache_enabled=autocast[2]
-            )
-        )
-        enabled, dtype, cache = self.cpu_autocast
-        with (
-            torch.autograd.graph.saved_tensors_hooks(capture, _same),
-            torch.enable_grad(),
-            torch.random.fork_rng(devices=self.devices, device_type=device_type),
-        ):
-            torch.set_rng_state(self.cpu_state)
-            if self.devices:
-                set_device_states(self.devices, self.device_states, device_type=device_type)
-            with (
-                device_autocast,
-                torch.amp.autocast("cpu", enabled=enabled, dtype=dtype, cache_enabled=cache),
-                self.context(),
-                contextlib.suppress(STOP_RECOMPUTATION),
-            ):
-                self.function(*inputs)
+        device_type, device_rng = self.device_type, self.device_rng
+        # Autocast is set only where its state differs from the call's (entering the same
+        # state again changes nothing the recomputation computes).
+        device_autocast = self.device_autocast
+        if device_autocast is not None and _autocast(device_type) == device_autocast:
+            device_autocast = None
+        cpu_autocast: _Autocast | None = self.cpu_autocast
+        if _autocast("cpu") == cpu_autocast:
+            cpu_autocast = None
+        grad_before = _grad_enabled()
+        cpu_before = _cpu_generator.get_state()
+        device_before = None if device_rng is None else device_rng.now()
+        try:
+            push_saved_tensor_hooks(capture, _same)
+            try:
+                set_grad_mode(True)
+                _cpu_generator.set_state(self.cpu_state)
+                if device_rng is not None:
+                    device_rng.set(device_rng.states)
+                self._run_again(inputs, device_autocast, cpu_autocast)
+            finally:
+                pop_saved_tensor_hooks()
+                set_grad_mode(grad_before)
+                _cpu_generator.set_state(cpu_before)
+                if device_before is not None:
+                    assert device_rng is not None
+                    device_rng.set(device_before)
+        except STOP_RECOMPUTATION:  # caught once the hooks, grad mode and RNG are back, as torch does
+            pass
+        seen = list(map(_metadata, captured))
         if seen != metadata:
             if len(seen) != saves:
                 raise CheckpointError(
@@ -221,7 +309,48 @@ class _Frame:
                 f"lean checkpoint: saved tensor {index} was {metadata[index]} in forward, "
                 f"{seen[index]} recomputed"
             )
-        return values
+        return dict(enumerate(captured))
+
+    def _run_again(
+        self,
+        inputs: tuple[torch.Tensor, ...],
+        device_autocast: _Autocast | None,
+        cpu_autocast: _Autocast | None,
+    ) -> None:
+        """The call run again from ``inputs``, under the call's autocast states where they differ
+        from the ones now (``None``: the same) and inside its context."""
+        device_type, context = self.device_type, self.context
+        device_before = None if device_autocast is None else _enter_autocast(device_type, device_autocast)
+        try:
+            cpu_before = None if cpu_autocast is None else _enter_autocast("cpu", cpu_autocast)
+            try:
+                if context is None:
+                    self.function(*inputs)
+                else:
+                    with context:
+                        self.function(*inputs)
+            finally:
+                if cpu_before is not None:
+                    _exit_autocast("cpu", cpu_before)
+        finally:
+            if device_before is not None:
+                _exit_autocast(device_type, device_before)
+
+
+def _packer(metadata: list[_Metadata]) -> Callable[[torch.Tensor], int]:
+    """The forward's pack hook: each save's metadata appended to ``metadata``, its index returned."""
+
+    def pack(
+        tensor: torch.Tensor,
+        count: Callable[[], int] = metadata.__len__,
+        append: Callable[[_Metadata], None] = metadata.append,
+        describe: Callable[[torch.Tensor], _Metadata] = _metadata,
+    ) -> int:
+        index = count()
+        append(describe(tensor))
+        return index
+
+    return pack
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
@@ -231,10 +360,11 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
 def lean_checkpoint(
     function: Callable[..., Any],
     tensors: tuple[torch.Tensor, ...],
-    context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    context: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Any:
-    """``function(*tensors)``, what it saves rebuilt in backward by calling it again (under
-    ``context()``) from the ``tensors`` saved through the hooks in force.
+    """``function(*tensors)``, what it saves rebuilt in backward by calling it again (inside
+    ``context``, which must allow being entered again and nested) from the ``tensors`` saved
+    through the hooks in force.
 
     Example:
         >>> x = torch.randn(3, requires_grad=True)
@@ -244,12 +374,9 @@ def lean_checkpoint(
         >>> torch.equal(x.grad, expected)
         True
     """
-    device_type = "cpu"
-    for tensor in tensors:
-        if not tensor.is_cpu:
-            device_type = tensor.device.type
-            break
-    frame = _Frame(function, context, device_type, tensors)
-    frame.saver = save_inputs(tensors)
-    with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
+    frame = _Frame(function, context, tensors)
+    push_saved_tensor_hooks(_packer(frame.metadata), frame.unpack)
+    try:
         return function(*tensors)
+    finally:
+        pop_saved_tensor_hooks()

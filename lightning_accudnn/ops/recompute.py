@@ -26,8 +26,8 @@ What recomputation keeps exact:
 
 * random numbers: the forward's RNG states are replayed (dropout);
 * BatchNorm running statistics are updated once per step: while a segment is recomputed,
-  every training-mode BatchNorm in it updates scratch copies of its running statistics
-  (thrown away afterwards), so the recomputed output, computed from batch statistics as in
+  every training-mode BatchNorm in it updates scratch statistics (see
+  :mod:`.recomputation_scope`), so the recomputed output, computed from batch statistics as in
   forward, is bitwise the same and the buffers are untouched;
 * the segment module's own forward hooks run once (the wrapper calls the original
   ``forward``, which ``nn.Module.__call__`` reaches after the hooks). Hooks of modules
@@ -37,7 +37,6 @@ What recomputation keeps exact:
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -49,11 +48,8 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lightning_accudnn.ops._torch_internals import (
-    NORM_WITH_STATISTICS,
     SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
-    buffers_of,
-    submodules_of,
     top_saved_tensor_hooks,
 )
 from lightning_accudnn.ops.compiled_blocks import (
@@ -64,77 +60,25 @@ from lightning_accudnn.ops.compiled_blocks import (
 )
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.lean_recompute import lean_checkpoint, lean_possible
-from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS, CallAudit
+from lightning_accudnn.ops.recomputation_scope import RecomputationScope, is_recomputing
+from lightning_accudnn.ops.recompute_safety import CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
 
-_recomputing = threading.local()
 
-
-def is_recomputing() -> bool:
-    """True while a segment's forward runs again in backward (for hooks that must not count it).
-
-    Example:
-        >>> is_recomputing()
-        False
-    """
-    return bool(getattr(_recomputing, "depth", 0))
-
-
-class _Recomputation:
-    """Around each recomputation of ``module``: training BatchNorms update scratch statistics.
-
-    Checkpointing enters it once per backward that needs the segment again (a double backward
-    recomputes twice), so it can be entered any number of times, also nested. Each entry walks
-    the segment's module tree as it is then (a BatchNorm put in or switched to training since
-    the call is seen), without names or a memo set, and keeps a copy of each such norm's own
-    buffer dict; the exit puts those copies back in reverse order, so a module reached twice
-    ends with the buffers its first swap found.
-    """
-
-    __slots__ = ("module", "_swapped")
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self._swapped: list[list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]]] = []
-
-    def __enter__(self) -> None:
-        swapped: list[tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor | None]]] = []
-        pending: list[nn.Module | None] = [self.module]
-        pop, extend = pending.pop, pending.extend
-        while pending:
-            inner = pop()
-            if inner is None:  # a submodule registered as None
-                continue
-            if isinstance(inner, NORM_WITH_STATISTICS) and inner.training and inner.track_running_stats:
-                buffers = buffers_of(inner)
-                before = buffers.copy()
-                swapped.append((buffers, before))
-                for name in BATCH_NORM_STATISTICS:
-                    buffer = before.get(name)
-                    if buffer is not None:
-                        buffers[name] = buffer.clone()
-            extend(submodules_of(inner).values())
-        self._swapped.append(swapped)
-        _recomputing.depth = getattr(_recomputing, "depth", 0) + 1
-
-    def __exit__(self, *exc_info: object) -> None:
-        _recomputing.depth -= 1
-        for buffers, before in reversed(self._swapped.pop()):
-            buffers.update(before)
-
-
-def _contexts(module: nn.Module) -> tuple[contextlib.AbstractContextManager[None], _Recomputation]:
-    return contextlib.nullcontext(), _Recomputation(module)
+def _contexts(
+    scope: RecomputationScope,
+) -> tuple[contextlib.AbstractContextManager[None], RecomputationScope]:
+    return contextlib.nullcontext(), scope
 
 
 def _selective(
-    module: nn.Module,
+    scope: RecomputationScope,
 ) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
-    return selective_contexts(_Recomputation(module))
+    return selective_contexts(scope)
 
 
 #: ``checkpoint``'s keyword that passes what selective checkpointing keeps through the hooks
@@ -212,7 +156,8 @@ class SegmentRecomputer:
         self._selective = chosen
         for name in wanted:
             module = model.get_submodule(name)
-            options = _checkpoint_options(module, selective=name in chosen)
+            scope = RecomputationScope(module)
+            options = _checkpoint_options(scope, selective=name in chosen)
             if compiled_in_place(module):
                 run = partial(_run, self, name, None, options)
                 self._wrapped[name] = (module, wrap_compiled_call(module, run))
@@ -220,7 +165,7 @@ class SegmentRecomputer:
             previous = vars(module).get("forward", _NOTHING)
             # Whole segments take the lean checkpoint; with a selective segment in the plan every
             # segment takes torch's, whose hooks a segment nested in a selective one must see.
-            lean = None if chosen else partial(_Recomputation, module)
+            lean = None if chosen else scope
             module.forward = partial(_run, self, name, lean, options, module.forward)
             self._wrapped[name] = (module, previous)
 
@@ -249,30 +194,31 @@ class SegmentRecomputer:
 
 
 _NOTHING = object()
+_grad_enabled = torch.is_grad_enabled
 
 
-def _checkpoint_options(module: nn.Module, *, selective: bool) -> dict[str, Any]:
-    """``checkpoint``'s keywords for the segment ``module``, made once when it is installed."""
+def _checkpoint_options(scope: RecomputationScope, *, selective: bool) -> dict[str, Any]:
+    """``checkpoint``'s keywords for the segment of ``scope``, made once when it is installed."""
     if selective:
         return {
             "use_reentrant": False,
             "preserve_rng_state": True,
-            "context_fn": partial(_selective, module),
+            "context_fn": partial(_selective, scope),
             **_THROUGH_HOOKS,
         }
-    return {"use_reentrant": False, "preserve_rng_state": True, "context_fn": partial(_contexts, module)}
+    return {"use_reentrant": False, "preserve_rng_state": True, "context_fn": partial(_contexts, scope)}
 
 
 def _run(
     recomputer: SegmentRecomputer,
     name: str,
-    lean: Callable[[], _Recomputation] | None,
+    lean: RecomputationScope | None,
     options: dict[str, Any],
     forward: Callable[..., Any],
     *args: Any,
     **kwargs: Any,
 ) -> Any:
-    if not recomputer.enabled or not torch.is_grad_enabled():
+    if not recomputer.enabled or not _grad_enabled():
         return forward(*args, **kwargs)
     inputs, tensors = SegmentInputs.record(args, kwargs)
     replay = _Replay(recomputer, name, forward, inputs, args, kwargs)
@@ -300,15 +246,17 @@ class _Replay:
         self.call: tuple[tuple[Any, ...], dict[str, Any]] | None = (args, kwargs)
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
-        call, self.call = self.call, None  # the call's own objects are held no longer than it runs
+        call = self.call
         if call is not None:
+            self.call = None  # the call's own objects are held no longer than it runs
             return self.forward(*call[0], **call[1])
-        self.recomputer.last_recomputed = self.name
-        changed = self.inputs.changed_since_call()
+        recomputer, inputs = self.recomputer, self.inputs
+        recomputer.last_recomputed = self.name
+        changed = inputs.changed_since_call()
         if changed is not None:
             raise self._failed(changed)
-        args, kwargs = self.inputs.rebuild(tensors)
-        recomputer, enabled = self.recomputer, self.recomputer.enabled
+        args, kwargs = inputs.rebuild(tensors)
+        enabled = recomputer.enabled
         recomputer.enabled = True  # segments inside this one are checkpointed again, as in forward
         try:
             return self.forward(*args, **kwargs)

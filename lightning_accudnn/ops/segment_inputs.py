@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import torch
 
 __all__ = ["SegmentInputs"]
+
+_version = attrgetter("_version")
+_dereference: Callable[[weakref.ref[torch.Tensor]], torch.Tensor | None] = weakref.ref.__call__
+_VERSION_NAME, _NONE = repeat("_version"), repeat(None)  # endless: reused by every map over them
 
 
 class SegmentInputs:
@@ -53,7 +59,7 @@ class SegmentInputs:
 
     def __init__(self, structure: tuple[Any, Any] | None, tensors: Sequence[torch.Tensor]) -> None:
         self._structure = structure  # None: the call's arguments were its distinct tensors, in order
-        self._versions = tuple([tensor._version for tensor in tensors])
+        self._versions: tuple[int, ...] = tuple(map(_version, tensors))
         self._references = tuple(map(weakref.ref, tensors))
 
     @classmethod
@@ -61,7 +67,7 @@ class SegmentInputs:
         cls, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[SegmentInputs, tuple[torch.Tensor, ...]]:
         """The call's arguments recorded, and their distinct tensors in order."""
-        if not kwargs and _distinct_tensors(args):
+        if not kwargs and ((len(args) == 1 and isinstance(args[0], torch.Tensor)) or _distinct_tensors(args)):
             return cls(None, args), args
         tensors: list[torch.Tensor] = []
         positions: dict[int, int] = {}
@@ -79,6 +85,9 @@ class SegmentInputs:
     def changed_since_call(self) -> str | None:
         """Why a replay would not see what the call saw (a tensor argument, still alive, written
         in place since the call), or ``None``."""
+        # Each tensor's version now (``None`` for one that died), compared in a few C calls.
+        if tuple(map(getattr, map(_dereference, self._references), _VERSION_NAME, _NONE)) == self._versions:
+            return None
         for index, (reference, version) in enumerate(zip(self._references, self._versions, strict=True)):
             tensor = reference()
             if tensor is not None and tensor._version != version:

@@ -5,6 +5,7 @@ a recomputation saves other tensors, and the cases that take ``torch.utils.check
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 
 import pytest
@@ -120,3 +121,50 @@ def test_fx_tracing_takes_torch_checkpoint_without_a_warning():
         assert lean_possible()
         torch.fx.symbolic_trace(Probe())
     assert seen == [False]
+
+
+def test_a_backward_that_unpacks_part_of_the_saves_leaves_the_next_one_exact():
+    torch.manual_seed(0)
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return second(torch.tanh(first(t)).sin())
+
+    x = torch.randn(3, 4, requires_grad=True)
+    loss = lean_checkpoint(block, (x,)).square().sum()
+    expected = block(x).square().sum()
+    partial = torch.autograd.grad(loss, second.weight, retain_graph=True)  # unpacks second's save only
+    assert torch.equal(partial[0], torch.autograd.grad(expected, second.weight, retain_graph=True)[0])
+    for index in range(2):  # each backward recomputes for itself
+        parameters = (x, first.weight, first.bias, second.weight)
+        got = torch.autograd.grad(loss, parameters, retain_graph=index == 0)
+        want = torch.autograd.grad(expected, parameters, retain_graph=index == 0)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_save_unpacked_twice_in_one_backward_raises_checkpoint_error():
+    x = torch.randn(5, requires_grad=True)
+    y = lean_checkpoint(lambda t: t.sin(), (x,))
+    node = y.grad_fn
+    node.register_prehook(lambda grads: (node._saved_self, None)[1])  # read before the node reads it
+    with pytest.raises(CheckpointError, match="unpacked twice"):
+        y.sum().backward()
+
+
+def test_a_recomputation_leaves_nothing_alive_after_its_backward():
+    # The first ReLU saves its own output; the second one's save ends the recomputation early.
+    linear = nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def step() -> None:
+        lean_checkpoint(lambda t: torch.relu(torch.relu(linear(t)) * 2), (x,)).sum().backward()
+
+    def live_tensors() -> int:
+        gc.collect()
+        return sum(issubclass(type(value), torch.Tensor) for value in gc.get_objects())
+
+    step()
+    before = live_tensors()
+    for _ in range(3):
+        step()
+    assert live_tensors() == before

@@ -185,12 +185,17 @@ def block_forward_times(
 
 
 def session_run(
-    workload: Workload, device: torch.device, budget: int | str, warmup: int, steps: int
+    workload: Workload,
+    device: torch.device,
+    budget: int | str,
+    warmup: int,
+    steps: int,
+    plan_in_background: bool = True,
 ) -> dict[str, Any]:
     """Training under an ``OffloadSession`` at ``budget``: its plan and its measured steps, or the
     error that ended it (a budget too small for the profiling pass, say) as ``error``."""
     try:
-        result = _session_steps(workload, device, budget, warmup, steps)
+        result = _session_steps(workload, device, budget, warmup, steps, plan_in_background)
     except Exception as error:  # recorded: the other runs' figures still count
         result = {"steps": [], "error": f"{type(error).__name__}: {error}", "budget_bytes": budget}
     release_memory(device)
@@ -198,7 +203,12 @@ def session_run(
 
 
 def _session_steps(
-    workload: Workload, device: torch.device, budget: int | str, warmup: int, steps: int
+    workload: Workload,
+    device: torch.device,
+    budget: int | str,
+    warmup: int,
+    steps: int,
+    plan_in_background: bool,
 ) -> dict[str, Any]:
     torch.manual_seed(0)
     with torch.device(device):
@@ -206,7 +216,8 @@ def _session_steps(
     optimizer = workload.optimizer(model)
     batches = _batches(workload, device)
     min_swap = DEFAULT_MIN_SWAP_BYTES if workload.min_swap_bytes is None else workload.min_swap_bytes
-    session = OffloadSession(OffloadConfig(budget=budget, min_swap_bytes=min_swap), device)
+    config = OffloadConfig(budget=budget, min_swap_bytes=min_swap, plan_in_background=plan_in_background)
+    session = OffloadSession(config, device)
     per_step: list[dict[str, Any]] = []
     try:
         for index in range(warmup + steps):
@@ -280,6 +291,10 @@ def markdown(record: dict[str, Any]) -> str:
     lines = [
         f"# Time model calibration: {record['workload']} {record['params']} on {record['device']}",
         "",
+        "Sessions make refining plans "
+        + ("on the planning worker" if record.get("plan_in_background", True) else "inline (`--plan-inline`)")
+        + ".",
+        "",
         f"- plain step (median): {fmt_ms(plain['median_step_seconds'])} ms"
         + (
             f"; in one profiled step ({fmt_ms(plain['profiled_step_seconds'])} ms) the GPU ran "
@@ -351,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fraction", default="1/2", help="of the saved activations, on top of the model state"
     )
+    parser.add_argument(
+        "--plan-inline",
+        action="store_true",
+        help="sessions plan at the end of the pass their figures come from (plan_in_background=False)",
+    )
     parser.add_argument("--warmup", type=int, default=6)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
@@ -363,19 +383,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = resolve_device(args.device)
     fraction = parse_fraction(args.fraction)
     plain = plain_run(workload, device, args.warmup, args.steps)
-    kept = session_run(workload, device, "auto", args.warmup, args.steps)
+    background = not args.plan_inline
+    kept = session_run(workload, device, "auto", args.warmup, args.steps, background)
     if "static_bytes" not in kept:
         raise SystemExit(
             f"bench.calibration: the session that keeps everything made no plan: {kept.get('error')}"
         )
     budget = kept["static_bytes"] + int(fraction * kept["saved_bytes"])
-    part = session_run(workload, device, budget, args.warmup, args.steps)
+    part = session_run(workload, device, budget, args.warmup, args.steps, background)
     record = {
         "kind": "calibration",
         "workload": workload.name,
         "params": workload.params,
         "device": str(device),
         "fraction_text": args.fraction,
+        "plan_in_background": background,
         "plain": plain,
         "kept": kept,
         "fraction": part,

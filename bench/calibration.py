@@ -21,8 +21,8 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
 On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
 ``cudaFree`` calls and full synchronisations in it (``allocator``), and every session step the
 host time it spent planning the passes after it (``planning_seconds``): what makes a step slow
-that is neither compute nor copies; and, on the step that adopted a plan made on the planning
-worker (``OffloadConfig.plan_in_background``), the worker's time making it
+that is neither compute nor copies; and, on the step that adopted a plan made on a planning
+thread (``OffloadConfig.plan_in_background``), that thread's time making it
 (``background_planning_seconds``: not in the step's time). The warm-up ends waiting for the plans
 in the making, so that the steady steps run them.
 
@@ -292,7 +292,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"# Time model calibration: {record['workload']} {record['params']} on {record['device']}",
         "",
         "Sessions make refining plans "
-        + ("on the planning worker" if record.get("plan_in_background", True) else "inline (`--plan-inline`)")
+        + ("on planning threads" if record.get("plan_in_background", True) else "inline (`--plan-inline`)")
         + ".",
         "",
         f"- plain step (median): {fmt_ms(plain['median_step_seconds'])} ms"
@@ -324,8 +324,8 @@ def markdown(record: dict[str, Any]) -> str:
     lines += [
         "",
         "Per step (wall ms, measured ms, predicted ms, plan source, host ms planning the next passes "
-        "within the wall time, worker ms making the plan this step adopted; on CUDA the allocator's "
-        "retries under the cap, cudaMalloc and cudaFree calls):",
+        "within the wall time, ms a planning thread took making the plan this step adopted; on CUDA "
+        "the allocator's retries under the cap, cudaMalloc and cudaFree calls):",
         "",
     ]
     for name, run in (("kept", kept), ("fraction", part)):

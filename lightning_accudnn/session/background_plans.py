@@ -7,7 +7,9 @@ one worker thread, the pass kind keeps running its plan meanwhile, and the first
 kind that starts after the plan is ready adopts it. The planner is pure Python on immutable
 figures (:func:`~lightning_accudnn.planner.plan.plan_swaps`), so the worker shares nothing
 with the training thread but the interpreter's lock, which torch's kernels, CUDA's waits and
-the autograd engine's backward release.
+the autograd engine's backward release. Each plan gets a thread of its own, which ends with it: no
+thread outlives the plans in the making (a process that forks, as a data loader's workers do,
+rarely has one to fork beside).
 
 A plan made under a headroom that has changed since (the reserve grew) is made again from
 the same figures; an error in the worker is raised by the pass that would have adopted the
@@ -17,13 +19,14 @@ plan, before its forward.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from lightning_accudnn.planner.plan import Plan
 
-__all__ = ["BackgroundPlans", "ReadyPlan"]
+__all__ = ["THREAD_NAME", "BackgroundPlans", "ReadyPlan"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class _Pending:
 
 
 class BackgroundPlans:
-    """At most one plan in the making per key, on one worker thread started when first needed.
+    """At most one plan in the making per key, each on a thread of its own.
 
     Example:
         >>> from lightning_accudnn.planner import plan_swaps
@@ -58,15 +61,19 @@ class BackgroundPlans:
     """
 
     def __init__(self) -> None:
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: dict[Hashable, _Pending] = {}
+        self._threads: list[threading.Thread] = []
 
     def submit(self, key: Hashable, make: Callable[[], Plan], *, made_under: object) -> None:
-        """Make ``key``'s plan with ``make`` on the worker (replacing one still in the making)."""
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accudnn-planner")
+        """Make ``key``'s plan with ``make`` on a thread (replacing one still in the making)."""
         self.drop(key)
-        self._pending[key] = _Pending(self._executor.submit(_timed, make), made_under)
+        future: concurrent.futures.Future[ReadyPlan] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        thread = threading.Thread(target=_run, args=(make, future), name=THREAD_NAME, daemon=True)
+        self._threads = [each for each in self._threads if each.is_alive()]
+        self._threads.append(thread)
+        self._pending[key] = _Pending(future, made_under)
+        thread.start()
 
     def waiting(self, key: Hashable) -> bool:
         """Whether a plan for ``key`` is in the making or ready and not taken yet."""
@@ -75,7 +82,7 @@ class BackgroundPlans:
     def take(self, key: Hashable, *, made_under: object) -> ReadyPlan | None:
         """``key``'s plan when it is ready and was made under ``made_under`` (``None`` while it
         is in the making, when there is none, or when it was made under something else: it is
-        then forgotten). Raises what the worker raised making it."""
+        then forgotten). Raises what the thread raised making it."""
         pending = self._pending.get(key)
         if pending is None or not pending.future.done():
             return None
@@ -96,21 +103,28 @@ class BackgroundPlans:
 
     def drop(self, key: Hashable | None = None) -> None:
         """Forget ``key``'s plan (every key's with ``None``); one in the making finishes unused."""
-        keys = list(self._pending) if key is None else [key]
-        for each in keys:
-            pending = self._pending.pop(each, None)
-            if pending is not None:
-                pending.future.cancel()
+        if key is None:
+            self._pending.clear()
+        else:
+            self._pending.pop(key, None)
 
     def close(self) -> None:
-        """Forget every plan and stop the worker (waiting for a plan in the making). Idempotent."""
+        """Forget every plan, and wait for the threads still making one. Idempotent."""
         self.drop()
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
 
 
-def _timed(make: Callable[[], Plan]) -> ReadyPlan:
+#: The name of the threads plans are made on.
+THREAD_NAME = "accudnn-planner"
+
+
+def _run(make: Callable[[], Plan], future: concurrent.futures.Future[ReadyPlan]) -> None:
     started = time.perf_counter()
-    plan = make()
-    return ReadyPlan(plan, time.perf_counter() - started)
+    try:
+        plan = make()
+    except BaseException as error:  # handed to the training thread, which raises it
+        future.set_exception(error)
+    else:
+        future.set_result(ReadyPlan(plan, time.perf_counter() - started))

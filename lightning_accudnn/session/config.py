@@ -58,7 +58,7 @@ class OffloadConfig:
       (:mod:`lightning_accudnn.session.collector_pause`); ``False`` leaves it alone.
     * ``plan_in_background``: make the plans that refine a pass kind's plan from its warmer
       timings (after its profiling pass, two planned passes are timed again, see
-      :mod:`~lightning_accudnn.session.warm_times`) on a worker thread while training goes on;
+      :mod:`~lightning_accudnn.session.warm_times`) on a thread of their own while training goes on;
       the first pass of the kind that starts after such a plan is ready adopts it, and until
       then the kind runs the plan in force, which fits the budget as well
       (:mod:`~lightning_accudnn.session.background_plans`). ``False`` makes them at the end of

@@ -63,7 +63,7 @@ class PassRunner:
 
     ``probe`` is the host link's probe (called at a pass kind's first profile);
     ``selective_probe`` whether profiling passes measure selective recomputation;
-    ``plan_in_background`` whether plans that only refine a kind's plan are made on a worker
+    ``plan_in_background`` whether plans that only refine a kind's plan are made on a thread
     thread (:class:`~lightning_accudnn.session.background_plans.BackgroundPlans`) and adopted by
     the first pass of the kind that starts after they are ready.
 
@@ -132,8 +132,8 @@ class PassRunner:
         #: The most the allocator held above the engine's ledger in a pass so far (0 without one).
         self.unseen_bytes = 0
         self._planning_seconds = 0.0  # spent making plans at the end of the pass concluding now
-        self._background_seconds = 0.0  # the worker's time making the plan the current pass adopted
-        self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its worker's time
+        self._background_seconds = 0.0  # the thread's time making the plan the current pass adopted
+        self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its thread's time
         # Per pass kind whose refinement waits for its last timed pass: the fastest times so far.
         self._warm_profiles: dict[PassKey, StepProfile] = {}
 
@@ -330,7 +330,7 @@ class PassRunner:
         ``in_background`` when the plan only refines the one in force: with
         :attr:`plan_in_background`, that plan then stays in force, and its passes are timed,
         until :data:`~lightning_accudnn.session.warm_times.TIMED_PLANNED_PASSES` planned passes
-        were; the plan from them is made on the worker and adopted when ready. The passes timed
+        were; the plan from them is made on a thread and adopted when ready. The passes timed
         are those :attr:`plan_in_background` ``False`` times."""
         started = time.perf_counter()
         planned = self.agreement.measured(key).planned
@@ -362,7 +362,7 @@ class PassRunner:
             self.plan = self.book.plan(last.key)
 
     def _adopt_ready_plan(self, key: PassKey) -> None:
-        """Adopt ``key``'s plan made on the worker, if it is ready (and was made under the
+        """Adopt ``key``'s plan made on a thread, if it is ready (and was made under the
         headroom in force: else it is forgotten, and the next pass refines again)."""
         ready = self.background_plans.take(key, made_under=self.planning.headroom)
         if ready is None:

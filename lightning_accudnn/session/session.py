@@ -365,7 +365,7 @@ class OffloadSession:
         return self._whole_models.get(id(model))
 
     def wait_for_plans(self) -> None:
-        """Wait for the plans being made on the planning worker
+        """Wait for the plans being made on planning threads
         (``OffloadConfig.plan_in_background``) and adopt them: ``plan`` is then the newest, and
         the next pass of each kind runs its own. For a benchmark's warm-up, a tuner reading the
         plan, or a test that asserts which plan a pass runs.

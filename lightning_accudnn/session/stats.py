@@ -37,7 +37,7 @@ class OffloadStats:
     is the host's wall-clock time this pass spent at the end of its backward planning the
     passes after it (0 when it planned nothing): not part of ``step_seconds``, but of the step
     a user waits for. ``background_planning_seconds`` is, on the pass that adopted a plan made
-    on the planning worker (``OffloadConfig.plan_in_background``), the worker's time making it:
+    on a planning thread (``OffloadConfig.plan_in_background``), that thread's time making it:
     time the training thread did not wait for.
 
     Example:

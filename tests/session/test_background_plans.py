@@ -12,10 +12,10 @@ from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import plan_swaps
 from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session import planning
-from lightning_accudnn.session.background_plans import BackgroundPlans
+from lightning_accudnn.session.background_plans import THREAD_NAME, BackgroundPlans
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
-WORKER = "accudnn-planner"
+WORKER = THREAD_NAME
 
 
 def _profile() -> StepProfile:

@@ -263,8 +263,12 @@ def recompute_cost_lines(
     return tuple(lines), high[0]
 
 
-# seconds, held bytes, (point, previous span, bucket) it came from, the span taken to it or -1
-_State = tuple[float, int, tuple[int, int, int] | None, int]
+# A state of fitting_set's program: held bytes, seconds, the order its key was first reached
+# in (ties in held bytes and seconds keep that order), the span just before (-1: none), its
+# bucket, the state it came from (its number in the trail, -1: the start) and the span taken to
+# it (-1: none). Numbers only: the garbage collector stops tracking such tuples, so the many
+# states of a large profile never make it walk the whole heap of a training process.
+_State = tuple[int, float, int, int, int, int, int]
 
 #: Amounts of held bytes :func:`fitting_set` tells apart (its step: the bytes available / this).
 FITTING_RESOLUTION = 512
@@ -313,70 +317,97 @@ def fitting_set(
     for index, span in enumerate(useful):
         starting[at[span.first]].append(index)
     unit = max(1, available_bytes // resolution)
-    transient = [span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes for span in useful]
-    covered = [min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources)) for span in useful]
-    # per span: (its end point, held bytes, recompute seconds, output bytes, name, input sources)
-    figures = [
-        (
-            at[span.last + 1],
-            span.held_bytes,
-            span.recompute_seconds,
-            span.output_bytes,
-            span.name,
-            span.sources,
-        )
-        for span in useful
-    ]
-    # states[p]: (previous span or -1, bucket) -> (seconds, held bytes, back pointer, span taken)
+    # states[p]: (previous span or -1, bucket) -> the cheapest state reaching it (see _State)
     states: list[dict[tuple[int, int], _State]] = [{} for _ in points]
-    states[0][(-1, 0)] = (0.0, 0, None, -1)
+    states[0][(-1, 0)] = (0, 0.0, 0, -1, 0, -1, -1)
+    reached = 1  # keys reached so far: the order of the next new one
+    # The states that went on, by number: the state each came from and the span taken to it.
+    trail_from: list[int] = []
+    trail_taken: list[int] = []
+    # What the layers up to the next point add when kept after each previous span: its outputs.
+    outputs = [span.output_bytes for span in useful]
     for p in range(len(points) - 1):
         gap = prefix[points[p + 1]] - prefix[points[p]]
-        following, here = states[p + 1], starting[p]
+        following = states[p + 1]
+        offers: dict[int, list[tuple[int, dict[tuple[int, int], _State], int, int, float]]] = {}
         # Only states no other with the same previous span beats in both bytes held and seconds
-        # go on (the others can only lead to sets no cheaper and no smaller).
+        # go on (the others can only lead to sets no cheaper and no smaller); the walk is in
+        # order of bytes held, then seconds, then of first reaching (a tie keeps the earlier).
         least: dict[int, float] = {}
-        for (previous, bucket), (seconds, held, _, _) in sorted(states[p].items(), key=_held_then_seconds):
+        for held, seconds, _, previous, _, came_from, taken in sorted(states[p].values()):
             if seconds >= least.get(previous, math.inf):
                 continue
             least[previous] = seconds
-            back = (p, previous, bucket)
-            outputs, before_name = (figures[previous][3], figures[previous][4]) if previous >= 0 else (0, "")
+            number = len(trail_from)
+            trail_from.append(came_from)
+            trail_taken.append(taken)
             # The layers up to the next point are kept.
-            now = held + outputs + gap
+            now = held + gap + (outputs[previous] if previous >= 0 else 0)
             if now <= available_bytes:
-                key = (-1, now // unit)
+                bucket = now // unit
+                key = (-1, bucket)
                 known = following.get(key)
-                if known is None or (seconds, now) < known[:2]:
-                    following[key] = (seconds, now, back, -1)
-            for index in here:
-                end, span_held, span_seconds, _, _, sources = figures[index]
-                if previous >= 0:
-                    now = held + max(0, outputs - sources.get(before_name, 0)) + span_held
-                else:
-                    now = held + span_held - covered[index]
-                if now + transient[index] > available_bytes:  # transients are never negative
+                if known is None:
+                    following[key] = (now, seconds, reached, -1, bucket, number, -1)
+                    reached += 1
+                elif seconds < known[1] or (seconds == known[1] and now < known[0]):
+                    following[key] = (now, seconds, known[2], -1, bucket, number, -1)
+            if not starting[p]:
+                continue
+            options = offers.get(previous)
+            if options is None:
+                options = _offers(useful, starting[p], previous, states, at, available_bytes)
+                offers[previous] = options
+            for index, target, added, most_held, span_seconds in options:
+                if held > most_held:  # its transient (never negative) would not fit
                     continue
-                key, total = (index, now // unit), seconds + span_seconds
-                known = states[end].get(key)
-                if known is None or (total, now) < known[:2]:
-                    states[end][key] = (total, now, back, index)
-    final = [(entry[0], entry[1], key) for key, entry in states[-1].items()]
-    if not final:
+                now = held + added
+                bucket = now // unit
+                key = (index, bucket)
+                total = seconds + span_seconds
+                known = target.get(key)
+                if known is None:
+                    target[key] = (now, total, reached, index, bucket, number, index)
+                    reached += 1
+                elif total < known[1] or (total == known[1] and now < known[0]):
+                    target[key] = (now, total, known[2], index, bucket, number, index)
+    if not states[-1]:
         return None
-    _, _, key = min(final)
+    last = min(states[-1].values(), key=lambda state: (state[1], state[0], state[3], state[4]))
     chosen: list[SegmentSpan] = []
-    p = len(points) - 1
+    came_from, taken = last[5], last[6]
     while True:
-        entry = states[p][key]
-        if entry[3] >= 0:
-            chosen.append(useful[entry[3]])
-        if entry[2] is None:
+        if taken >= 0:
+            chosen.append(useful[taken])
+        if came_from < 0:
             break
-        p, previous, bucket = entry[2]
-        key = (previous, bucket)
+        came_from, taken = trail_from[came_from], trail_taken[came_from]
     return tuple(reversed(chosen))
 
 
-def _held_then_seconds(item: tuple[tuple[int, int], _State]) -> tuple[int, float]:
-    return item[1][1], item[1][0]
+def _offers(
+    useful: Sequence[SegmentSpan],
+    here: Sequence[int],
+    previous: int,
+    states: list[dict[tuple[int, int], _State]],
+    at: dict[int, int],
+    available_bytes: int,
+) -> list[tuple[int, dict[tuple[int, int], _State], int, int, float]]:
+    """For each span starting at a point, taken after ``previous`` (-1: a kept layer or the
+    start): (span, the states at its end, the bytes it adds to those held, the most bytes held
+    before it with which it and its transient fit, its recompute seconds). A recomputed span
+    holds its :attr:`~.recompute.SegmentSpan.held_bytes`; after a recomputed span, that one's
+    outputs once more unless this one takes them as inputs; after kept layers, less the inputs
+    they saved (``input_sources``)."""
+    before = useful[previous] if previous >= 0 else None
+    options = []
+    for index in here:
+        span = useful[index]
+        if before is not None:
+            added = max(0, before.output_bytes - span.sources.get(before.name, 0)) + span.held_bytes
+        else:
+            added = span.held_bytes - min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources))
+        transient = span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes
+        end = states[at[span.last + 1]]
+        options.append((index, end, added, available_bytes - transient - added, span.recompute_seconds))
+    return options

@@ -511,16 +511,18 @@ def recomputed_profile(
             raise ValueError(f"recomputed segments {before.name!r} and {after.name!r} overlap")
     # The new layers: (name, [original indices], span or None), and each profile layer's
     position = [0] * len(layers)
-    groups: list[tuple[str, list[int], SegmentSpan | None]] = []
+    # (tuples and numbers only where there is one per layer: the garbage collector stops tracking
+    # those, so planning in a large process does not make it walk the whole heap)
+    groups: list[tuple[str, tuple[int, ...], SegmentSpan | None]] = []
     ungrouped = 0  # the first profile layer not grouped yet
     for span in (*chosen, None):
         for i in range(ungrouped, len(layers) if span is None else span.first):
             position[i] = len(groups)
-            groups.append((layers[i].name, [i], None))
+            groups.append((layers[i].name, (i,), None))
         if span is not None:
             for i in range(span.first, span.last + 1):
                 position[i] = len(groups)
-            groups.append((span.name, list(range(span.first, span.last + 1)), span))
+            groups.append((span.name, tuple(range(span.first, span.last + 1)), span))
             ungrouped = span.last + 1
     index, resaving = _layer_index(profile)
     count = len(groups)
@@ -531,10 +533,10 @@ def recomputed_profile(
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
-    sources = [dict(span.sources) if span is not None else {} for _, _, span in groups]
+    sources = {g: dict(span.sources) for g, (_, _, span) in enumerate(groups) if span is not None}
     leaving = [0] * count  # per recomputed segment: re-saved bytes first saved inside it
     covered = [0] * count  # per recomputed segment: its input bytes a kept layer before saves
-    resaves: list[dict[str, int]] = [{} for _ in groups]
+    resaves: dict[int, dict[str, int]] = {}  # per group that has any
 
     def take(segment: int, source: str, nbytes: int) -> int:
         """As many of ``nbytes`` as are inputs of ``segment`` made by ``source``."""
@@ -563,7 +565,8 @@ def recomputed_profile(
             target = groups[later][2]
             if span is None:
                 name = groups[later][0]
-                resaves[group][name] = resaves[group].get(name, 0) + nbytes
+                made = resaves.setdefault(group, {})
+                made[name] = made.get(name, 0) + nbytes
                 if target is not None and i in innermost:  # the segment's inputs, saved here first?
                     covered[later] += take(later, innermost[i], nbytes)
                 continue
@@ -596,7 +599,7 @@ def recomputed_profile(
             resident = layer.resident_bytes + extra_resident[g]
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0
-            resaved = tuple(resaves[g].items()) if swap_bytes else ()
+            resaved = tuple(resaves[g].items()) if swap_bytes and g in resaves else ()
             if (
                 swap_bytes == layer.swappable_bytes
                 and saved == layer.saved_bytes
@@ -643,7 +646,7 @@ def recomputed_profile(
     return RecomputedProfile(
         derived,
         tuple(transient),
-        tuple(tuple(indices) for _, indices, _ in groups),
+        tuple(indices for _, indices, _ in groups),
         tuple(name for span in chosen for name in span.names),
         tuple(chosen),
     )

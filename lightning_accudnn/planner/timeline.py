@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from operator import and_
 
 from lightning_accudnn.planner.timeline_results import (
     LayerTiming,
@@ -122,6 +123,7 @@ class Simulator:
         self.static = profile.static_bytes
         self.saved = tuple(layer.saved_bytes for layer in layers)
         self.swappable = tuple(layer.swappable_bytes for layer in layers)
+        self._can_swap = tuple(w > 0 for w in self.swappable)
         self.fwd = tuple(float(layer.forward_seconds) for layer in layers)
         self.bwd = tuple(float(layer.backward_seconds) for layer in layers)
         self.out = tuple(w / profile.d2h_bytes_per_second for w in self.swappable)
@@ -141,20 +143,23 @@ class Simulator:
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
         save, their total bytes); and those layers alone (what the backward terms read)."""
-        self._resaved_by_last: list[tuple[int, list[tuple[int, int]], int]] = []
+        # Tuples of numbers, one per such layer: the garbage collector stops tracking them (a
+        # search keeps many simulators; lists here would make it walk a training process's heap).
+        resaved_by_last: list[tuple[int, tuple[tuple[int, int], ...], int]] = []
         for first, entries in enumerate(self.resaved):
             if entries:
                 by_last: dict[int, int] = {}
                 for last, nbytes in entries:
                     by_last[last] = by_last.get(last, 0) + nbytes
-                self._resaved_by_last.append((first, sorted(by_last.items()), sum(by_last.values())))
-        self._resaving = [first for first, _, _ in self._resaved_by_last]
+                resaved_by_last.append((first, tuple(sorted(by_last.items())), sum(by_last.values())))
+        self._resaved_by_last = tuple(resaved_by_last)
+        self._resaving = tuple(first for first, _, _ in resaved_by_last)
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
         if len(swap) != self.k:
             raise ValueError(f"swap has {len(swap)} entries for a profile of {self.k} layers")
-        return tuple(bool(s) and w > 0 for s, w in zip(swap, self.swappable, strict=True))
+        return tuple(map(and_, map(bool, swap), self._can_swap))
 
     def swap_everything(self) -> tuple[bool, ...]:
         return tuple(w > 0 for w in self.swappable)
@@ -433,7 +438,9 @@ class Simulator:
 
         # Copies in, in prefetch order: (needed by B of, bytes, owner). A retired layer's bytes
         # come back for its own backward, except the re-saved ones: for the later layer's.
-        items: list[list[tuple[int, int, int]]] = [[] for _ in range(k)]
+        # Sorted by the backward that needs them, last first, then in the order listed here
+        # (numbers only, no list per layer: see Simulator.__init__).
+        items: list[tuple[int, int, int, int, int]] = []
         for j in range(k):
             if not retired[j]:
                 continue
@@ -441,11 +448,12 @@ class Simulator:
             for last, nbytes in self.resaved[j]:
                 moved = min(left, nbytes)
                 if moved:
-                    items[last].append((last, moved, j))
+                    items.append((-last, len(items), last, moved, j))
                     left -= moved
             if left:
-                items[j].append((j, left, j))
-        order = [item for i in range(k - 1, -1, -1) for item in items[i]]
+                items.append((-j, len(items), j, left, j))
+        items.sort()
+        order = [(needed_by, nbytes, owner) for _, _, needed_by, nbytes, owner in items]
         admitted = 0
         waiting_bytes = 0
         admitted_at: list[float | None] = [None] * k
@@ -471,11 +479,13 @@ class Simulator:
                 ready[needed_by] = max(ready[needed_by], stream)
                 ready[owner] = max(ready[owner], stream)
 
+        copies = len(order)  # (prefetch admits nothing once every copy is admitted)
         prefetch(end_forward)
         backward_start = [0.0] * k
         backward_end = [0.0] * k
         for i in range(k - 1, -1, -1):
-            prefetch(now, due=i)  # re-saved bytes held in the window may have stopped it
+            if admitted < copies:  # re-saved bytes held in the window may have stopped it
+                prefetch(now, due=i)
             if now < ready[i]:  # copies this backward reads: its own and re-saved ones
                 wait += ready[i] - now
                 now = ready[i]
@@ -484,7 +494,8 @@ class Simulator:
             backward_end[i] = now
             if retired[i]:
                 waiting_bytes -= owned[i]
-                prefetch(now)
+                if admitted < copies:
+                    prefetch(now)
             elif swap[i] and now < out_end[i]:  # left in the FIFO: wait for its copy before the free
                 wait += out_end[i] - now
                 now = out_end[i]

@@ -199,7 +199,13 @@ class Simulator:
         window = choice.prefetch_window_bytes
         if self.has_resaves:
             for kept, own, nxt, below in self._backward_terms(retired):
-                peak = max(peak, kept + max(own, nxt, min(window, below)))
+                # kept + max(own, nxt, min(window, below)), in comparisons (the hot loop)
+                level = own if own > nxt else nxt
+                if below > window:
+                    below = window
+                level = kept + (level if level > below else below)
+                if level > peak:
+                    peak = level
             return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
         for saved, own, extra in zip(self.saved, retired, self.transient, strict=True):
@@ -231,39 +237,45 @@ class Simulator:
             return None
         largest = sum(retired)
         for kept, own, nxt, below in self._backward_terms(retired):
-            if kept + max(own, nxt) > cap:
+            if kept + (own if own > nxt else nxt) > cap:
                 return None
-            if kept + below > cap:
-                largest = min(largest, cap - kept)
+            if kept + below > cap and cap - kept < largest:
+                largest = cap - kept
         return largest
 
     def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:
         """Levels at the start of each ``F_i`` and the bytes of each layer retired in forward."""
         saved, swappable = self.saved, self.swappable
-        forward_levels = []
+        forward_levels: list[int] = []
+        level = forward_levels.append
         held = self.static  # static + bytes of earlier layers that are not swapped
         fifo: deque[int] = deque()  # layers with bytes in flight, oldest first
         left = [0] * self.k  # bytes of each layer still in the FIFO
         fifo_bytes = 0
-        for i in range(self.k):
-            forward_levels.append(held + fifo_bytes + saved[i])
-            if not swap[i]:
-                held += saved[i]
+        for i, swapped in enumerate(swap):
+            nbytes = saved[i]
+            level(held + fifo_bytes + nbytes)
+            if not swapped:
+                held += nbytes
                 continue
-            held += saved[i] - swappable[i]
+            moving = swappable[i]
+            held += nbytes - moving
             fifo.append(i)
-            left[i] = swappable[i]
-            fifo_bytes += swappable[i]
+            left[i] = moving
+            fifo_bytes += moving
             if limit is None:
                 continue
             while fifo_bytes > limit and len(fifo) > 1:
                 oldest = fifo[0]
-                retire = min(left[oldest], fifo_bytes - limit)
-                left[oldest] -= retire
-                fifo_bytes -= retire
-                if left[oldest] == 0:
+                retire = fifo_bytes - limit
+                if left[oldest] <= retire:  # all of it
+                    fifo_bytes -= left[oldest]
+                    left[oldest] = 0
                     fifo.popleft()
-        retired = [swappable[i] - left[i] if swap[i] else 0 for i in range(self.k)]
+                else:
+                    left[oldest] -= retire
+                    fifo_bytes -= retire
+        retired = [w - still if s else 0 for s, w, still in zip(swap, swappable, left, strict=True)]
         return forward_levels, retired
 
     def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:

@@ -143,17 +143,26 @@ class Simulator:
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
         save, their total bytes); and those layers alone (what the backward terms read)."""
-        # Tuples of numbers, one per such layer: the garbage collector stops tracking them (a
-        # search keeps many simulators; lists here would make it walk a training process's heap).
-        resaved_by_last: list[tuple[int, tuple[tuple[int, int], ...], int]] = []
+        # Flat tuples of numbers, side by side: the garbage collector stops tracking those (a
+        # search keeps many simulators; a tuple or list per layer here would be kept tracked,
+        # and make it walk the whole heap of a training process more often).
+        firsts: list[int] = []
+        lasts: list[tuple[int, ...]] = []
+        moved: list[tuple[int, ...]] = []
+        totals: list[int] = []
         for first, entries in enumerate(self.resaved):
             if entries:
                 by_last: dict[int, int] = {}
                 for last, nbytes in entries:
                     by_last[last] = by_last.get(last, 0) + nbytes
-                resaved_by_last.append((first, tuple(sorted(by_last.items())), sum(by_last.values())))
-        self._resaved_by_last = tuple(resaved_by_last)
-        self._resaving = tuple(first for first, _, _ in resaved_by_last)
+                order = sorted(by_last)
+                firsts.append(first)
+                lasts.append(tuple(order))
+                moved.append(tuple(by_last[last] for last in order))
+                totals.append(sum(by_last.values()))
+        self._resaving = tuple(firsts)
+        self._resaved_lasts, self._resaved_moved = tuple(lasts), tuple(moved)
+        self._resaved_totals = tuple(totals)
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -308,7 +317,9 @@ class Simulator:
         held: dict[int, dict[int, int]] = {}
         early = [0] * k  # E_i: the sum over f of held[f][i]
         arrivals: dict[int, list[tuple[int, int]]] = {}  # (first, bytes) by last save
-        for first, by_last, total in self._resaved_by_last:
+        for first, lasts, moves, total in zip(
+            self._resaving, self._resaved_lasts, self._resaved_moved, self._resaved_totals, strict=True
+        ):
             cap = retired[first]
             if cap == 0:
                 continue
@@ -317,14 +328,14 @@ class Simulator:
             remaining = total
             start = first + 1
             held_first = held[first] = {}
-            for last, nbytes in by_last:
-                share = min(cap, remaining)
+            for last, nbytes in zip(lasts, moves, strict=True):
+                share = cap if cap < remaining else remaining
                 for i in range(start, last + 1):
                     held_first[i] = share
                     early[i] += share
                 start = max(start, last + 1)
                 remaining -= nbytes
-            for last, moved in by_last:
+            for last, moved in zip(lasts, moves, strict=True):
                 arrivals.setdefault(last, []).append((first, moved))
         # What is left at position n to bring back while B_i runs (retired bytes less those held
         # early, plus re-saved ones arriving there) depends on i only where something is held or
@@ -363,7 +374,8 @@ class Simulator:
                     held_n = held.get(n)
                     content = retired[n] - (held_n.get(i, 0) if held_n is not None else 0)
                     for first, moved in arrivals.get(n, no_arrivals):
-                        content += min(retired[first] - held[first].get(i, 0), moved)
+                        back = retired[first] - held[first].get(i, 0)
+                        content += back if back < moved else moved
                     if content > 0:
                         next_retired = content
                         break

@@ -95,7 +95,7 @@ def recompute_frontier(
         if p > 0:  # the layers since the previous point are not recomputed
             before = cost[p - 1]
             for q in range(top + 1):  # on a tie, recompute nothing more
-                if before[q] <= here[q] and before[q] < math.inf:
+                if before[q] <= here[q] and before[q] < inf:
                     here[q], here_back[q] = before[q], (q, -1)
         for q in range(top - 1, -1, -1):  # a set freeing q + 1 units frees q units too
             if here[q + 1] < here[q]:
@@ -106,8 +106,13 @@ def recompute_frontier(
             target, target_back = cost[end], back[end]
             seconds = span.recompute_seconds
             for q in range(top + 1):
-                value = here[q] + seconds
-                reached = min(top, q + amount)
+                value = here[q]
+                if value == inf:  # nothing before frees q units: nothing to extend
+                    continue
+                value += seconds
+                reached = q + amount
+                if reached > top:
+                    reached = top
                 if value < target[reached]:
                     target[reached], target_back[reached] = value, (q, index)
     sets: list[tuple[SegmentSpan, ...]] = []

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from operator import and_
+from operator import and_, attrgetter
 
 from lightning_accudnn.planner.timeline_results import (
     LayerTiming,
@@ -119,18 +119,20 @@ class Simulator:
         layers = profile.layers
         self.profile = profile
         self.k = len(layers)
-        self.names = tuple(layer.name for layer in layers)
+        self.names: tuple[str, ...] = tuple(map(attrgetter("name"), layers))
         self.static = profile.static_bytes
-        self.saved = tuple(layer.saved_bytes for layer in layers)
-        self.swappable = tuple(layer.swappable_bytes for layer in layers)
+        self.saved: tuple[int, ...] = tuple(map(attrgetter("saved_bytes"), layers))
+        self.swappable: tuple[int, ...] = tuple(map(attrgetter("swappable_bytes"), layers))
         self._can_swap = tuple(w > 0 for w in self.swappable)
-        self.fwd = tuple(float(layer.forward_seconds) for layer in layers)
-        self.bwd = tuple(float(layer.backward_seconds) for layer in layers)
+        self.fwd = tuple(map(float, map(attrgetter("forward_seconds"), layers)))
+        self.bwd = tuple(map(float, map(attrgetter("backward_seconds"), layers)))
         self.out = tuple(w / profile.d2h_bytes_per_second for w in self.swappable)
         position = {name: i for i, name in enumerate(self.names)}
         # Per layer: (index of the later layer that saves it last, bytes), later layers only.
         self.resaved = tuple(
             tuple((position[later], nbytes) for later, nbytes in layer.resaved_by if position[later] > i)
+            if layer.resaved_by
+            else ()
             for i, layer in enumerate(layers)
         )
         self.has_resaves = any(self.resaved)

@@ -322,63 +322,67 @@ def fitting_set(
     for index, span in enumerate(useful):
         starting[at[span.first]].append(index)
     unit = max(1, available_bytes // resolution)
-    # states[p]: (previous span or -1, bucket) -> the cheapest state reaching it (see _State)
-    states: list[dict[tuple[int, int], _State]] = [{} for _ in points]
-    states[0][(-1, 0)] = (0, 0.0, 0, -1, 0, -1, -1)
+    # states[p][previous span or -1][bucket]: the cheapest state reaching it (see _State)
+    states: list[dict[int, dict[int, _State]]] = [{} for _ in points]
+    states[0][-1] = {0: (0, 0.0, 0, -1, 0, -1, -1)}
     reached = 1  # keys reached so far: the order of the next new one
     # The states that went on, by number: the state each came from and the span taken to it.
     trail_from: list[int] = []
     trail_taken: list[int] = []
-    # What the layers up to the next point add when kept after each previous span: its outputs.
-    outputs = [span.output_bytes for span in useful]
+    # What the layers up to the next point add when kept after each previous span: its outputs
+    # (the last entry, for -1: none).
+    outputs = [*(span.output_bytes for span in useful), 0]
+    inf = math.inf
     for p in range(len(points) - 1):
         gap = prefix[points[p + 1]] - prefix[points[p]]
-        following = states[p + 1]
-        offers: dict[int, list[tuple[int, dict[tuple[int, int], _State], int, int, float]]] = {}
+        kept = states[p + 1].setdefault(-1, {})
+        here = starting[p]
+        offers: dict[int, list[tuple[int, dict[int, _State], int, int, float]]] = {}
         # Only states no other with the same previous span beats in both bytes held and seconds
         # go on (the others can only lead to sets no cheaper and no smaller); the walk is in
         # order of bytes held, then seconds, then of first reaching (a tie keeps the earlier).
         least: dict[int, float] = {}
-        for held, seconds, _, previous, _, came_from, taken in sorted(states[p].values()):
-            if seconds >= least.get(previous, math.inf):
+        walk = [state for by_bucket in states[p].values() for state in by_bucket.values()]
+        walk.sort()
+        for held, seconds, _, previous, _, came_from, taken in walk:
+            if seconds >= least.get(previous, inf):
                 continue
             least[previous] = seconds
             number = len(trail_from)
             trail_from.append(came_from)
             trail_taken.append(taken)
             # The layers up to the next point are kept.
-            now = held + gap + (outputs[previous] if previous >= 0 else 0)
+            now = held + gap + outputs[previous]
             if now <= available_bytes:
                 bucket = now // unit
-                key = (-1, bucket)
-                known = following.get(key)
+                known = kept.get(bucket)
                 if known is None:
-                    following[key] = (now, seconds, reached, -1, bucket, number, -1)
+                    kept[bucket] = (now, seconds, reached, -1, bucket, number, -1)
                     reached += 1
                 elif seconds < known[1] or (seconds == known[1] and now < known[0]):
-                    following[key] = (now, seconds, known[2], -1, bucket, number, -1)
-            if not starting[p]:
+                    kept[bucket] = (now, seconds, known[2], -1, bucket, number, -1)
+            if not here:
                 continue
             options = offers.get(previous)
             if options is None:
-                options = _offers(useful, starting[p], previous, states, at, available_bytes)
+                options = _offers(useful, here, previous, states, at, available_bytes)
                 offers[previous] = options
             for index, target, added, most_held, span_seconds in options:
                 if held > most_held:  # its transient (never negative) would not fit
                     continue
                 now = held + added
                 bucket = now // unit
-                key = (index, bucket)
                 total = seconds + span_seconds
-                known = target.get(key)
+                known = target.get(bucket)
                 if known is None:
-                    target[key] = (now, total, reached, index, bucket, number, index)
+                    target[bucket] = (now, total, reached, index, bucket, number, index)
                     reached += 1
                 elif total < known[1] or (total == known[1] and now < known[0]):
-                    target[key] = (now, total, known[2], index, bucket, number, index)
-    if not states[-1]:
+                    target[bucket] = (now, total, known[2], index, bucket, number, index)
+    final = [state for by_bucket in states[-1].values() for state in by_bucket.values()]
+    if not final:
         return None
-    last = min(states[-1].values(), key=lambda state: (state[1], state[0], state[3], state[4]))
+    last = min(final, key=lambda state: (state[1], state[0], state[3], state[4]))
     chosen: list[SegmentSpan] = []
     came_from, taken = last[5], last[6]
     while True:
@@ -394,13 +398,14 @@ def _offers(
     useful: Sequence[SegmentSpan],
     here: Sequence[int],
     previous: int,
-    states: list[dict[tuple[int, int], _State]],
+    states: list[dict[int, dict[int, _State]]],
     at: dict[int, int],
     available_bytes: int,
-) -> list[tuple[int, dict[tuple[int, int], _State], int, int, float]]:
+) -> list[tuple[int, dict[int, _State], int, int, float]]:
     """For each span starting at a point, taken after ``previous`` (-1: a kept layer or the
-    start): (span, the states at its end, the bytes it adds to those held, the most bytes held
-    before it with which it and its transient fit, its recompute seconds). A recomputed span
+    start): (span, the states at its end that it is the last span of, by bucket, the bytes it
+    adds to those held, the most bytes held before it with which it and its transient fit, its
+    recompute seconds). A recomputed span
     holds its :attr:`~.recompute.SegmentSpan.held_bytes`; after a recomputed span, that one's
     outputs once more unless this one takes them as inputs; after kept layers, less the inputs
     they saved (``input_sources``)."""
@@ -413,6 +418,6 @@ def _offers(
         else:
             added = span.held_bytes - min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources))
         transient = span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes
-        end = states[at[span.last + 1]]
+        end = states[at[span.last + 1]].setdefault(index, {})
         options.append((index, end, added, available_bytes - transient - added, span.recompute_seconds))
     return options

@@ -10,12 +10,14 @@ only (and, with ``--heap``, torch, torchvision and transformers first).
 planned on a fresh copy of its case's profile (another object, as each pass's profile is), in
 the same order every run. Prints one JSON object: ``{"case fraction policy": {"seconds": CPU
 seconds (time.process_time), "plan": sha256 of the plan's to_dict(), or of the refusal (the
-smallest budget where none fits)}}``.
+smallest budget where none fits), "full_collections": how many times the garbage collector
+walked the whole heap during the cell}}``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import pickle
@@ -47,18 +49,25 @@ def time_cells(profiles: dict[str, Any]) -> dict[str, dict[str, Any]]:
         >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1e-3, 2e-3) for i in range(4))
         >>> cells = time_cells({"toy": StepProfile(layers, 0, 1e6, 1e6)})
         >>> len(cells), sorted(cells["toy 1/2 swap"])
-        (16, ['plan', 'seconds'])
+        (16, ['full_collections', 'plan', 'seconds'])
         >>> cells["toy 1/2 recompute"]["plan"] == digest({"refused": "nothing to recompute"})  # no segments
         True
     """
     from lightning_accudnn.planner.plan import BudgetTooSmallError, NothingToRecomputeError, plan_swaps
 
     cells: dict[str, dict[str, Any]] = {}
+    full = [0]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        full[0] += phase == "stop" and info["generation"] == 2
+
+    gc.callbacks.append(count)
     for case, profile in profiles.items():
         for label, fraction in FRACTIONS:
             budget = profile.static_bytes + round(fraction * profile.saved_bytes)
             for policy in POLICIES:
                 fresh = dataclasses.replace(profile)
+                full[0] = 0
                 started = time.process_time()
                 try:
                     plan: object = plan_swaps(fresh, budget, policy=policy).to_dict()
@@ -67,7 +76,12 @@ def time_cells(profiles: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 except NothingToRecomputeError:
                     plan = {"refused": "nothing to recompute"}
                 seconds = time.process_time() - started
-                cells[f"{case} {label} {policy}"] = {"seconds": seconds, "plan": digest(plan)}
+                cells[f"{case} {label} {policy}"] = {
+                    "seconds": seconds,
+                    "plan": digest(plan),
+                    "full_collections": full[0],
+                }
+    gc.callbacks.remove(count)
     return cells
 
 

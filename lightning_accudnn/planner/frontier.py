@@ -337,15 +337,16 @@ def fitting_set(
         gap = prefix[points[p + 1]] - prefix[points[p]]
         kept = states[p + 1].setdefault(-1, {})
         here = starting[p]
-        offers: dict[int, list[tuple[int, dict[int, _State], int, int, float]]] = {}
+        # per previous span (the last entry: -1), the offers of the spans starting here
+        offers: list[list[tuple[int, dict[int, _State], int, int, float]] | None] = [None] * len(outputs)
         # Only states no other with the same previous span beats in both bytes held and seconds
         # go on (the others can only lead to sets no cheaper and no smaller); the walk is in
         # order of bytes held, then seconds, then of first reaching (a tie keeps the earlier).
-        least: dict[int, float] = {}
+        least = [inf] * len(outputs)  # per previous span (the last entry: -1)
         walk = [state for by_bucket in states[p].values() for state in by_bucket.values()]
         walk.sort()
         for held, seconds, _, previous, _, came_from, taken in walk:
-            if seconds >= least.get(previous, inf):
+            if seconds >= least[previous]:
                 continue
             least[previous] = seconds
             number = len(trail_from)
@@ -363,7 +364,7 @@ def fitting_set(
                     kept[bucket] = (now, seconds, known[2], -1, bucket, number, -1)
             if not here:
                 continue
-            options = offers.get(previous)
+            options = offers[previous]
             if options is None:
                 options = _offers(useful, here, previous, states, at, available_bytes)
                 offers[previous] = options

@@ -165,6 +165,11 @@ class Simulator:
         self._resaving = tuple(firsts)
         self._resaved_lasts, self._resaved_moved = tuple(lasts), tuple(moved)
         self._resaved_totals = tuple(totals)
+        # The last swap set and limit simulated in forward, with its levels and retired bytes,
+        # and the backward terms of the last retired bytes: a search often asks again at once
+        # (the time after the memory, another window). Read them, never change them.
+        self._last_forward: tuple[tuple[bool, ...], int | None, list[int], list[int]] | None = None
+        self._last_terms: tuple[list[int], list[tuple[int, int, int, int]]] | None = None
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -256,6 +261,9 @@ class Simulator:
 
     def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:
         """Levels at the start of each ``F_i`` and the bytes of each layer retired in forward."""
+        last = self._last_forward
+        if last is not None and last[1] == limit and last[0] == swap:
+            return last[2], last[3]
         saved, swappable = self.saved, self.swappable
         forward_levels: list[int] = []
         level = forward_levels.append
@@ -287,15 +295,21 @@ class Simulator:
                     left[oldest] -= retire
                     fifo_bytes -= retire
         retired = [w - still if s else 0 for s, w, still in zip(swap, swappable, left, strict=True)]
+        self._last_forward = (swap, limit, forward_levels, retired)
         return forward_levels, retired
 
     def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j) + E_i``, ``R_i``, ``Q_n``,
         ``sum_{j<=i} R_j - E_i``); without re-saved storages ``E_i = 0`` and ``Q_n = R_n``
         (see the module docstring)."""
-        if self.has_resaves:
-            return self._backward_terms_resaved(retired)
-        return self._backward_terms_plain(retired)
+        last = self._last_terms
+        if last is not None and last[0] is retired:  # kept alive there: no other list has its id
+            return last[1]
+        terms = (
+            self._backward_terms_resaved(retired) if self.has_resaves else self._backward_terms_plain(retired)
+        )
+        self._last_terms = (retired, terms)
+        return terms
 
     def _backward_terms_plain(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         terms = []

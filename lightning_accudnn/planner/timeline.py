@@ -446,6 +446,7 @@ class Simulator:
     ) -> tuple[StepTimes, list[LayerTiming] | None]:
         k, fwd, bwd, out, swappable = self.k, self.fwd, self.bwd, self.out, self.swappable
         limit, window = choice.max_copying_out_bytes, choice.prefetch_window_bytes
+        h2d = self.profile.h2d_bytes_per_second
         now = 0.0  # compute stream clock
         stream = 0.0  # copy stream: free from this instant
         wait = 0.0
@@ -462,7 +463,7 @@ class Simulator:
             forward_end[i] = now
             if not swap[i]:
                 continue
-            start = max(now, stream)
+            start = now if now >= stream else stream  # max(now, stream), as a comparison
             stream = start + out[i]
             out_start[i], out_end[i] = start, stream
             fifo.append(i)
@@ -512,20 +513,26 @@ class Simulator:
                 admitted += 1
                 waiting_bytes += nbytes
                 owned[owner] += nbytes
-                start = max(at, stream)
-                stream = start + nbytes / self.profile.h2d_bytes_per_second
+                start = at if at >= stream else stream  # max(at, stream), as a comparison
+                stream = start + nbytes / h2d
                 if admitted_at[owner] is None:
                     admitted_at[owner], in_start[owner] = at, start
-                ready[needed_by] = max(ready[needed_by], stream)
-                ready[owner] = max(ready[owner], stream)
+                if stream > ready[needed_by]:
+                    ready[needed_by] = stream
+                if stream > ready[owner]:
+                    ready[owner] = stream
 
-        copies = len(order)  # (prefetch admits nothing once every copy is admitted)
+        # prefetch admits nothing once every copy is admitted, nor while the window holds back
+        # the next copy: both are seen here first, without the call (the search's hot path)
+        copies = len(order)
         prefetch(end_forward)
         backward_start = [0.0] * k
         backward_end = [0.0] * k
         for i in range(k - 1, -1, -1):
             if admitted < copies:  # re-saved bytes held in the window may have stopped it
-                prefetch(now, due=i)
+                needed_by, nbytes, _ = order[admitted]
+                if not (needed_by < i and waiting_bytes > 0 and waiting_bytes + nbytes > window):
+                    prefetch(now, due=i)
             if now < ready[i]:  # copies this backward reads: its own and re-saved ones
                 wait += ready[i] - now
                 now = ready[i]
@@ -535,7 +542,9 @@ class Simulator:
             if retired[i]:
                 waiting_bytes -= owned[i]
                 if admitted < copies:
-                    prefetch(now)
+                    nbytes = order[admitted][1]
+                    if not (waiting_bytes > 0 and waiting_bytes + nbytes > window):  # due k: any
+                        prefetch(now)
             elif swap[i] and now < out_end[i]:  # left in the FIFO: wait for its copy before the free
                 wait += out_end[i] - now
                 now = out_end[i]

@@ -4,5 +4,7 @@
 (:mod:`bench.planner.cases`), plans it under every policy at budgets of static bytes plus a
 fraction of the saved activations (:mod:`bench.planner.table`), and writes the JSON and a
 markdown table under ``bench/results/cpu/``. ``python -m bench.planner.speed`` times the CLI
-itself (import, trace, search), in fresh processes.
+itself (import, trace, search), in fresh processes; ``python -m bench.planner.plan_time`` times
+the planning of every cell of the table, against another checkout, and checks that both make
+the same plans.
 """

@@ -95,7 +95,7 @@ def recompute_frontier(
         if p > 0:  # the layers since the previous point are not recomputed
             before = cost[p - 1]
             for q in range(top + 1):  # on a tie, recompute nothing more
-                if before[q] <= here[q] and before[q] < math.inf:
+                if before[q] <= here[q] and before[q] < inf:
                     here[q], here_back[q] = before[q], (q, -1)
         for q in range(top - 1, -1, -1):  # a set freeing q + 1 units frees q units too
             if here[q + 1] < here[q]:
@@ -106,8 +106,13 @@ def recompute_frontier(
             target, target_back = cost[end], back[end]
             seconds = span.recompute_seconds
             for q in range(top + 1):
-                value = here[q] + seconds
-                reached = min(top, q + amount)
+                value = here[q]
+                if value == inf:  # nothing before frees q units: nothing to extend
+                    continue
+                value += seconds
+                reached = q + amount
+                if reached > top:
+                    reached = top
                 if value < target[reached]:
                     target[reached], target_back[reached] = value, (q, index)
     sets: list[tuple[SegmentSpan, ...]] = []
@@ -263,8 +268,12 @@ def recompute_cost_lines(
     return tuple(lines), high[0]
 
 
-# seconds, held bytes, (point, previous span, bucket) it came from, the span taken to it or -1
-_State = tuple[float, int, tuple[int, int, int] | None, int]
+# A state of fitting_set's program: held bytes, seconds, the order its key was first reached
+# in (ties in held bytes and seconds keep that order), the span just before (-1: none), its
+# bucket, the state it came from (its number in the trail, -1: the start) and the span taken to
+# it (-1: none). Numbers only: the garbage collector stops tracking such tuples, so the many
+# states of a large profile never make it walk the whole heap of a training process.
+_State = tuple[int, float, int, int, int, int, int]
 
 #: Amounts of held bytes :func:`fitting_set` tells apart (its step: the bytes available / this).
 FITTING_RESOLUTION = 512
@@ -313,70 +322,103 @@ def fitting_set(
     for index, span in enumerate(useful):
         starting[at[span.first]].append(index)
     unit = max(1, available_bytes // resolution)
-    transient = [span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes for span in useful]
-    covered = [min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources)) for span in useful]
-    # per span: (its end point, held bytes, recompute seconds, output bytes, name, input sources)
-    figures = [
-        (
-            at[span.last + 1],
-            span.held_bytes,
-            span.recompute_seconds,
-            span.output_bytes,
-            span.name,
-            span.sources,
-        )
-        for span in useful
-    ]
-    # states[p]: (previous span or -1, bucket) -> (seconds, held bytes, back pointer, span taken)
-    states: list[dict[tuple[int, int], _State]] = [{} for _ in points]
-    states[0][(-1, 0)] = (0.0, 0, None, -1)
+    # states[p][previous span or -1][bucket]: the cheapest state reaching it (see _State)
+    states: list[dict[int, dict[int, _State]]] = [{} for _ in points]
+    states[0][-1] = {0: (0, 0.0, 0, -1, 0, -1, -1)}
+    reached = 1  # keys reached so far: the order of the next new one
+    # The states that went on, by number: the state each came from and the span taken to it.
+    trail_from: list[int] = []
+    trail_taken: list[int] = []
+    # What the layers up to the next point add when kept after each previous span: its outputs
+    # (the last entry, for -1: none).
+    outputs = [*(span.output_bytes for span in useful), 0]
+    inf = math.inf
     for p in range(len(points) - 1):
         gap = prefix[points[p + 1]] - prefix[points[p]]
-        following, here = states[p + 1], starting[p]
+        kept = states[p + 1].setdefault(-1, {})
+        here = starting[p]
+        # per previous span (the last entry: -1), the offers of the spans starting here
+        offers: list[list[tuple[int, dict[int, _State], int, int, float]] | None] = [None] * len(outputs)
         # Only states no other with the same previous span beats in both bytes held and seconds
-        # go on (the others can only lead to sets no cheaper and no smaller).
-        least: dict[int, float] = {}
-        for (previous, bucket), (seconds, held, _, _) in sorted(states[p].items(), key=_held_then_seconds):
-            if seconds >= least.get(previous, math.inf):
+        # go on (the others can only lead to sets no cheaper and no smaller); the walk is in
+        # order of bytes held, then seconds, then of first reaching (a tie keeps the earlier).
+        least = [inf] * len(outputs)  # per previous span (the last entry: -1)
+        walk = [state for by_bucket in states[p].values() for state in by_bucket.values()]
+        walk.sort()
+        for held, seconds, _, previous, _, came_from, taken in walk:
+            if seconds >= least[previous]:
                 continue
             least[previous] = seconds
-            back = (p, previous, bucket)
-            outputs, before_name = (figures[previous][3], figures[previous][4]) if previous >= 0 else (0, "")
+            number = len(trail_from)
+            trail_from.append(came_from)
+            trail_taken.append(taken)
             # The layers up to the next point are kept.
-            now = held + outputs + gap
+            now = held + gap + outputs[previous]
             if now <= available_bytes:
-                key = (-1, now // unit)
-                known = following.get(key)
-                if known is None or (seconds, now) < known[:2]:
-                    following[key] = (seconds, now, back, -1)
-            for index in here:
-                end, span_held, span_seconds, _, _, sources = figures[index]
-                if previous >= 0:
-                    now = held + max(0, outputs - sources.get(before_name, 0)) + span_held
-                else:
-                    now = held + span_held - covered[index]
-                if now + transient[index] > available_bytes:  # transients are never negative
+                bucket = now // unit
+                known = kept.get(bucket)
+                if known is None:
+                    kept[bucket] = (now, seconds, reached, -1, bucket, number, -1)
+                    reached += 1
+                elif seconds < known[1] or (seconds == known[1] and now < known[0]):
+                    kept[bucket] = (now, seconds, known[2], -1, bucket, number, -1)
+            if not here:
+                continue
+            options = offers[previous]
+            if options is None:
+                options = _offers(useful, here, previous, states, at, available_bytes)
+                offers[previous] = options
+            for index, target, added, most_held, span_seconds in options:
+                if held > most_held:  # its transient (never negative) would not fit
                     continue
-                key, total = (index, now // unit), seconds + span_seconds
-                known = states[end].get(key)
-                if known is None or (total, now) < known[:2]:
-                    states[end][key] = (total, now, back, index)
-    final = [(entry[0], entry[1], key) for key, entry in states[-1].items()]
+                now = held + added
+                bucket = now // unit
+                total = seconds + span_seconds
+                known = target.get(bucket)
+                if known is None:
+                    target[bucket] = (now, total, reached, index, bucket, number, index)
+                    reached += 1
+                elif total < known[1] or (total == known[1] and now < known[0]):
+                    target[bucket] = (now, total, known[2], index, bucket, number, index)
+    final = [state for by_bucket in states[-1].values() for state in by_bucket.values()]
     if not final:
         return None
-    _, _, key = min(final)
+    last = min(final, key=lambda state: (state[1], state[0], state[3], state[4]))
     chosen: list[SegmentSpan] = []
-    p = len(points) - 1
+    came_from, taken = last[5], last[6]
     while True:
-        entry = states[p][key]
-        if entry[3] >= 0:
-            chosen.append(useful[entry[3]])
-        if entry[2] is None:
+        if taken >= 0:
+            chosen.append(useful[taken])
+        if came_from < 0:
             break
-        p, previous, bucket = entry[2]
-        key = (previous, bucket)
+        came_from, taken = trail_from[came_from], trail_taken[came_from]
     return tuple(reversed(chosen))
 
 
-def _held_then_seconds(item: tuple[tuple[int, int], _State]) -> tuple[int, float]:
-    return item[1][1], item[1][0]
+def _offers(
+    useful: Sequence[SegmentSpan],
+    here: Sequence[int],
+    previous: int,
+    states: list[dict[int, dict[int, _State]]],
+    at: dict[int, int],
+    available_bytes: int,
+) -> list[tuple[int, dict[int, _State], int, int, float]]:
+    """For each span starting at a point, taken after ``previous`` (-1: a kept layer or the
+    start): (span, the states at its end that it is the last span of, by bucket, the bytes it
+    adds to those held, the most bytes held before it with which it and its transient fit, its
+    recompute seconds). A recomputed span
+    holds its :attr:`~.recompute.SegmentSpan.held_bytes`; after a recomputed span, that one's
+    outputs once more unless this one takes them as inputs; after kept layers, less the inputs
+    they saved (``input_sources``)."""
+    before = useful[previous] if previous >= 0 else None
+    options = []
+    for index in here:
+        span = useful[index]
+        if before is not None:
+            added = max(0, before.output_bytes - span.sources.get(before.name, 0)) + span.held_bytes
+        else:
+            added = span.held_bytes - min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources))
+        transient = span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes
+        end = states[at[span.last + 1]].setdefault(index, {})
+        options.append((index, end, added, available_bytes - transient - added, span.recompute_seconds))
+    return options

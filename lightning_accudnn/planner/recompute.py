@@ -509,21 +509,30 @@ def recomputed_profile(
     for before, after in zip(chosen, chosen[1:], strict=False):
         if before.overlaps(after):
             raise ValueError(f"recomputed segments {before.name!r} and {after.name!r} overlap")
-    # The new layers: (name, [original indices], span or None), and each profile layer's
+    # The new layers (groups): their names, original indices and spans (None: a kept layer), side
+    # by side (tuples of numbers where there is one per layer: the garbage collector stops
+    # tracking those, so planning in a large process does not make it walk the whole heap); and
+    # each profile layer's group
     position = [0] * len(layers)
-    groups: list[tuple[str, list[int], SegmentSpan | None]] = []
+    names: list[str] = []
+    members: list[tuple[int, ...]] = []
+    group_spans: list[SegmentSpan | None] = []
     ungrouped = 0  # the first profile layer not grouped yet
     for span in (*chosen, None):
         for i in range(ungrouped, len(layers) if span is None else span.first):
-            position[i] = len(groups)
-            groups.append((layers[i].name, [i], None))
+            position[i] = len(names)
+            names.append(layers[i].name)
+            members.append((i,))
+            group_spans.append(None)
         if span is not None:
             for i in range(span.first, span.last + 1):
-                position[i] = len(groups)
-            groups.append((span.name, list(range(span.first, span.last + 1)), span))
+                position[i] = len(names)
+            names.append(span.name)
+            members.append(tuple(range(span.first, span.last + 1)))
+            group_spans.append(span)
             ungrouped = span.last + 1
     index, resaving = _layer_index(profile)
-    count = len(groups)
+    count = len(names)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
     # a segment saves what the segment's outputs are made from, rarely the outputs themselves.
@@ -531,10 +540,10 @@ def recomputed_profile(
     extra_resident = [0] * count  # bytes first saved at or after this layer under recomputation
     # Per recomputed segment: bytes of its inputs that are outputs of an earlier segment, not
     # yet accounted for (``SegmentProfile.input_sources``, measured by storage).
-    sources = [dict(span.sources) if span is not None else {} for _, _, span in groups]
+    sources = {g: dict(span.sources) for g, span in enumerate(group_spans) if span is not None}
     leaving = [0] * count  # per recomputed segment: re-saved bytes first saved inside it
     covered = [0] * count  # per recomputed segment: its input bytes a kept layer before saves
-    resaves: list[dict[str, int]] = [{} for _ in groups]
+    resaves: dict[int, dict[str, int]] = {}  # per group that has any
 
     def take(segment: int, source: str, nbytes: int) -> int:
         """As many of ``nbytes`` as are inputs of ``segment`` made by ``source``."""
@@ -547,7 +556,7 @@ def recomputed_profile(
     for i in resaving:
         layer = layers[i]
         group = position[i]
-        span = groups[group][2]
+        span = group_spans[group]
         # Re-saves listed after the segment but made inside it, by a layer that saves nothing of
         # its own (listed under the next layer that does, the one after the segment).
         inside = 0 if span is None else resaved_inside(layer, span.name)
@@ -560,10 +569,11 @@ def recomputed_profile(
                 inside, nbytes = inside - dropped, nbytes - dropped
                 if not nbytes:
                     continue
-            target = groups[later][2]
+            target = group_spans[later]
             if span is None:
-                name = groups[later][0]
-                resaves[group][name] = resaves[group].get(name, 0) + nbytes
+                name = names[later]
+                made = resaves.setdefault(group, {})
+                made[name] = made.get(name, 0) + nbytes
                 if target is not None and i in innermost:  # the segment's inputs, saved here first?
                     covered[later] += take(later, innermost[i], nbytes)
                 continue
@@ -572,10 +582,10 @@ def recomputed_profile(
                 nbytes -= take(later, span.name, nbytes)
             if nbytes and group + 1 < count:  # first saved by the engine at or after the next layer
                 extra_resident[group + 1] += nbytes
-    for g, (_, indices, span) in enumerate(groups):
+    for g, (indices, span) in enumerate(zip(members, group_spans, strict=True)):
         if span is None or g + 1 >= count:
             continue
-        following = groups[g + 1][2]
+        following = group_spans[g + 1]
         # Outputs saved inside the segment and again after it without a listed re-save: in a
         # profile that lists re-saves, only among the bytes it cannot swap; outputs the next
         # segment takes as inputs are counted there.
@@ -586,7 +596,7 @@ def recomputed_profile(
         extra_resident[g + 1] += unlisted
     new_layers = []
     transient = []
-    for g, (name, indices, span) in enumerate(groups):
+    for g, (name, indices, span) in enumerate(zip(names, members, group_spans, strict=True)):
         if span is None:
             layer = layers[indices[0]]
             if swappable and not extra_resident[g] and not layer.resaved_by:
@@ -596,7 +606,7 @@ def recomputed_profile(
             resident = layer.resident_bytes + extra_resident[g]
             saved = layer.saved_bytes + extra_resident[g]
             swap_bytes = saved - resident if swappable else 0
-            resaved = tuple(resaves[g].items()) if swap_bytes else ()
+            resaved = tuple(resaves[g].items()) if swap_bytes and g in resaves else ()
             if (
                 swap_bytes == layer.swappable_bytes
                 and saved == layer.saved_bytes
@@ -643,7 +653,7 @@ def recomputed_profile(
     return RecomputedProfile(
         derived,
         tuple(transient),
-        tuple(tuple(indices) for _, indices, _ in groups),
+        tuple(members),
         tuple(name for span in chosen for name in span.names),
         tuple(chosen),
     )

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from operator import and_, attrgetter
 
 from lightning_accudnn.planner.timeline_results import (
     LayerTiming,
@@ -118,17 +119,20 @@ class Simulator:
         layers = profile.layers
         self.profile = profile
         self.k = len(layers)
-        self.names = tuple(layer.name for layer in layers)
+        self.names: tuple[str, ...] = tuple(map(attrgetter("name"), layers))
         self.static = profile.static_bytes
-        self.saved = tuple(layer.saved_bytes for layer in layers)
-        self.swappable = tuple(layer.swappable_bytes for layer in layers)
-        self.fwd = tuple(float(layer.forward_seconds) for layer in layers)
-        self.bwd = tuple(float(layer.backward_seconds) for layer in layers)
+        self.saved: tuple[int, ...] = tuple(map(attrgetter("saved_bytes"), layers))
+        self.swappable: tuple[int, ...] = tuple(map(attrgetter("swappable_bytes"), layers))
+        self._can_swap = tuple(w > 0 for w in self.swappable)
+        self.fwd = tuple(map(float, map(attrgetter("forward_seconds"), layers)))
+        self.bwd = tuple(map(float, map(attrgetter("backward_seconds"), layers)))
         self.out = tuple(w / profile.d2h_bytes_per_second for w in self.swappable)
         position = {name: i for i, name in enumerate(self.names)}
         # Per layer: (index of the later layer that saves it last, bytes), later layers only.
         self.resaved = tuple(
             tuple((position[later], nbytes) for later, nbytes in layer.resaved_by if position[later] > i)
+            if layer.resaved_by
+            else ()
             for i, layer in enumerate(layers)
         )
         self.has_resaves = any(self.resaved)
@@ -141,20 +145,37 @@ class Simulator:
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
         save, their total bytes); and those layers alone (what the backward terms read)."""
-        self._resaved_by_last: list[tuple[int, list[tuple[int, int]], int]] = []
+        # Flat tuples of numbers, side by side: the garbage collector stops tracking those (a
+        # search keeps many simulators; a tuple or list per layer here would be kept tracked,
+        # and make it walk the whole heap of a training process more often).
+        firsts: list[int] = []
+        lasts: list[tuple[int, ...]] = []
+        moved: list[tuple[int, ...]] = []
+        totals: list[int] = []
         for first, entries in enumerate(self.resaved):
             if entries:
                 by_last: dict[int, int] = {}
                 for last, nbytes in entries:
                     by_last[last] = by_last.get(last, 0) + nbytes
-                self._resaved_by_last.append((first, sorted(by_last.items()), sum(by_last.values())))
-        self._resaving = [first for first, _, _ in self._resaved_by_last]
+                order = sorted(by_last)
+                firsts.append(first)
+                lasts.append(tuple(order))
+                moved.append(tuple(by_last[last] for last in order))
+                totals.append(sum(by_last.values()))
+        self._resaving = tuple(firsts)
+        self._resaved_lasts, self._resaved_moved = tuple(lasts), tuple(moved)
+        self._resaved_totals = tuple(totals)
+        # The last swap set and limit simulated in forward, with its levels and retired bytes,
+        # and the backward terms of the last retired bytes: a search often asks again at once
+        # (the time after the memory, another window). Read them, never change them.
+        self._last_forward: tuple[tuple[bool, ...], int | None, list[int], list[int]] | None = None
+        self._last_terms: tuple[list[int], list[tuple[int, int, int, int]]] | None = None
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
         if len(swap) != self.k:
             raise ValueError(f"swap has {len(swap)} entries for a profile of {self.k} layers")
-        return tuple(bool(s) and w > 0 for s, w in zip(swap, self.swappable, strict=True))
+        return tuple(map(and_, map(bool, swap), self._can_swap))
 
     def swap_everything(self) -> tuple[bool, ...]:
         return tuple(w > 0 for w in self.swappable)
@@ -194,7 +215,13 @@ class Simulator:
         window = choice.prefetch_window_bytes
         if self.has_resaves:
             for kept, own, nxt, below in self._backward_terms(retired):
-                peak = max(peak, kept + max(own, nxt, min(window, below)))
+                # kept + max(own, nxt, min(window, below)), in comparisons (the hot loop)
+                level = own if own > nxt else nxt
+                if below > window:
+                    below = window
+                level = kept + (level if level > below else below)
+                if level > peak:
+                    peak = level
             return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
         for saved, own, extra in zip(self.saved, retired, self.transient, strict=True):
@@ -226,48 +253,63 @@ class Simulator:
             return None
         largest = sum(retired)
         for kept, own, nxt, below in self._backward_terms(retired):
-            if kept + max(own, nxt) > cap:
+            if kept + (own if own > nxt else nxt) > cap:
                 return None
-            if kept + below > cap:
-                largest = min(largest, cap - kept)
+            if kept + below > cap and cap - kept < largest:
+                largest = cap - kept
         return largest
 
     def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:
         """Levels at the start of each ``F_i`` and the bytes of each layer retired in forward."""
+        last = self._last_forward
+        if last is not None and last[1] == limit and last[0] == swap:
+            return last[2], last[3]
         saved, swappable = self.saved, self.swappable
-        forward_levels = []
+        forward_levels: list[int] = []
+        level = forward_levels.append
         held = self.static  # static + bytes of earlier layers that are not swapped
         fifo: deque[int] = deque()  # layers with bytes in flight, oldest first
         left = [0] * self.k  # bytes of each layer still in the FIFO
         fifo_bytes = 0
-        for i in range(self.k):
-            forward_levels.append(held + fifo_bytes + saved[i])
-            if not swap[i]:
-                held += saved[i]
+        for i, swapped in enumerate(swap):
+            nbytes = saved[i]
+            level(held + fifo_bytes + nbytes)
+            if not swapped:
+                held += nbytes
                 continue
-            held += saved[i] - swappable[i]
+            moving = swappable[i]
+            held += nbytes - moving
             fifo.append(i)
-            left[i] = swappable[i]
-            fifo_bytes += swappable[i]
+            left[i] = moving
+            fifo_bytes += moving
             if limit is None:
                 continue
             while fifo_bytes > limit and len(fifo) > 1:
                 oldest = fifo[0]
-                retire = min(left[oldest], fifo_bytes - limit)
-                left[oldest] -= retire
-                fifo_bytes -= retire
-                if left[oldest] == 0:
+                retire = fifo_bytes - limit
+                if left[oldest] <= retire:  # all of it
+                    fifo_bytes -= left[oldest]
+                    left[oldest] = 0
                     fifo.popleft()
-        retired = [swappable[i] - left[i] if swap[i] else 0 for i in range(self.k)]
+                else:
+                    left[oldest] -= retire
+                    fifo_bytes -= retire
+        retired = [w - still if s else 0 for s, w, still in zip(swap, swappable, left, strict=True)]
+        self._last_forward = (swap, limit, forward_levels, retired)
         return forward_levels, retired
 
     def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j) + E_i``, ``R_i``, ``Q_n``,
         ``sum_{j<=i} R_j - E_i``); without re-saved storages ``E_i = 0`` and ``Q_n = R_n``
         (see the module docstring)."""
-        if self.has_resaves:
-            return self._backward_terms_resaved(retired)
-        return self._backward_terms_plain(retired)
+        last = self._last_terms
+        if last is not None and last[0] is retired:  # kept alive there: no other list has its id
+            return last[1]
+        terms = (
+            self._backward_terms_resaved(retired) if self.has_resaves else self._backward_terms_plain(retired)
+        )
+        self._last_terms = (retired, terms)
+        return terms
 
     def _backward_terms_plain(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
         terms = []
@@ -291,7 +333,9 @@ class Simulator:
         held: dict[int, dict[int, int]] = {}
         early = [0] * k  # E_i: the sum over f of held[f][i]
         arrivals: dict[int, list[tuple[int, int]]] = {}  # (first, bytes) by last save
-        for first, by_last, total in self._resaved_by_last:
+        for first, lasts, moves, total in zip(
+            self._resaving, self._resaved_lasts, self._resaved_moved, self._resaved_totals, strict=True
+        ):
             cap = retired[first]
             if cap == 0:
                 continue
@@ -300,14 +344,14 @@ class Simulator:
             remaining = total
             start = first + 1
             held_first = held[first] = {}
-            for last, nbytes in by_last:
-                share = min(cap, remaining)
+            for last, nbytes in zip(lasts, moves, strict=True):
+                share = cap if cap < remaining else remaining
                 for i in range(start, last + 1):
                     held_first[i] = share
                     early[i] += share
                 start = max(start, last + 1)
                 remaining -= nbytes
-            for last, moved in by_last:
+            for last, moved in zip(lasts, moves, strict=True):
                 arrivals.setdefault(last, []).append((first, moved))
         # What is left at position n to bring back while B_i runs (retired bytes less those held
         # early, plus re-saved ones arriving there) depends on i only where something is held or
@@ -346,7 +390,8 @@ class Simulator:
                     held_n = held.get(n)
                     content = retired[n] - (held_n.get(i, 0) if held_n is not None else 0)
                     for first, moved in arrivals.get(n, no_arrivals):
-                        content += min(retired[first] - held[first].get(i, 0), moved)
+                        back = retired[first] - held[first].get(i, 0)
+                        content += back if back < moved else moved
                     if content > 0:
                         next_retired = content
                         break
@@ -401,6 +446,7 @@ class Simulator:
     ) -> tuple[StepTimes, list[LayerTiming] | None]:
         k, fwd, bwd, out, swappable = self.k, self.fwd, self.bwd, self.out, self.swappable
         limit, window = choice.max_copying_out_bytes, choice.prefetch_window_bytes
+        h2d = self.profile.h2d_bytes_per_second
         now = 0.0  # compute stream clock
         stream = 0.0  # copy stream: free from this instant
         wait = 0.0
@@ -417,7 +463,7 @@ class Simulator:
             forward_end[i] = now
             if not swap[i]:
                 continue
-            start = max(now, stream)
+            start = now if now >= stream else stream  # max(now, stream), as a comparison
             stream = start + out[i]
             out_start[i], out_end[i] = start, stream
             fifo.append(i)
@@ -433,7 +479,9 @@ class Simulator:
 
         # Copies in, in prefetch order: (needed by B of, bytes, owner). A retired layer's bytes
         # come back for its own backward, except the re-saved ones: for the later layer's.
-        items: list[list[tuple[int, int, int]]] = [[] for _ in range(k)]
+        # Sorted by the backward that needs them, last first, then in the order listed here
+        # (numbers only, no list per layer: see Simulator.__init__).
+        items: list[tuple[int, int, int, int, int]] = []
         for j in range(k):
             if not retired[j]:
                 continue
@@ -441,11 +489,12 @@ class Simulator:
             for last, nbytes in self.resaved[j]:
                 moved = min(left, nbytes)
                 if moved:
-                    items[last].append((last, moved, j))
+                    items.append((-last, len(items), last, moved, j))
                     left -= moved
             if left:
-                items[j].append((j, left, j))
-        order = [item for i in range(k - 1, -1, -1) for item in items[i]]
+                items.append((-j, len(items), j, left, j))
+        items.sort()
+        order = [(needed_by, nbytes, owner) for _, _, needed_by, nbytes, owner in items]
         admitted = 0
         waiting_bytes = 0
         admitted_at: list[float | None] = [None] * k
@@ -464,18 +513,26 @@ class Simulator:
                 admitted += 1
                 waiting_bytes += nbytes
                 owned[owner] += nbytes
-                start = max(at, stream)
-                stream = start + nbytes / self.profile.h2d_bytes_per_second
+                start = at if at >= stream else stream  # max(at, stream), as a comparison
+                stream = start + nbytes / h2d
                 if admitted_at[owner] is None:
                     admitted_at[owner], in_start[owner] = at, start
-                ready[needed_by] = max(ready[needed_by], stream)
-                ready[owner] = max(ready[owner], stream)
+                if stream > ready[needed_by]:
+                    ready[needed_by] = stream
+                if stream > ready[owner]:
+                    ready[owner] = stream
 
+        # prefetch admits nothing once every copy is admitted, nor while the window holds back
+        # the next copy: both are seen here first, without the call (the search's hot path)
+        copies = len(order)
         prefetch(end_forward)
         backward_start = [0.0] * k
         backward_end = [0.0] * k
         for i in range(k - 1, -1, -1):
-            prefetch(now, due=i)  # re-saved bytes held in the window may have stopped it
+            if admitted < copies:  # re-saved bytes held in the window may have stopped it
+                needed_by, nbytes, _ = order[admitted]
+                if not (needed_by < i and waiting_bytes > 0 and waiting_bytes + nbytes > window):
+                    prefetch(now, due=i)
             if now < ready[i]:  # copies this backward reads: its own and re-saved ones
                 wait += ready[i] - now
                 now = ready[i]
@@ -484,7 +541,10 @@ class Simulator:
             backward_end[i] = now
             if retired[i]:
                 waiting_bytes -= owned[i]
-                prefetch(now)
+                if admitted < copies:
+                    nbytes = order[admitted][1]
+                    if not (waiting_bytes > 0 and waiting_bytes + nbytes > window):  # due k: any
+                        prefetch(now)
             elif swap[i] and now < out_end[i]:  # left in the FIFO: wait for its copy before the free
                 wait += out_end[i] - now
                 now = out_end[i]

@@ -219,6 +219,7 @@ def _session_steps(
     config = OffloadConfig(budget=budget, min_swap_bytes=min_swap, plan_in_background=plan_in_background)
     session = OffloadSession(config, device)
     per_step: list[dict[str, Any]] = []
+    began = now(device)
     try:
         for index in range(warmup + steps):
             batch = batches[index % 2]
@@ -236,13 +237,17 @@ def _session_steps(
             wall = now(device) - start
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            elapsed = now(device) - began
             after = _allocator_counts(device)
             if index + 1 == warmup:  # the steady steps run the plans made from the warm-up
+                waited = now(device)
                 session.wait_for_plans()
+                began += now(device) - waited  # not counted in the elapsed seconds
             per_step.append(
                 {
                     "allocator": {name: after[name] - counts[name] for name in after},
                     "wall_seconds": wall,
+                    "elapsed_seconds": elapsed,
                     "measured_seconds": None if stats is None else stats.step_seconds,
                     "predicted_seconds": None if stats is None else stats.predicted_step_seconds,
                     "planning_seconds": None if stats is None else stats.planning_seconds,
@@ -336,6 +341,15 @@ def markdown(record: dict[str, Any]) -> str:
             for step in run["steps"]
         ]
         lines.append(f"- {name}: " + ", ".join(cells))
+    lines += [
+        "",
+        "Seconds from the first step's start to the end of each step (its optimizer step included; "
+        "the wait for plans at the end of the warm-up not):",
+        "",
+    ]
+    for name, run in (("kept", kept), ("fraction", part)):
+        marks = [step.get("elapsed_seconds") for step in run["steps"]]
+        lines.append(f"- {name}: " + ", ".join("-" if mark is None else f"{mark:.3f}" for mark in marks))
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Steady training holds as many tensors after each step as after the one before: no pass, under
+"""Steady training holds no more tensors after each step than after the one before: no pass, under
 any kind of plan, leaves what it saved, copied or recomputed alive (on a GPU, memory that would
 grow every step until the budget is gone)."""
 
@@ -15,7 +15,7 @@ from lightning_accudnn.planner.plan import min_budget_bytes
 from tests.recompute.models import batch, build, loss_of
 from tests.recompute.training import measured_profile
 
-STEADY_STEPS = 3
+STEADY_STEPS = 4
 
 
 def _live_tensors() -> int:
@@ -57,5 +57,6 @@ def test_steady_steps_leave_no_tensor_alive(kind, policy):
         step(index)
         live.append(_live_tensors())
     assert session.plan is plan
-    assert live == [live[0]] * STEADY_STEPS, live
+    # What the last passes before the steady state left goes with the first steady ones: never more.
+    assert all(after <= before for before, after in zip(live, live[1:], strict=False)), live
     session.close()

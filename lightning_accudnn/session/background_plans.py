@@ -1,19 +1,18 @@
-"""Plans made on a worker thread while training goes on.
+"""Plans made on threads of their own while training goes on.
 
 A pass kind's first plan is made at the end of its profiling pass: nothing can run before it.
-The plans that only refine it (made again from a planned pass's warmer timings, the plan in
+The plans that only refine it (made again from planned passes' warmer timings, the plan in
 force still fitting the budget) need not stop training: :class:`BackgroundPlans` makes each on
-one worker thread, the pass kind keeps running its plan meanwhile, and the first pass of the
+a thread of its own, the pass kind keeps running its plan meanwhile, and the first pass of the
 kind that starts after the plan is ready adopts it. The planner is pure Python on immutable
-figures (:func:`~lightning_accudnn.planner.plan.plan_swaps`), so the worker shares nothing
-with the training thread but the interpreter's lock, which torch's kernels, CUDA's waits and
-the autograd engine's backward release. Each plan gets a thread of its own, which ends with it: no
-thread outlives the plans in the making (a process that forks, as a data loader's workers do,
-rarely has one to fork beside).
+figures (:func:`~lightning_accudnn.planner.plan.plan_swaps`), so such a thread shares nothing
+with training but the CPU and the interpreter's lock (which torch's kernels, CUDA's waits and
+the autograd engine's backward release; Python that issues kernels holds it). Each thread ends
+with its plan: none outlives the plans in the making (a process that forks, as a data loader's
+workers do, rarely has one to fork beside).
 
-A plan made under a headroom that has changed since (the reserve grew) is made again from
-the same figures; an error in the worker is raised by the pass that would have adopted the
-plan, before its forward.
+A plan made under a headroom that has changed since (the reserve grew) is never taken; an
+error making a plan is raised by :meth:`BackgroundPlans.take`, where the plan would be adopted.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ __all__ = ["THREAD_NAME", "BackgroundPlans", "ReadyPlan"]
 
 @dataclass(frozen=True)
 class ReadyPlan:
-    """A plan the worker made, with the worker's wall-clock seconds making it."""
+    """A plan made on a thread, with that thread's wall-clock seconds making it."""
 
     plan: Plan
     seconds: float
@@ -54,7 +53,8 @@ class BackgroundPlans:
         >>> plans.submit("pass 0", lambda: plan_swaps(profile, 10_000), made_under="headroom")
         >>> plans.waiting("pass 0")
         True
-        >>> ready = plans.wait("pass 0", made_under="headroom")
+        >>> plans.wait_all()
+        >>> ready = plans.take("pass 0", made_under="headroom")
         >>> ready.plan.predicted_peak_bytes <= 10_000, plans.waiting("pass 0")
         (True, False)
         >>> plans.close()
@@ -89,13 +89,6 @@ class BackgroundPlans:
         del self._pending[key]
         ready = pending.future.result()
         return ready if pending.made_under is made_under else None
-
-    def wait(self, key: Hashable, *, made_under: object) -> ReadyPlan | None:
-        """``key``'s plan, waiting for it when it is in the making (see :meth:`take`)."""
-        pending = self._pending.get(key)
-        if pending is not None:
-            concurrent.futures.wait((pending.future,))
-        return self.take(key, made_under=made_under)
 
     def wait_all(self) -> None:
         """Wait until every plan in the making is ready (not taken: :meth:`take` takes each)."""

@@ -37,10 +37,12 @@ def test_a_plan_is_taken_once_ready_and_only_under_what_it_was_made_under():
     plans.submit("kind", make, made_under="headroom")
     assert plans.take("kind", made_under="headroom") is None and plans.waiting("kind")  # in the making
     gate.set()
-    ready = plans.wait("kind", made_under="headroom")
+    plans.wait_all()
+    ready = plans.take("kind", made_under="headroom")
     assert ready is not None and ready.seconds > 0 and not plans.waiting("kind")
     plans.submit("kind", lambda: plan_swaps(_profile(), 10_000), made_under="headroom")
-    assert plans.wait("kind", made_under="a larger reserve") is None and not plans.waiting("kind")
+    plans.wait_all()
+    assert plans.take("kind", made_under="a larger reserve") is None and not plans.waiting("kind")
     plans.close()
     assert not _workers()
 
@@ -52,8 +54,9 @@ def test_the_workers_error_is_raised_by_take():
         raise RuntimeError("no plan")
 
     plans.submit("kind", fail, made_under=None)
+    plans.wait_all()
     with pytest.raises(RuntimeError, match="no plan"):
-        plans.wait("kind", made_under=None)
+        plans.take("kind", made_under=None)
     assert not plans.waiting("kind")
     plans.close()
 

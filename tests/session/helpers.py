@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lightning_accudnn import OffloadSession, OffloadStats
 from lightning_accudnn.profiling.static_memory import model_state_bytes
 from tests.models import loss_of, make_batch
 from tests.session_training import measured_pass
@@ -22,3 +23,22 @@ def memory_need(
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer of the session tests' training loops."""
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def seeded_steps(
+    session: OffloadSession, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, first: int = 0
+) -> list[OffloadStats]:
+    """Training steps ``first`` to ``first + steps - 1`` of ``model`` (64 features in) under
+    ``session``, each on a batch of 32 seeded by its number (squared output's mean as the loss):
+    each step's stats."""
+    stats = []
+    for step in range(first, first + steps):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
+        with session.step(model, optimizer):
+            loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert session.stats is not None
+        stats.append(session.stats)
+    return stats

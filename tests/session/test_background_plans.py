@@ -14,6 +14,7 @@ from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session import planning
 from lightning_accudnn.session.background_plans import THREAD_NAME, BackgroundPlans
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
+from tests.session.helpers import seeded_steps
 
 WORKER = THREAD_NAME
 
@@ -85,37 +86,32 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
 
 
-def _steps(session: OffloadSession, model: nn.Module, optimizer, steps: int, first: int = 0) -> list:
-    stats = []
-    for step in range(first, first + steps):
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
-        with session.step(model, optimizer):
-            loss = model(x).square().mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        stats.append(session.stats)
-    return stats
-
-
 def _session(**options) -> OffloadSession:
     return OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0, **options), "cpu")
 
 
+def _after_the_timed_passes(**options):
+    """A session (of ``options``), its model and optimizer, trained through the profiling pass
+    and the timed planned passes: the refined plan is in the making."""
+    session, model = _session(**options), _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    seeded_steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    return session, model, optimizer
+
+
 def test_training_goes_on_under_the_plan_in_force_until_the_refined_plan_is_ready(monkeypatch):
     gate = Gate(monkeypatch)
-    session, model = _session(), _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    timed = _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    session, model, optimizer = _after_the_timed_passes()
+    timed = 1 + TIMED_PLANNED_PASSES
     first = session.plan
-    waiting = _steps(session, model, optimizer, 3, first=len(timed))
+    waiting = seeded_steps(session, model, optimizer, 3, first=timed)
     assert gate.worker_calls == 1  # one plan in the making, from every timed pass
     assert [s.plan_source.value for s in waiting] == ["profiled"] * 3 and session.plan is first
     assert all(s.planning_seconds == 0.0 for s in waiting)
     gate.opened.set()
     session.wait_for_plans()
     assert session.plan is not first
-    (adopting,) = _steps(session, model, optimizer, 1, first=len(timed) + 3)
+    (adopting,) = seeded_steps(session, model, optimizer, 1, first=timed + 3)
     assert adopting.plan_source.value == "refined" and adopting.background_planning_seconds > 0
     assert gate.worker_calls == 1  # settled: no more plans
     session.close()
@@ -144,31 +140,27 @@ def test_the_same_gradients_whichever_plan_a_pass_runs(monkeypatch):
 def test_an_error_making_the_plan_is_raised_where_it_would_be_adopted_and_training_goes_on(monkeypatch):
     gate = Gate(monkeypatch, error=RuntimeError("the planner failed"))
     gate.opened.set()
-    session, model = _session(), _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    session, model, optimizer = _after_the_timed_passes()
     with pytest.raises(RuntimeError, match="the planner failed"):
         session.wait_for_plans()
     gate.error = None
-    (retimed,) = _steps(session, model, optimizer, 1, first=10)  # the plan in force, timed again
+    (retimed,) = seeded_steps(session, model, optimizer, 1, first=10)  # the plan in force, timed again
     assert retimed.plan_source.value == "profiled"
     session.wait_for_plans()
     assert gate.worker_calls == 2  # planned from the pass timed again
-    (adopting,) = _steps(session, model, optimizer, 1, first=11)
+    (adopting,) = seeded_steps(session, model, optimizer, 1, first=11)
     assert adopting.plan_source.value == "refined"
     session.close()
 
 
 def test_a_plan_in_the_making_when_the_reserve_grows_is_never_adopted(monkeypatch):
     gate = Gate(monkeypatch)
-    session, model = _session(), _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    session, model, optimizer = _after_the_timed_passes()
     in_the_making = gate.worker_calls
     assert session.recover_from_out_of_memory()  # as after a planned pass ran out of memory
     gate.opened.set()
     session.wait_for_plans()
-    (retimed,) = _steps(session, model, optimizer, 1, first=9)
+    (retimed,) = seeded_steps(session, model, optimizer, 1, first=9)
     assert retimed.plan_source.value == "profiled"  # not the plan made before the reserve grew
     session.wait_for_plans()
     assert in_the_making == 1 and gate.worker_calls == 2  # timed again, and planned from
@@ -177,9 +169,7 @@ def test_a_plan_in_the_making_when_the_reserve_grows_is_never_adopted(monkeypatc
 
 def test_close_waits_for_the_plan_in_the_making_and_leaves_no_worker(monkeypatch):
     gate = Gate(monkeypatch)
-    session, model = _session(), _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    _steps(session, model, optimizer, 1 + TIMED_PLANNED_PASSES)
+    session, model, optimizer = _after_the_timed_passes()
     assert _workers()
     threading.Timer(0.05, gate.opened.set).start()
     session.close()
@@ -190,7 +180,7 @@ def test_inline_planning_makes_no_worker(monkeypatch):
     gate = Gate(monkeypatch)
     session, model = _session(plan_in_background=False), _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    stats = _steps(session, model, optimizer, 2 + TIMED_PLANNED_PASSES)
+    stats = seeded_steps(session, model, optimizer, 2 + TIMED_PLANNED_PASSES)
     assert gate.worker_calls == 0 and not _workers()
     assert stats[-1].plan_source.value == "refined"
     session.close()

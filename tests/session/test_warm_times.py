@@ -10,6 +10,7 @@ from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
+from tests.session.helpers import seeded_steps
 
 COLD_SECONDS = 0.05
 
@@ -39,15 +40,7 @@ def _train(session: OffloadSession, model: nn.Module, steps: int) -> list[tuple[
         return offload(*args, sequence=sequence, **kwargs)
 
     session.engine.offload = spy
-    sources = []
-    for step in range(steps):
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
-        with session.step(model, optimizer):
-            loss = model(x).square().mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        sources.append(session.stats.plan_source.value)
+    sources = [stats.plan_source.value for stats in seeded_steps(session, model, optimizer, steps)]
     return list(zip(sources, hooked, strict=True))
 
 

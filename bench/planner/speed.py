@@ -6,12 +6,15 @@
 Each run is a fresh process, as a user's command is: ``python -m lightning_accudnn plan`` with
 the case's arguments and the budget of a half of its activations (static bytes + 1/2 x saved
 bytes), timed from outside (wall clock, and the child's CPU time: the machine may be shared);
-then, in another fresh process, the same work split into phases timed from inside
-(:mod:`bench.planner.phases`): importing the CLI, the first ``FakeTensorMode`` (it imports
-``torch._dynamo``), the model's library (torchvision, transformers), the trace, the profile and
-the plan. ``--repo`` times the CLI of
-another checkout (the phases always run this one's code). Writes
-``<results-dir>/cpu/<date>-<name>.json`` and ``.md``; the figures are this CPU's.
+then, in the same rounds, the case's import floor, timed from outside the same way
+(:mod:`bench.planner.import_floor`): a fresh process that imports only torch and the model's
+library (torchvision, transformers) as the CLI finds it, the least any CLI can take for that
+case on this machine; then, in another fresh process, the CLI's work split into phases timed
+from inside (:mod:`bench.planner.phases`): importing the CLI, the first ``FakeTensorMode`` (it
+imports ``torch._dynamo``), the model's library, the trace, the profile and the plan.
+``--repo`` times the CLI of another checkout (the import floor and the phases always run this
+one's code, with this interpreter). Writes ``<results-dir>/cpu/<date>-<name>.json`` and ``.md``;
+the figures are this CPU's.
 """
 
 from __future__ import annotations
@@ -78,12 +81,16 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | None) -> dict[str, Any]:
-    """``runs`` interleaved rounds: the baseline's CLI (if any), this CLI, then the phases."""
+    """``runs`` interleaved rounds: the baseline's CLI (if any), this CLI, the import floor, then
+    the phases."""
     case = CASES[key]
     budget = _half_budget(case, gpu)
-    arguments = _portable(case).command(gpu, str(budget))
-    command = [sys.executable, "-m", "lightning_accudnn", *arguments, "--json"]
-    times: dict[str, list[float]] = {"wall": [], "cpu": [], "baseline_wall": [], "baseline_cpu": []}
+    portable = _portable(case)
+    command = [sys.executable, "-m", "lightning_accudnn", *portable.command(gpu, str(budget)), "--json"]
+    floor = [sys.executable, "-m", "bench.planner.import_floor", portable.model]
+    times: dict[str, list[float]] = {
+        name: [] for name in ("wall", "cpu", "baseline_wall", "baseline_cpu", "floor_wall", "floor_cpu")
+    }
     laps: dict[str, dict[str, list[float]]] = {
         clock: {name: [] for name in PHASES} for clock in ("wall", "cpu")
     }
@@ -95,6 +102,9 @@ def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | Non
         wall, cpu, _ = _timed(command, repo)
         times["wall"].append(wall)
         times["cpu"].append(cpu)
+        wall, cpu, _ = _timed(floor, REPO_ROOT)
+        times["floor_wall"].append(wall)
+        times["floor_cpu"].append(cpu)
         _, _, out = _timed([sys.executable, "-m", "bench.planner.phases", key, str(budget), gpu], REPO_ROOT)
         for clock, seconds in json.loads(out.strip().splitlines()[-1]).items():
             for name, value in seconds.items():
@@ -106,6 +116,9 @@ def measure_case(key: str, gpu: str, runs: int, repo: Path, baseline: Path | Non
         "command": command[1:],
         "cli_wall_seconds": _summary(times["wall"]),
         "cli_cpu_seconds": _summary(times["cpu"]),
+        "import_floor_command": floor[1:],
+        "import_floor_wall_seconds": _summary(times["floor_wall"]),
+        "import_floor_cpu_seconds": _summary(times["floor_cpu"]),
         "phase_wall_seconds": {name: _summary(values) for name, values in laps["wall"].items()},
         "phase_cpu_seconds": {name: _summary(values) for name, values in laps["cpu"].items()},
     }
@@ -125,10 +138,10 @@ def markdown(record: dict[str, Any]) -> str:
     with_baseline = record["baseline_commit"] is not None
     before = "baseline CLI wall s | baseline CLI CPU s | " if with_baseline else ""
     lines += [
-        f"| case | {before}CLI wall s | CLI CPU s | "
+        f"| case | {before}CLI wall s | CLI CPU s | import floor wall s | import floor CPU s | "
         + " | ".join(f"{name} CPU (wall)" for name in PHASES)
         + " |",
-        "|" + " --- |" * (3 + 2 * with_baseline + len(PHASES)),
+        "|" + " --- |" * (5 + 2 * with_baseline + len(PHASES)),
     ]
     for case in record["cases"]:
         base = ""
@@ -141,9 +154,16 @@ def markdown(record: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {case['title']} | {base}{_spread(case['cli_wall_seconds'])} | "
-            f"{_spread(case['cli_cpu_seconds'])} | {phase} |"
+            f"{_spread(case['cli_cpu_seconds'])} | {_spread(case['import_floor_wall_seconds'])} | "
+            f"{_spread(case['import_floor_cpu_seconds'])} | {phase} |"
         )
-    lines += ["", "Seconds: median [lowest, highest] over the runs; phases: medians, CPU (wall)."]
+    lines += [
+        "",
+        "Seconds: median [lowest, highest] over the runs; phases: medians, CPU (wall). "
+        "Import floor: a fresh process that imports torch and the model's library only (the least "
+        "any CLI can take for that case on this machine: the interpreter, torch and the model's "
+        "library).",
+    ]
     return "\n".join(lines)
 
 
@@ -178,8 +198,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "label": (
             f"Wall-clock and CPU seconds of `python -m lightning_accudnn plan ... --gpu {args.gpu}` at "
             f"the budget of half the activations, on this machine's CPU (shared: CPU seconds vary less), "
-            f"{args.runs} fresh processes per case; the CLI of {repo} at commit {commit}; phases timed "
-            "with this checkout's code."
+            f"{args.runs} fresh processes per case; the CLI of {repo} at commit {commit}. In the same "
+            "rounds, the import floor: a fresh process of this checkout that imports only torch and "
+            "the model's library as the CLI finds it (torchvision.models; the factory's module and "
+            "the imports in its body), the least any CLI can take for that case on this machine; "
+            "phases timed with this checkout's code."
             + (f" Baseline: the CLI of {baseline} at {baseline_commit}, same rounds." if baseline else "")
         ),
         "repo": str(repo),

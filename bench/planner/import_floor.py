@@ -18,7 +18,7 @@ line: the top-level packages it ended with (not the standard library's), and whe
 Example (a shell command; the process takes seconds, so it is no doctest)::
 
     $ PYTHONPATH=bench/planner python -m bench.planner.import_floor models:gpt2_medium
-    {"packages": [..., "torch", "transformers", ...], "dynamo": false}
+    {"packages": [..., "torch", "transformers", ...], "dynamo": true}
 """
 
 from __future__ import annotations

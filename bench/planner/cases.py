@@ -74,6 +74,15 @@ CASES = {
             "bf16",
         ),
         Case(
+            "gpt2-medium-gelu-tanh-bf16",
+            "GPT-2 medium, gelu_pytorch_tanh (HF, SDPA), 8 x 1024 tokens, bf16",
+            "bench.planner.models:gpt2_medium_gelu_tanh",
+            8,
+            (1024,),
+            "long",
+            "bf16",
+        ),
+        Case(
             "llama-1b-bf16",
             "Llama-style 1B (HF, SDPA), 4 x 2048 tokens, bf16",
             "bench.planner.models:llama_1b",

@@ -29,6 +29,22 @@ def gpt2_medium() -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
+def gpt2_medium_gelu_tanh() -> nn.Module:
+    """:func:`gpt2_medium` with ``activation_function="gelu_pytorch_tanh"``: the same GELU (tanh
+    approximation) as one kernel, where the default ``gelu_new`` is Python arithmetic whose
+    ``pow`` CUDA autocast runs in float32 (its intermediates are then saved in float32)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_embd=1024,
+        n_layer=24,
+        n_head=16,
+        attn_implementation="sdpa",
+        activation_function="gelu_pytorch_tanh",
+    )
+    return GPT2LMHeadModel(config)
+
+
 def llama_1b() -> nn.Module:
     """A Llama-style 1B: hidden 2048, 16 layers, 32 heads, 8 key/value heads, intermediate 5632,
     vocabulary 32000, SDPA attention (grouped-query), the library's defaults otherwise."""

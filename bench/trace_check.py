@@ -62,6 +62,7 @@ from bench.report import fmt_bytes, fmt_ratio, write_result
 from lightning_accudnn.cli import INPUT_DTYPES, resolve_model
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.profiling.gpus import GPUS, GpuSpec, get_gpu
+from lightning_accudnn.profiling.layer_kinds import layer_kind
 from lightning_accudnn.profiling.roofline import StepTrace
 from lightning_accudnn.profiling.trace import DTYPES, precision, step_loss, trace_step
 
@@ -108,17 +109,6 @@ CPU_LABEL = (
     "kernels (attention, dropout, CUDA autocast's float32 ops) the two differ by design; these "
     "figures show that the check works, not what a GPU saves."
 )
-
-
-def layer_kind(name: str) -> str:
-    """A layer's name with its first index (the block's) replaced by ``*``: the same layer of
-    every block as one kind.
-
-    Example:
-        >>> layer_kind("blocks.3.mlp.0"), layer_kind("(root)"), layer_kind("layer4.2.downsample.0")
-        ('blocks.*.mlp.0', '(root)', 'layer4.*.downsample.0')
-    """
-    return re.sub(r"(?<=\.)\d+(?=\.|#|$)", "*", name, count=1)
 
 
 def gpu_for_device(name: str, memory_bytes: int | None = None) -> GpuSpec:

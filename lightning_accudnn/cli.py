@@ -324,6 +324,11 @@ def plan_command(args: argparse.Namespace) -> int:
         "static_bytes": profile.static_bytes,
         "saved_bytes": profile.saved_bytes,
         "swappable_bytes": profile.swappable_bytes,
+        "float32_saved_bytes": trace.float32_saved_bytes,
+        "float32_saved_by_kind": [
+            {"kind": kind, "bytes": nbytes, "layers": layers}
+            for kind, nbytes, layers in trace.float32_saved_by_kind()
+        ],
         "unconstrained_peak_bytes": profile.unconstrained_peak_bytes,
         "unconstrained_step_seconds": baseline,
         "forward_flops": trace.forward_flops,
@@ -385,6 +390,19 @@ def _kernels_text(kernels: dict[str, dict[str, int]]) -> str:
     )
 
 
+def _float32_rows(report: dict) -> list[tuple[str, str]]:
+    """Under a 16-bit precision, the saves still in float32 and the layers that hold most."""
+    float32, saved = report["float32_saved_bytes"], report["saved_bytes"]
+    if report["dtype"] == "fp32" or not float32:
+        return []
+    most = ", ".join(
+        f"{kind['kind']} ({format_bytes(kind['bytes'])}, {kind['layers']} "
+        f"{'layer' if kind['layers'] == 1 else 'layers'})"
+        for kind in report["float32_saved_by_kind"][:3]
+    )
+    return [("saved in float32", f"{format_bytes(float32)} ({float32 / saved:.0%}); most in {most}")]
+
+
 def _flops(count: int) -> str:
     for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
         if count >= size:
@@ -408,6 +426,7 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         ("budget", f"{report['budget']} = {gb('budget_bytes')}"),
         ("static memory", f"{gb('static_bytes')} (parameters, gradients, optimizer state, buffers)"),
         ("saved activations", f"{gb('saved_bytes')} ({gb('swappable_bytes')} swappable)"),
+        *_float32_rows(report),
         (
             "unconstrained",
             f"peak {gb('unconstrained_peak_bytes')}, step {ms(report['unconstrained_step_seconds'])}",

@@ -127,6 +127,30 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.norm(self.blocks(x)))
 
 
+class _Upcast(nn.Module):
+    """Explicit float32 arithmetic inside a 16-bit step (as RMSNorm implementations do)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float().square()
+
+
+class _Exp(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x)
+
+
+def upcasting_mlp() -> nn.Module:
+    """Linear layers (64 features) around an explicit float32 upcast (``1``) and an ``exp``
+    (``3``), which CUDA autocast runs in float32: what a 16-bit step still saves in float32."""
+    return nn.Sequential(nn.Linear(64, 64), _Upcast(), nn.Linear(64, 64), _Exp(), nn.Linear(64, 1))
+
+
+def transformer_encoder() -> nn.Module:
+    """Two ``nn.TransformerEncoderLayer`` (width 64, 4 heads, no dropout, batch first)."""
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+
 def bottleneck_net(channels: int = 16, strides: tuple[int, ...] = (1, 2, 1, 2, 1)) -> nn.Module:
     """torchvision's Bottleneck blocks, narrow: a block's input is saved by the block before
     it, by its first convolution and by its downsample, and needed first by the downsample."""

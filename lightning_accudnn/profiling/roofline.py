@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, LayerProfile, SegmentProfile, StepProfile
 from lightning_accudnn.profiling.gpus import GpuSpec
+from lightning_accudnn.profiling.layer_kinds import layer_kind
 from lightning_accudnn.profiling.static_memory import named_state_copies
 
 __all__ = ["LayerTrace", "OpCost", "StepTrace"]
@@ -65,7 +66,8 @@ class LayerTrace:
     that does), as the offload engine lists re-saves (:attr:`.LayerProfile.resaved_by`).
     ``resaved_modules`` lists, per storage of ``resaved`` whose last re-save was by a layer that
     saves nothing of its own, ``(that layer, storage bytes)``
-    (:attr:`.LayerProfile.resaved_by_module`).
+    (:attr:`.LayerProfile.resaved_by_module`). ``float32_bytes`` is the part of ``saved`` in
+    float32 storages.
 
     Example:
         >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20,
@@ -83,6 +85,7 @@ class LayerTrace:
     backward_flops: int
     resaved: tuple[tuple[str, int], ...] = ()
     resaved_modules: tuple[tuple[str, int], ...] = ()
+    float32_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -151,6 +154,31 @@ class StepTrace:
     def saved_bytes(self) -> int:
         """Every byte saved for backward (deduplicated by storage)."""
         return sum(layer.saved_bytes for layer in self.layers)
+
+    @property
+    def float32_saved_bytes(self) -> int:
+        """The part of :attr:`saved_bytes` in float32 storages."""
+        return sum(layer.float32_bytes for layer in self.layers)
+
+    def float32_saved_by_kind(self) -> tuple[tuple[str, int, int], ...]:
+        """Where :attr:`float32_saved_bytes` is, per kind of layer
+        (:func:`~.layer_kinds.layer_kind`, the same layer of every block): ``(kind, bytes,
+        layers)``, the most bytes first, kinds saving none in float32 left out.
+
+        Example:
+            >>> layers = (LayerTrace("h.0.act", (8, 4), 0, 0, float32_bytes=8),
+            ...           LayerTrace("h.1.act", (8,), 0, 0, float32_bytes=8), LayerTrace("head", (2,), 0, 0))
+            >>> StepTrace(layers, (), 0, 0, 0).float32_saved_by_kind()
+            (('h.*.act', 16, 2),)
+        """
+        kinds: dict[str, list[int]] = {}
+        for layer in self.layers:
+            if layer.float32_bytes:
+                kind = kinds.setdefault(layer_kind(layer.name), [0, 0])
+                kind[0] += layer.float32_bytes
+                kind[1] += 1
+        ranked = sorted(kinds.items(), key=lambda item: -item[1][0])
+        return tuple((kind, nbytes, layers) for kind, (nbytes, layers) in ranked)
 
     @property
     def forward_flops(self) -> int:

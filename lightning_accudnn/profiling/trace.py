@@ -145,6 +145,7 @@ class _Recorder:
     node_layer: dict[object, str] = field(default_factory=dict)
     first_seen: dict[str, int] = field(default_factory=dict)
     saved: dict[str, list[int]] = field(default_factory=dict)
+    float32_saved: Counter[str] = field(default_factory=Counter)  # per layer, its float32 storages' bytes
     flops: dict[str, list[int]] = field(default_factory=dict)
     ops: list[OpCost] = field(default_factory=list)
     param_storages: set[int] = field(default_factory=set)
@@ -176,13 +177,16 @@ class _Recorder:
         self._touch(layer)
         self.saving.setdefault(layer, None)
         if key is None:
-            self.saved[layer].append(tensor_bytes(tensor))
+            size = tensor_bytes(tensor)
         else:
             self.seen_storages[key] = tensor  # keep it alive: its address stays unique
             self.first_layer[key] = layer
-            self.saved[layer].append(tensor.untyped_storage().nbytes())
+            size = tensor.untyped_storage().nbytes()
             if not self.backward:
-                self.selective.saved(key, tensor.untyped_storage().nbytes())
+                self.selective.saved(key, size)
+        self.saved[layer].append(size)
+        if tensor.dtype == torch.float32:
+            self.float32_saved[layer] += size
         return tensor
 
     def unpack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -602,6 +606,7 @@ def trace_step(
             backward_flops=recorder.flops[name][1],
             resaved=tuple(resaved.get(name, ())),
             resaved_modules=tuple(modules.get(name, ())),
+            float32_bytes=recorder.float32_saved[name],
         )
         for name in sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
     )

@@ -145,6 +145,24 @@ def test_token_model_with_integer_input_and_bf16(capsys, dtype) -> None:
     assert report["layers"][0]["name"] == "embed"
 
 
+def test_a_16_bit_step_reports_what_it_still_saves_in_float32(capsys) -> None:
+    args = ["plan", "tests.models:upcasting_mlp", "--input-shape", "64", "--batch-size", "8"]
+    args += ["--budget", "1GB", "--gpu", "h100"]
+    assert main([*args, "--dtype", "bf16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    activation = 8 * 64 * 4  # the upcast's input to square, exp's float32 result
+    assert report["float32_saved_bytes"] == 2 * activation < report["saved_bytes"]
+    assert report["float32_saved_by_kind"] == [
+        {"kind": "1", "bytes": activation, "layers": 1},
+        {"kind": "3", "bytes": activation, "layers": 1},
+    ]
+    assert main([*args, "--dtype", "bf16"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("saved in float32")]
+    assert row.endswith("4.10 KB (26%); most in 1 (2.05 KB, 1 layer), 3 (2.05 KB, 1 layer)")
+    assert main(args) == 0  # fp32: every save is, and the row would say nothing
+    assert "saved in float32" not in capsys.readouterr().out
+
+
 @pytest.mark.skipif(HAS_MATPLOTLIB, reason="matplotlib is installed")
 def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys) -> None:
     assert main(["plan", *SMALL, "--budget", "1GB", "--plot", str(tmp_path / "m.png")]) == 2

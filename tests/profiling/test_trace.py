@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import pytest
 import torch
 from torch import nn
@@ -12,35 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.profiling.gpus import get_gpu
 from lightning_accudnn.profiling.trace import StepTrace, trace_step
-from tests.models import MLP, SmallResNet, TinyGPT
-
-
-def real_saved_by_layer(model: nn.Module, batch: torch.Tensor) -> dict[str, int]:
-    """Saved bytes per layer in a real CPU step, counted independently of ``trace``:
-    storages identified by data pointer, parameters and buffers skipped, each storage once."""
-    tracker = LayerTracker()
-    model_ptrs = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    seen: set[int] = set()
-    keep: list[torch.Tensor] = []
-    saved: dict[str, int] = defaultdict(int)
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer not in model_ptrs and pointer not in seen:
-            seen.add(pointer)
-            keep.append(tensor)
-            saved[tracker.current] += tensor.untyped_storage().nbytes()
-        return tensor
-
-    with tracker.attached(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(batch).float().mean()
-    loss.backward()
-    return {layer: nbytes for layer, nbytes in saved.items() if nbytes}
-
-
-def _transformer() -> nn.Module:
-    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+from tests.models import MLP, SmallResNet, TinyGPT, transformer_encoder
+from tests.profiling.real_step import real_saved_by_layer
 
 
 class _TruncNormalInit(nn.Module):
@@ -66,7 +37,7 @@ def traced_saved_by_layer(trace: StepTrace) -> dict[str, int]:
         (SmallResNet, torch.zeros(8, 3, 16, 16)),
         (TinyGPT, torch.zeros(8, 16, dtype=torch.long)),
         (MLP, torch.zeros(32, 64)),
-        (_transformer, torch.zeros(4, 32, 64)),
+        (transformer_encoder, torch.zeros(4, 32, 64)),
         (_TruncNormalInit, torch.zeros(16, 64)),
     ],
     ids=["resnet", "gpt", "mlp", "transformer", "trunc-normal-init"],

@@ -13,7 +13,8 @@ storages but no data) and runs one forward and backward. Three observers watch i
   views of them are skipped and each storage counts once, by storage identity, as the engine
   filters them. A storage saved again by a later layer is listed under the last such layer
   (:attr:`.LayerTrace.resaved`, :mod:`.resaves`), as the engine lists re-saves, so the profile says
-  ``resaves_listed``.
+  ``resaves_listed``. The bytes of float32 storages are counted apart
+  (:attr:`.LayerTrace.float32_bytes`): what a 16-bit step still saves in float32.
 * a dispatch mode records every kernel: FLOPs (from :mod:`torch.utils.flop_counter`'s
   formulas, plus the CPU flash attention kernels) and bytes moved (tensor bytes read and
   written). Forward kernels belong to the running layer; backward kernels to the layer whose

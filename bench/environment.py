@@ -59,14 +59,25 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
     try:
         result = subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=20, check=True
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20, check=True
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout
+
+
+def git_commit(checkout: Path = REPO_ROOT) -> str | None:
+    """The commit ``checkout`` (a git working tree) has checked out, ``None`` outside one.
+
+    Example:
+        >>> len(git_commit() or "0" * 40)
+        40
+    """
+    commit = _git("rev-parse", "HEAD", cwd=checkout)
+    return (commit.strip() or None) if commit else None
 
 
 def git_state() -> dict[str, Any]:
@@ -76,11 +87,10 @@ def git_state() -> dict[str, Any]:
         >>> sorted(git_state())
         ['commit', 'dirty', 'dirty_paths']
     """
-    commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
     dirty_paths = [line[3:] for line in status.splitlines() if line.strip()] if status else []
     return {
-        "commit": commit.strip() if commit else None,
+        "commit": git_commit(),
         "dirty": bool(dirty_paths) if status is not None else None,
         "dirty_paths": dirty_paths,
     }

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bench.environment import REPO_ROOT
+from bench.environment import REPO_ROOT, git_commit
 from bench.planner.cases import CASES, TABLE_CASES, trace_case
 from bench.planner.timed_plans import POLICIES
 from bench.report import write_result
@@ -145,11 +145,6 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _commit(repo: Path) -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         prog="python -m bench.planner.plan_time", description=__doc__.split("\n\n")[0]
@@ -179,10 +174,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for side, checkout in checkouts.items():
                 runs[side].append(_run_child(checkout, path, heap=not args.no_heap))
                 print(f"round {round_ + 1}: {side} planned", flush=True)
-    commit = _commit(REPO_ROOT)
+    commit = git_commit(REPO_ROOT)
     baseline_commit = None
     if args.baseline is not None:
-        baseline_commit = args.baseline_commit or _commit(checkouts["baseline"]) or "unknown"
+        baseline_commit = args.baseline_commit or git_commit(checkouts["baseline"]) or "unknown"
     heap = "without torch" if args.no_heap else "after importing torch, torchvision and transformers"
     record: dict[str, Any] = {
         "kind": "planner-plan-time",

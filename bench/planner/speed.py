@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.environment import REPO_ROOT
+from bench.environment import REPO_ROOT, git_commit
 from bench.planner.cases import CASES, Case
 from bench.planner.phases import PHASES
 from bench.report import write_result
@@ -167,11 +167,6 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _commit(repo: Path) -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     description = __doc__.split("\n\n")[0]
     parser = argparse.ArgumentParser(prog="python -m bench.planner.speed", description=description)
@@ -186,12 +181,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--name", default="planner-speed")
     args = parser.parse_args(argv)
     repo = args.repo.resolve()
-    commit = args.commit or _commit(repo)
+    commit = args.commit or git_commit(repo)
     keys = [key.strip() for key in args.cases.split(",") if key.strip()]
     baseline = args.baseline.resolve() if args.baseline is not None else None
     baseline_commit = None
     if baseline is not None:
-        baseline_commit = args.baseline_commit or _commit(baseline) or "unknown"
+        baseline_commit = args.baseline_commit or git_commit(baseline) or "unknown"
     cases = [measure_case(key, args.gpu, args.runs, repo, baseline) for key in keys]
     record = {
         "kind": "planner-speed",

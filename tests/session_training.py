@@ -9,20 +9,34 @@ from lightning_accudnn.session import OffloadSession, OffloadStats
 from tests.models import loss_of, make_batch
 
 
-def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> list[OffloadStats]:
-    """``steps`` SGD steps of ``model`` on the "cnn" batches, each under ``session.step``; the
-    session's stats after each."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def session_steps(
+    session: OffloadSession,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_at: Callable[[int], torch.Tensor],
+    steps: range,
+) -> list[OffloadStats]:
+    """A training step of ``model`` under ``session.step`` for each number of ``steps``, its loss
+    ``loss_at(number)``; the session's stats after each."""
     stats = []
-    for index in range(steps):
+    for step in steps:
         with session.step(model, optimizer):
-            loss = loss_of(model, make_batch("cnn", seed=index))
+            loss = loss_at(step)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         assert session.stats is not None
         stats.append(session.stats)
     return stats
+
+
+def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> list[OffloadStats]:
+    """``steps`` SGD steps of ``model`` on the "cnn" batches, each under ``session.step``; the
+    session's stats after each."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return session_steps(
+        session, model, optimizer, lambda index: loss_of(model, make_batch("cnn", seed=index)), range(steps)
+    )
 
 
 def measured_pass(

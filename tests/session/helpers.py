@@ -8,7 +8,7 @@ from torch import nn
 from lightning_accudnn import OffloadSession, OffloadStats
 from lightning_accudnn.profiling.static_memory import model_state_bytes
 from tests.models import loss_of, make_batch
-from tests.session_training import measured_pass
+from tests.session_training import measured_pass, session_steps
 
 
 def memory_need(
@@ -31,14 +31,9 @@ def seeded_steps(
     """Training steps ``first`` to ``first + steps - 1`` of ``model`` (64 features in) under
     ``session``, each on a batch of 32 seeded by its number (squared output's mean as the loss):
     each step's stats."""
-    stats = []
-    for step in range(first, first + steps):
+
+    def loss_at(step: int) -> torch.Tensor:
         x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step))
-        with session.step(model, optimizer):
-            loss = model(x).square().mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        assert session.stats is not None
-        stats.append(session.stats)
-    return stats
+        return model(x).square().mean()
+
+    return session_steps(session, model, optimizer, loss_at, range(first, first + steps))

@@ -51,6 +51,7 @@ from bench.report import fmt_bytes, fmt_ms, write_result
 from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from bench.runner import autocast_for, batch_on
 from bench.workloads import Batch, Workload
+from lightning_accudnn.planner.search import POLICIES
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 
@@ -191,11 +192,13 @@ def session_run(
     warmup: int,
     steps: int,
     plan_in_background: bool = True,
+    policy: str = "auto",
 ) -> dict[str, Any]:
-    """Training under an ``OffloadSession`` at ``budget``: its plan and its measured steps, or the
-    error that ended it (a budget too small for the profiling pass, say) as ``error``."""
+    """Training under an ``OffloadSession`` at ``budget`` (plans under ``policy``): its plan and
+    its measured steps, or the error that ended it (a budget too small for the profiling pass,
+    say) as ``error``."""
     try:
-        result = _session_steps(workload, device, budget, warmup, steps, plan_in_background)
+        result = _session_steps(workload, device, budget, warmup, steps, plan_in_background, policy)
     except Exception as error:  # recorded: the other runs' figures still count
         result = {"steps": [], "error": f"{type(error).__name__}: {error}", "budget_bytes": budget}
     release_memory(device)
@@ -209,6 +212,7 @@ def _session_steps(
     warmup: int,
     steps: int,
     plan_in_background: bool,
+    policy: str,
 ) -> dict[str, Any]:
     torch.manual_seed(0)
     with torch.device(device):
@@ -216,7 +220,9 @@ def _session_steps(
     optimizer = workload.optimizer(model)
     batches = _batches(workload, device)
     min_swap = DEFAULT_MIN_SWAP_BYTES if workload.min_swap_bytes is None else workload.min_swap_bytes
-    config = OffloadConfig(budget=budget, min_swap_bytes=min_swap, plan_in_background=plan_in_background)
+    config = OffloadConfig(
+        budget=budget, min_swap_bytes=min_swap, plan_in_background=plan_in_background, policy=policy
+    )
     session = OffloadSession(config, device)
     per_step: list[dict[str, Any]] = []
     began = now(device)
@@ -281,6 +287,8 @@ def _session_steps(
             predicted_step_seconds=plan.predicted_step_seconds,
             predicted_peak_bytes=per_step[-1]["predicted_peak_bytes"] or plan.predicted_peak_bytes,
             recomputed_segments=len(plan.recomputed),
+            recompute_seconds=plan.recompute_seconds,
+            recompute_cost_ratio=profile.recompute_cost_ratio,
             swapped_bytes=plan.swapped_bytes,
             layers=len(profile.layers),
             plan=plan.to_dict(),
@@ -298,7 +306,7 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         "Sessions make refining plans "
         + ("on planning threads" if record.get("plan_in_background", True) else "inline (`--plan-inline`)")
-        + ".",
+        + f"; the session at the fraction's budget plans under policy `{record.get('policy', 'auto')}`.",
         "",
         f"- plain step (median): {fmt_ms(plain['median_step_seconds'])} ms"
         + (
@@ -310,7 +318,8 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         *_blocks_line(plain.get("blocks")),
         "| run | budget | profiled fwd+bwd compute ms | unconstrained ms (model) | predicted step ms "
-        "| measured steady step ms (wall) | recomputed | swapped | predicted peak | measured peak |",
+        "| measured steady step ms (wall) | recomputed (ms added, cost ratio) | swapped | predicted peak "
+        "| measured peak |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, run in (("kept", kept), (f"static + {record['fraction_text']} act", part)):
@@ -322,7 +331,7 @@ def markdown(record: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {fmt_bytes(run.get('budget_bytes'))} | {fmt_ms(compute)} "
             f"| {fmt_ms(run.get('unconstrained_seconds'))} | {fmt_ms(run.get('predicted_step_seconds'))} "
-            f"| {fmt_ms(run['median_wall_seconds'])} | {run.get('recomputed_segments')} "
+            f"| {fmt_ms(run['median_wall_seconds'])} | {_recomputed_cell(run)} "
             f"| {fmt_bytes(run.get('swapped_bytes'))} | {fmt_bytes(run.get('predicted_peak_bytes'))} "
             f"| {fmt_bytes(last.get('peak_bytes'))} |"
         )
@@ -367,6 +376,16 @@ def _blocks_line(blocks: list[dict[str, Any]] | None) -> list[str]:
     ]
 
 
+def _recomputed_cell(run: dict[str, Any]) -> str:
+    """Segments recomputed, with the milliseconds the plan adds to backward for them and the
+    recomputation cost ratio it planned with (what a recomputation measured, over the forward it
+    repeats)."""
+    count = run.get("recomputed_segments")
+    if not count or "recompute_seconds" not in run:
+        return str(count)
+    return f"{count} ({fmt_ms(run['recompute_seconds'])} ms, {run['recompute_cost_ratio']:.2f}x)"
+
+
 def _allocator_cell(counts: dict[str, int]) -> str:
     if not counts:
         return ""
@@ -384,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan-inline",
         action="store_true",
         help="sessions plan at the end of the pass their figures come from (plan_in_background=False)",
+    )
+    parser.add_argument(
+        "--policy",
+        default="auto",
+        choices=POLICIES,
+        help="what the session at the fraction's budget may do besides keeping (OffloadConfig.policy)",
     )
     parser.add_argument("--warmup", type=int, default=6)
     parser.add_argument("--steps", type=int, default=6)
@@ -404,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"bench.calibration: the session that keeps everything made no plan: {kept.get('error')}"
         )
     budget = kept["static_bytes"] + int(fraction * kept["saved_bytes"])
-    part = session_run(workload, device, budget, args.warmup, args.steps, background)
+    part = session_run(workload, device, budget, args.warmup, args.steps, background, args.policy)
     record = {
         "kind": "calibration",
         "workload": workload.name,
@@ -412,12 +437,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "device": str(device),
         "fraction_text": args.fraction,
         "plan_in_background": background,
+        "policy": args.policy,
         "plain": plain,
         "kept": kept,
         "fraction": part,
     }
     text = markdown(record)
-    write_result(args.results_dir, device, f"calibration-{workload.name}", record, text)
+    name = f"calibration-{workload.name}" + ("" if args.policy == "auto" else f"-{args.policy}")
+    write_result(args.results_dir, device, name, record, text)
     print(text)
     return record
 

@@ -55,6 +55,7 @@ def profile_from_dict(data: dict[str, Any]) -> StepProfile:
         segments=tuple(segments),
         resaves_listed=bool(data.get("resaves_listed", False)),
         excluded_segments=tuple(ExcludedSegment(**item) for item in data.get("excluded_segments", [])),
+        recompute_cost_ratio=float(data.get("recompute_cost_ratio", 1.0)),
     )
 
 

@@ -241,6 +241,11 @@ class StepProfile:
     bytes saved again by a later layer (a profile the engine measured, or a trace); without it
     (a hand-written profile) recomputation is accounted on the safe side: a segment's outputs
     may be saved inside it and again after it.
+    ``recompute_cost_ratio`` is what recomputing a segment in backward takes, over the forward
+    time of the layers it runs again: 1.0 unless measured. A training session measures it in the
+    passes it times under a plan that recomputes; it is above 1 where the host issues the
+    recomputed kernels more slowly than the device runs them, or where checkpointing's own
+    work is not small next to the segment's.
 
     Example:
         >>> profile = StepProfile(
@@ -258,6 +263,7 @@ class StepProfile:
     segments: tuple[SegmentProfile, ...] = field(default=(), repr=False)
     resaves_listed: bool = field(default=False, repr=False)
     excluded_segments: tuple[ExcludedSegment, ...] = field(default=(), repr=False)
+    recompute_cost_ratio: float = field(default=1.0, repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]
@@ -268,6 +274,10 @@ class StepProfile:
             raise ValueError("segment names in a StepProfile must be unique")
         if self.static_bytes < 0:
             raise ValueError(f"static_bytes must be >= 0, got {self.static_bytes}")
+        if not 0.0 < self.recompute_cost_ratio < float("inf"):
+            raise ValueError(
+                f"recompute_cost_ratio must be positive and finite, got {self.recompute_cost_ratio}"
+            )
         position = {name: i for i, name in enumerate(names)}
         for i, layer in enumerate(self.layers):
             for later, _ in layer.resaved_by:

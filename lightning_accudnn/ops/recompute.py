@@ -64,6 +64,7 @@ from lightning_accudnn.ops.recomputation_scope import RecomputationScope, is_rec
 from lightning_accudnn.ops.recompute_safety import CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
+from lightning_accudnn.ops.timing import RecomputationTimer
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
@@ -120,7 +121,7 @@ class SegmentRecomputer:
         (('0',), ('0',))
     """
 
-    __slots__ = ("enabled", "failures", "last_recomputed", "_model", "_wrapped", "_selective")
+    __slots__ = ("enabled", "failures", "last_recomputed", "timing", "_model", "_wrapped", "_selective")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -130,6 +131,8 @@ class SegmentRecomputer:
         self.last_recomputed: str | None = None
         """The segment recomputed last (what a ``CheckpointError`` raised right after its
         recomputation is about)."""
+        self.timing: RecomputationTimer | None = None
+        """Times each recomputation while set (a pass timed layer by layer)."""
         self._model: nn.Module | None = None
         # name -> (module, its own forward before, or the handle of its wrapped compiled call)
         self._wrapped: dict[str, tuple[nn.Module, object]] = {}
@@ -258,14 +261,23 @@ class _Replay:
         args, kwargs = inputs.rebuild(tensors)
         enabled = recomputer.enabled
         recomputer.enabled = True  # segments inside this one are checkpointed again, as in forward
+        timing = recomputer.timing
+        start = timing.clock.mark() if timing is not None else None
         try:
-            return self.forward(*args, **kwargs)
-        except (STOP_RECOMPUTATION, torch.OutOfMemoryError):  # control flow; memory, not safety
+            outputs = self.forward(*args, **kwargs)
+        except STOP_RECOMPUTATION:  # control flow: every save needed is recomputed, the rest skipped
+            if timing is not None:
+                timing.record(self.name, start)
+            raise
+        except torch.OutOfMemoryError:  # memory, not safety
             raise
         except Exception as error:
             raise self._failed(f"its forward raised {type(error).__name__}: {error}") from error
         finally:
             recomputer.enabled = enabled
+        if timing is not None:
+            timing.record(self.name, start)
+        return outputs
 
     def _failed(self, reason: str) -> RecomputationError:
         self.recomputer.failures[self.name] = reason

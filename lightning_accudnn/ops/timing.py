@@ -212,3 +212,33 @@ class PassTimer:
             times = (self.clock.seconds_between(start, middle), self.clock.seconds_between(middle, end))
         del self._pending[:-2]  # a device far behind: keep the last two passes only
         return times
+
+
+class RecomputationTimer:
+    """How long each recomputation of a pass took: two marks around the forward run again.
+
+    On CUDA the marks are events on the stream the backward runs on, so an interval is what the
+    recomputation adds to that stream: its kernels' time, or the host's time issuing them when
+    the device waits on the host.
+
+    Example:
+        >>> timer = RecomputationTimer(WallClock())
+        >>> start = timer.clock.mark(); timer.record("block", start)
+        >>> [(name, seconds >= 0) for name, seconds in timer.take()]
+        [('block', True)]
+        >>> timer.take()
+        []
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._marks: list[tuple[str, object, object]] = []
+
+    def record(self, segment: str, start: object) -> None:
+        """``segment`` was recomputed from the mark ``start`` until now."""
+        self._marks.append((segment, start, self.clock.mark()))
+
+    def take(self) -> list[tuple[str, float]]:
+        """Each recomputation since the last call, in order: ``(segment, seconds)``."""
+        marks, self._marks = self._marks, []
+        return [(segment, self.clock.seconds_between(start, end)) for segment, start, end in marks]

@@ -265,7 +265,12 @@ class Plan:
             f"recomputed {len(self.recomputed)} segments"
             + (f" ({', '.join(self.recomputed)})" if self.recomputed else "")
             + (f", {len(self.selective)} of them selectively" if self.selective else "")
-            + f", adding {self.recompute_seconds * 1e3:.3f} ms to backward",
+            + f", adding {self.recompute_seconds * 1e3:.3f} ms to backward"
+            + (
+                f" (recomputing measured at {self.profile.recompute_cost_ratio:.2f}x the forward it repeats)"
+                if self.profile.recompute_cost_ratio != 1.0
+                else ""
+            ),
         ]
         lines += [
             f"not recomputed, unsafe: {excluded.name}: {excluded.reason}"
@@ -307,6 +312,7 @@ class Plan:
                 {"name": excluded.name, "reason": excluded.reason} for excluded in profile.excluded_segments
             ],
             "recompute_seconds": self.recompute_seconds,
+            "recompute_cost_ratio": profile.recompute_cost_ratio,
             "search": self.search,
             "route": self.route,
             "static_bytes": profile.static_bytes,

@@ -96,6 +96,9 @@ class SegmentSpan:
     ``recompute_share`` of their forward time again and rebuild ``rebuilt_bytes`` of saves in
     backward (``None``: all their saves).
 
+    ``recompute_ratio`` is what running a forward again in backward takes, over the forward
+    time it repeats (the profile's :attr:`~lightning_accudnn.profile.StepProfile.recompute_cost_ratio`).
+
     A span with ``inner`` spans (made by :func:`nested_span`) is recomputed with those recomputed
     again inside it (two-level checkpointing): see :func:`nested_span`.
 
@@ -125,6 +128,7 @@ class SegmentSpan:
     recompute_share: float = 1.0
     rebuilt_bytes: int | None = None
     inner: tuple[SegmentSpan, ...] = ()
+    recompute_ratio: float = 1.0
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -158,7 +162,7 @@ class SegmentSpan:
         """Forward time run again in backward (an inner span's twice: in this one's
         recomputation and in its own)."""
         own = self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
-        return own + sum(span.recompute_seconds for span in self.inner)
+        return own * self.recompute_ratio + sum(span.recompute_seconds for span in self.inner)
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled and copied: the fields alone (the derived figures are computed again)."""
@@ -251,6 +255,7 @@ def _candidate_spans(profile: StepProfile, selective: bool) -> tuple[SegmentSpan
             segment.selective_kept_bytes or 0 if selective else 0,
             segment.selective_recompute_share if selective else 1.0,
             segment.selective_recomputed_bytes if selective else None,
+            recompute_ratio=profile.recompute_cost_ratio,
         )
         if span.freed_bytes <= 0:
             continue
@@ -630,7 +635,7 @@ def recomputed_profile(
         else:
             inner = [layers[i] for i in indices]
             forward = sum(layer.forward_seconds for layer in inner)
-            again = forward * span.recompute_share if span.selective else forward
+            again = (forward * span.recompute_share if span.selective else forward) * span.recompute_ratio
             again += sum(nested.recompute_seconds for nested in span.inner)
             new_layers.append(
                 LayerProfile(

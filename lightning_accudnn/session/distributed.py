@@ -80,7 +80,8 @@ class DistributedCoordinator(RankCoordinator):
 
 
 def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
-    """The profile that is safe for every rank: per layer the most bytes and the longest times.
+    """The profile that is safe for every rank: per layer the most bytes and the longest times
+    (and the costliest recomputation).
 
     Ranks run the same model on equally shaped batches, so their layers match; if they do
     not, planning alike is impossible and the error names the first difference.
@@ -129,6 +130,7 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
         excluded_segments=tuple(
             {entry.name: entry for p in reversed(profiles) for entry in p.excluded_segments}.values()
         ),
+        recompute_cost_ratio=max(p.recompute_cost_ratio for p in profiles),
     )
 
 

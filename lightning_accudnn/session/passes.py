@@ -21,6 +21,7 @@ from torch import nn
 from lightning_accudnn.ops import OffloadEngine, StepStats
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
+from lightning_accudnn.ops.timing import RecomputationTimer
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.planner.plan import ROUTE_EAGER
 from lightning_accudnn.profiling.bandwidth import LinkCurve
@@ -44,7 +45,12 @@ from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recom
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats, measured_stats
 from lightning_accudnn.session.transfers import swapped_buffer_sizes
-from lightning_accudnn.session.warm_times import fastest_times, scaled_to_forward
+from lightning_accudnn.session.warm_times import (
+    fastest_recomputations,
+    fastest_times,
+    recompute_cost_ratio,
+    scaled_to_forward,
+)
 
 __all__ = ["PassRunner", "RunningPass"]
 
@@ -136,6 +142,10 @@ class PassRunner:
         self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its thread's time
         # Per pass kind whose refinement waits for its last timed pass: the fastest times so far.
         self._warm_profiles: dict[PassKey, StepProfile] = {}
+        # Per pass kind: each segment's fastest recomputation timed, and the cost ratio they give.
+        self._recompute_times: dict[PassKey, dict[tuple[str, bool], float]] = {}
+        self._recompute_ratios: dict[PassKey, float] = {}
+        self._recomputations: list[tuple[str, float]] = []  # timed in the pass that just ended
 
     def refining(self, key: PassKey) -> bool:
         """Whether ``key``'s next pass is timed to refine its plan: the plan needs refining
@@ -182,6 +192,9 @@ class PassRunner:
         self.recomputer.enabled = bool(recomputed)
         self.recomputer.last_recomputed = None
         sequence = None if hooked else records.sequence(key)
+        # A pass timed layer by layer (no sequence to replay) times its recomputations too.
+        timed = bool(recomputed) and sequence is None
+        self.recomputer.timing = RecomputationTimer(self.engine.timer.clock) if timed else None
         # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
         # middle of a pass (selective checkpointing calls them from under its own). One that
         # recomputes and keeps the rest installs none in an unobserved pass.
@@ -215,6 +228,8 @@ class PassRunner:
             step = self.engine.end_step()
         finally:
             self.collector.resume()  # the pass's objects are freed now: nothing to promote
+        timing, self.recomputer.timing = self.recomputer.timing, None
+        self._recomputations = timing.take() if timing is not None and step is not None else []
         current, self.current = self.current, None
         if step is None or current is None:
             return None
@@ -315,12 +330,27 @@ class PassRunner:
             # keeps its own profile, whose forward alone this pass can compare).
             if profile is plan.profile:
                 profile = scaled_to_forward(profile, step.forward_seconds)
+                self._note_recompute_ratio(key, profile, plan)
             else:
                 profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
+        ratio = self._recompute_ratios.get(key)
+        if ratio is not None and ratio != profile.recompute_cost_ratio:
+            profile = replace(profile, recompute_cost_ratio=ratio)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
+
+    def _note_recompute_ratio(self, key: PassKey, profile: StepProfile, plan: Plan) -> None:
+        """Keep each segment's fastest recomputation for ``key`` (as each layer keeps its fastest
+        time), with the pass just timed under ``plan``; and the cost ratio they measure against
+        ``profile``, the one planned from next."""
+        earlier = self._recompute_times.get(key, {})
+        times = fastest_recomputations(self._recomputations, plan.selective, earlier)
+        self._recompute_times[key] = times
+        ratio = recompute_cost_ratio(profile, times)
+        if ratio is not None:
+            self._recompute_ratios[key] = ratio
 
     def _keep_new_plan(
         self, key: PassKey, profile: StepProfile, *, current: bool, in_background: bool = False

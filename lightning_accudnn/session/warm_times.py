@@ -9,16 +9,29 @@ ran in 60.4 ms (``bench/results/nvidia-h200``, ``bench.calibration``). So a kind
 refined (its pass runs hooked and timed) until :data:`TIMED_PLANNED_PASSES` planned passes were
 timed, a count every rank reaches at the same pass, and the times planned from are the fastest
 seen per layer (:func:`fastest_times`).
+
+A pass timed under a plan that recomputes times each recomputation too; each segment keeps
+its fastest (:func:`fastest_recomputations`), and :func:`recompute_cost_ratio` sets them against
+the forward time the profile planned from gives the layers run again: on a GPU whose host
+issues the recomputed kernels in backward more slowly than the device runs them, a
+recomputation takes several times the forward it repeats.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 
 from lightning_accudnn.planner import StepProfile
 from lightning_accudnn.profile import LayerProfile
 
-__all__ = ["TIMED_PLANNED_PASSES", "fastest_times", "scaled_to_forward"]
+__all__ = [
+    "TIMED_PLANNED_PASSES",
+    "fastest_recomputations",
+    "fastest_times",
+    "recompute_cost_ratio",
+    "scaled_to_forward",
+]
 
 #: Planned passes of a kind timed layer by layer before its plan is final: the first runs
 #: right after the profiling pass, often still cold.
@@ -70,6 +83,56 @@ def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfi
         for layer in profile.layers
     )
     return replace(profile, layers=layers)
+
+
+def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool], float]) -> float | None:
+    """What recomputing the segments in ``seconds`` took (keyed ``(segment, selectively)``, as
+    timed), over what ``profile`` gives them: the forward time of the layers each segment covers
+    (its recomputed share when recomputed selectively). ``None`` when nothing comparable was timed.
+
+    Example:
+        >>> from lightning_accudnn.profile import SegmentProfile
+        >>> layers = (LayerProfile("block.conv", 8, 8, 1.0), LayerProfile("block.relu", 8, 8, 1.0))
+        >>> profile = StepProfile(layers, 0, segments=(SegmentProfile("block", 8),))
+        >>> recompute_cost_ratio(profile, {("block", False): 3.0})
+        1.5
+        >>> recompute_cost_ratio(profile, {("unknown", False): 3.0}) is None
+        True
+    """
+    segments = {segment.name: segment for segment in profile.segments}
+    modelled = measured = 0.0
+    for (name, selectively), taken in seconds.items():
+        segment = segments.get(name)
+        if segment is None:
+            continue
+        forward = sum(layer.forward_seconds for layer in profile.layers if segment.covers(layer.name))
+        modelled += forward * segment.selective_recompute_share if selectively else forward
+        measured += taken
+    if modelled <= 0.0 or measured <= 0.0:
+        return None
+    return measured / modelled
+
+
+def fastest_recomputations(
+    recomputations: Iterable[tuple[str, float]],
+    selective: Collection[str],
+    earlier: Mapping[tuple[str, bool], float],
+) -> dict[tuple[str, bool], float]:
+    """``earlier`` with each segment's recomputation in this pass (``(segment, seconds)``, summed
+    per segment; recomputed selectively when named in ``selective``) where it is faster or new.
+
+    Example:
+        >>> fastest_recomputations([("a", 2.0), ("b", 5.0)], (), {("a", False): 3.0, ("b", False): 4.0})
+        {('a', False): 2.0, ('b', False): 4.0}
+    """
+    this_pass: dict[tuple[str, bool], float] = {}
+    for name, taken in recomputations:
+        key = (name, name in selective)
+        this_pass[key] = this_pass.get(key, 0.0) + taken
+    fastest = dict(earlier)
+    for key, taken in this_pass.items():
+        fastest[key] = min(taken, fastest.get(key, taken))
+    return fastest
 
 
 def _faster(measured: float, earlier: float) -> float:

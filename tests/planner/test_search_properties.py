@@ -51,7 +51,15 @@ def staged_profiles(draw, selective: bool = False) -> StepProfile:
             )
     layers.append(LayerProfile("head", draw(st.integers(1, 20)), 0, 0.5, 1.0))
     link = draw(st.sampled_from([float("inf"), 50.0, 200.0, 1000.0]))
-    return StepProfile(tuple(layers), draw(st.integers(0, 200)), link, link, segments=tuple(segments))
+    ratio = draw(st.sampled_from([1.0, 0.5, 4.0]))  # a recomputation measured faster or slower
+    return StepProfile(
+        tuple(layers),
+        draw(st.integers(0, 200)),
+        link,
+        link,
+        segments=tuple(segments),
+        recompute_cost_ratio=ratio,
+    )
 
 
 def _step(profile: StepProfile, budget: int, policy: str) -> float | None:

@@ -1,5 +1,7 @@
 """Ranks plan from one merged profile: what a rank saw saved again or kept for being small survives."""
 
+from dataclasses import replace
+
 from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
 from lightning_accudnn.session.agreement import with_times_of
 from lightning_accudnn.session.distributed import merge_profiles
@@ -98,3 +100,9 @@ def test_the_merge_keeps_each_segment_s_most_output_and_selective_bytes():
         3,
     )
     assert other.selective_kept_bytes is None  # one rank did not measure it: never recomputed selectively
+
+
+def test_the_merge_keeps_the_costliest_recomputation_any_rank_measured():
+    a = replace(_profile(40, (8,)), recompute_cost_ratio=1.5)
+    b = replace(_profile(40, (8,)), recompute_cost_ratio=3.0)
+    assert merge_profiles([a, b]).recompute_cost_ratio == merge_profiles([b, a]).recompute_cost_ratio == 3.0

@@ -1,0 +1,72 @@
+"""A session plans recomputation at the cost its timed passes measured it at."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.ops.recomputation_scope import is_recomputing
+from lightning_accudnn.planner import min_budget_bytes
+from lightning_accudnn.planner.plan import Plan
+from lightning_accudnn.session.plan_book import PlanSource
+
+PAUSE = 0.02
+
+
+class _SlowAgain(nn.Module):
+    """ReLU, pausing while it is recomputed (a recomputation the host issues slowly)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_recomputing():
+            time.sleep(PAUSE)
+        return torch.relu(x)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(64, 64), _SlowAgain(), nn.Linear(64, 64), nn.ReLU()) for _ in range(4)]
+    return nn.Sequential(*blocks, nn.Linear(64, 10))
+
+
+def _train(budget: int, steps: int) -> tuple[list[Plan | None], list[PlanSource | None], OffloadSession]:
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on CPU nothing is saved
+        session = OffloadSession(config, "cpu")
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    plans, sources = [], []
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(step)
+        inputs = torch.randn(32, 64, generator=generator)
+        with session.step(model, optimizer):
+            loss = nn.functional.cross_entropy(model(inputs), torch.randint(0, 10, (32,), generator=generator))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert session.recomputer.timing is None  # set only while a timed pass runs
+        session.wait_for_plans()
+        plans.append(session.plan)
+        sources.append(session.stats.plan_source if session.stats is not None else None)
+    session.close()
+    return plans, sources, session
+
+
+def test_a_slow_recomputation_is_measured_and_planned_at_its_cost():
+    (profiled, *_), _, _ = _train(10**9, 2)
+    assert profiled is not None and profiled.profile.recompute_cost_ratio == 1.0
+    budget = min_budget_bytes(profiled.profile, policy="recompute")
+    plans, sources, _ = _train(budget, 7)
+    first, final = plans[1], plans[-1]
+    assert first is not None and first.recomputed and first.profile.recompute_cost_ratio == 1.0
+    assert final is not None and final.recomputed and PlanSource.REFINED in sources
+    # Each recomputed block pauses PAUSE seconds, far more than its forward on this CPU; the plan
+    # charges what the fastest of its timed recomputations took.
+    assert final.profile.recompute_cost_ratio > 3.0
+    assert final.recompute_seconds >= PAUSE * len(final.recomputed) * (1 - 1e-9)
+    assert first.recompute_seconds < final.recompute_seconds
+    assert "recomputing measured at" in str(final)

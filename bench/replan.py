@@ -2,11 +2,14 @@
 
     python -m bench.replan bench/results/<device>/<date>-calibration-resnet152.json
     python -m bench.replan FILE --run kept --budget 3.7GB --policy recompute
+    python -m bench.replan FILE --recompute-cost-ratio 1
 
 Reads the profile the named session run (``fraction``, the default, or ``kept``) planned from,
 plans it with the planner's public ``plan_swaps`` at the run's budget, reserve and profiling
-peak (or the ``--budget`` and ``--policy`` given), and prints the plan and, when the budget is
-the run's own, the run's measured steady step beside the prediction. The session planned with
+peak (or the ``--budget`` and ``--policy`` given; ``--recompute-cost-ratio`` charges each
+recomputation that many times the forward it repeats instead of what the run measured), and
+prints the plan and, when the budget is the run's own, the run's measured steady step beside
+the prediction. The session planned with
 its host-memory limit too; with host memory for every swap, the plans are the same.
 
 Example:
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +67,21 @@ def _rate(value: float | None) -> float:
     return float("inf") if value is None else float(value)
 
 
-def replan(run: dict[str, Any], budget_bytes: int | None = None, policy: str | None = None) -> Plan:
+def replan(
+    run: dict[str, Any],
+    budget_bytes: int | None = None,
+    policy: str | None = None,
+    recompute_cost_ratio: float | None = None,
+) -> Plan:
     """The plan of a calibration run's profile at ``budget_bytes`` (default: the run's) under
-    ``policy`` (default: the run's), with the run's reserve and profiling peak."""
+    ``policy`` (default: the run's), with the run's reserve and profiling peak, and recomputation
+    charged at ``recompute_cost_ratio`` (default: the run's)."""
     recorded = run["plan"]
+    profile = profile_from_dict(run["profile"])
+    if recompute_cost_ratio is not None:
+        profile = replace(profile, recompute_cost_ratio=recompute_cost_ratio)
     return plan_swaps(
-        profile_from_dict(run["profile"]),
+        profile,
         recorded["budget_bytes"] if budget_bytes is None else budget_bytes,
         recorded["reserve_bytes"],
         policy=recorded["policy"] if policy is None else policy,
@@ -82,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", choices=("fraction", "kept"), default="fraction")
     parser.add_argument("--budget", help='e.g. "3.7GB" (default: the run\'s own)')
     parser.add_argument("--policy", help="auto, swap, recompute or selective (default: the run's)")
+    parser.add_argument(
+        "--recompute-cost-ratio",
+        type=float,
+        help="a recomputation's time over the forward it repeats (default: what the run measured)",
+    )
     return parser
 
 
@@ -99,7 +117,7 @@ def main(argv: list[str] | None = None) -> Plan:
         if parsed.kind != "bytes":
             raise SystemExit(f'bench.replan: --budget takes bytes ("3.7GB"), not {args.budget!r}')
         budget = int(parsed.value)
-    plan = replan(run, budget, args.policy)
+    plan = replan(run, budget, args.policy, args.recompute_cost_ratio)
     print(plan)
     if budget is None:
         print(

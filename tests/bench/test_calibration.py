@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from bench import calibration, replan
@@ -61,3 +62,21 @@ def test_a_recorded_profile_plans_again_as_the_session_planned_it(tmp_path):
     assert plan.predicted_peak_bytes == recorded["predicted_peak_bytes"]
     printed = replan.main([str(written), "--run", "kept", "--budget", "1GB", "--policy", "swap"])
     assert printed.budget_bytes == 10**9 and not printed.swapped_layers
+
+
+def test_a_recomputing_session_records_its_measured_cost_and_plans_again_without_it(tmp_path):
+    sizes = ["--warmup", "4", "--steps", "1", "--results-dir", str(tmp_path)]
+    arguments = ["--workload", "tiny", "--device", "cpu", "--policy", "recompute", "--fraction", "3/4"]
+    calibration.main([*arguments, *sizes])
+    (written,) = (tmp_path / "cpu").glob("*-calibration-tiny-recompute.json")
+    record = json.loads(written.read_text())
+    run = record["fraction"]
+    assert record["policy"] == "recompute"
+    assert run["recomputed_segments"] > 0 and run["swapped_bytes"] == 0
+    measured = run["recompute_cost_ratio"]
+    assert measured != 1.0 and run["profile"]["recompute_cost_ratio"] == measured
+    assert f"{measured:.2f}x" in written.with_suffix(".md").read_text()
+    again = replan.replan(run)
+    assert again.recompute_seconds == run["recompute_seconds"]
+    at_forward = replan.main([str(written), "--recompute-cost-ratio", "1"])
+    assert at_forward.recompute_seconds * measured == pytest.approx(again.recompute_seconds)

@@ -44,7 +44,9 @@ def _train(budget: int, steps: int) -> tuple[list[Plan | None], list[PlanSource 
         generator = torch.Generator().manual_seed(step)
         inputs = torch.randn(32, 64, generator=generator)
         with session.step(model, optimizer):
-            loss = nn.functional.cross_entropy(model(inputs), torch.randint(0, 10, (32,), generator=generator))
+            loss = nn.functional.cross_entropy(
+                model(inputs), torch.randint(0, 10, (32,), generator=generator)
+            )
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -48,6 +48,7 @@ from lightning_accudnn.session.transfers import swapped_buffer_sizes
 from lightning_accudnn.session.warm_times import (
     fastest_recomputations,
     fastest_times,
+    recompute_cost_departs,
     recompute_cost_ratio,
     scaled_to_forward,
 )
@@ -262,7 +263,7 @@ class PassRunner:
             # kind runs hooked, and its layers (which then differ) are planned from.
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
-        scheduled = profiling or self.refining(key)
+        scheduled = profiling or self.refining(key) or self._recosted(key, step, current.plan)
         if step.timed and not profiling:
             self.book.note_timed(key)
         # Only refining: the plan in force still holds, so the new one may be made meanwhile.
@@ -340,6 +341,13 @@ class PassRunner:
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
+
+    def _recosted(self, key: PassKey, step: StepStats, plan: Plan | None) -> bool:
+        """Whether ``step``, a pass under ``plan``, timed a recomputation cost that ``plan``
+        misjudges (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is
+        then refined."""
+        ratio = self._recompute_ratios.get(key)
+        return step.timed and plan is not None and ratio is not None and recompute_cost_departs(plan, ratio)
 
     def _note_recompute_ratio(self, key: PassKey, profile: StepProfile, plan: Plan) -> None:
         """Keep each segment's fastest recomputation for ``key`` (as each layer keeps its fastest

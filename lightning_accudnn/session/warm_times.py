@@ -14,7 +14,10 @@ A pass timed under a plan that recomputes times each recomputation too; each seg
 its fastest (:func:`fastest_recomputations`), and :func:`recompute_cost_ratio` sets them against
 the forward time the profile planned from gives the layers run again: on a GPU whose host
 issues the recomputed kernels in backward more slowly than the device runs them, a
-recomputation takes several times the forward it repeats.
+recomputation takes several times the forward it repeats. A plan whose recomputation the ratio
+measured since would cost more than :data:`RECOMPUTE_COST_TOLERANCE` of its step away from what
+it predicted is made again (:func:`recompute_cost_departs`): a plan that first recomputes once
+refined (its first plan swapped) is timed, and planned again at the cost it measured.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 
-from lightning_accudnn.planner import StepProfile
+from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profile import LayerProfile
 
 __all__ = [
+    "RECOMPUTE_COST_TOLERANCE",
     "TIMED_PLANNED_PASSES",
     "fastest_recomputations",
     "fastest_times",
+    "recompute_cost_departs",
     "recompute_cost_ratio",
     "scaled_to_forward",
 ]
@@ -36,6 +41,10 @@ __all__ = [
 #: Planned passes of a kind timed layer by layer before its plan is final: the first runs
 #: right after the profiling pass, often still cold.
 TIMED_PLANNED_PASSES = 2
+
+#: The share of its predicted step by which a plan's recomputation, charged at the ratio measured
+#: since it was made, may move before the plan is made again: the 15 % a step prediction may be off.
+RECOMPUTE_COST_TOLERANCE = 0.15
 
 
 def fastest_times(measured: StepProfile, earlier: StepProfile) -> StepProfile:
@@ -111,6 +120,26 @@ def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool]
     if modelled <= 0.0 or measured <= 0.0:
         return None
     return measured / modelled
+
+
+def recompute_cost_departs(plan: Plan, ratio: float) -> bool:
+    """Whether charging ``plan``'s recomputation at ``ratio`` instead of the ratio it was made at
+    moves its predicted step by more than :data:`RECOMPUTE_COST_TOLERANCE` of it.
+
+    Example:
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> from lightning_accudnn.profile import SegmentProfile
+        >>> layers = tuple(LayerProfile(f"b{i}.x", 100, 100, 1.0, 2.0) for i in range(4))
+        >>> segments = tuple(SegmentProfile(f"b{i}", 10) for i in range(4))
+        >>> plan = plan_swaps(StepProfile(layers, 0, segments=segments), 330, policy="recompute")
+        >>> plan.recompute_seconds, plan.predicted_step_seconds
+        (1.0, 13.0)
+        >>> recompute_cost_departs(plan, 3.0), recompute_cost_departs(plan, 2.0)
+        (True, False)
+    """
+    charged = plan.recompute_seconds
+    moved = charged * abs(ratio / plan.profile.recompute_cost_ratio - 1.0)
+    return moved > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
 
 
 def fastest_recomputations(

@@ -11,8 +11,10 @@ from torch import nn
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.ops.recomputation_scope import is_recomputing
 from lightning_accudnn.planner import min_budget_bytes
+from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.session.plan_book import PlanSource
+from tests.recompute.models import forcing_search
 
 PAUSE = 0.02
 
@@ -32,8 +34,11 @@ def _model() -> nn.Module:
     return nn.Sequential(*blocks, nn.Linear(64, 10))
 
 
-def _train(budget: int, steps: int) -> tuple[list[Plan | None], list[PlanSource | None], OffloadSession]:
-    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+Trained = tuple[list[Plan | None], list[PlanSource | None], OffloadSession]
+
+
+def _train(budget: int, steps: int, policy: str = "recompute") -> Trained:
+    config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy=policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # on CPU nothing is saved
         session = OffloadSession(config, "cpu")
@@ -72,3 +77,26 @@ def test_a_slow_recomputation_is_measured_and_planned_at_its_cost():
     assert final.recompute_seconds >= PAUSE * len(final.recomputed) * (1 - 1e-9)
     assert first.recompute_seconds < final.recompute_seconds
     assert "recomputing measured at" in str(final)
+
+
+def test_a_plan_that_first_recomputes_once_refined_is_made_again_at_the_cost_measured(monkeypatch):
+    """The first plan keeps everything, the refined one recomputes every block (forced: the
+    search is replaced): its first pass runs hooked, times the recomputations, and finds them
+    far costlier than the plan charged, so the plan is made again at the cost measured."""
+    keep, recompute = forcing_search(()), forcing_search(("0", "1", "2", "3"))
+    searched = []
+
+    def search(*args, **kwargs):  # type: ignore[no-untyped-def]
+        searched.append(len(searched))
+        return (keep if len(searched) == 1 else recompute)(*args, **kwargs)
+
+    monkeypatch.setattr(planner_plan, "search_mixed", search)
+    plans, sources, _ = _train(10**9, 8, policy="auto")
+    ratios = [plan.profile.recompute_cost_ratio if plan is not None else None for plan in plans]
+    assert not plans[1].recomputed and ratios[1] == 1.0  # the first plan: nothing timed
+    refined_at_forward = [i for i, plan in enumerate(plans) if plan.recomputed and ratios[i] == 1.0]
+    assert refined_at_forward, ratios  # the refined plan, made before any recomputation ran
+    final = plans[-1]
+    assert final.recomputed and final.profile.recompute_cost_ratio > 3.0 and sources[-1] is PlanSource.REFINED
+    assert final.recompute_seconds >= PAUSE * 4 * (1 - 1e-9)
+    assert len(searched) >= 3

@@ -329,7 +329,8 @@ def plan_command(args: argparse.Namespace) -> int:
             {"kind": kind, "bytes": nbytes, "layers": layers}
             for kind, nbytes, layers in trace.float32_saved_by_kind()
         ],
-        "unconstrained_peak_bytes": profile.unconstrained_peak_bytes,
+        "working_bytes": trace.working_bytes,
+        "unconstrained_peak_bytes": profile.unconstrained_peak_bytes + trace.working_bytes,
         "unconstrained_step_seconds": baseline,
         "forward_flops": trace.forward_flops,
         "backward_flops": trace.backward_flops,
@@ -338,7 +339,9 @@ def plan_command(args: argparse.Namespace) -> int:
         "assumed_kernels": assumed_kernels(trace),
     }
     try:
-        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve, policy=args.policy)
+        # The step's working memory (what it holds besides its saves) is kept free like the reserve.
+        room = reserve + trace.working_bytes
+        plan = plan_swaps(profile, budget_bytes, reserve_bytes=room, policy=args.policy)
         plan = dataclasses.replace(plan, route=route_of(built[-1]))
     except BudgetTooSmallError as error:
         need = error.min_budget_bytes
@@ -352,6 +355,11 @@ def plan_command(args: argparse.Namespace) -> int:
             EXIT_INFEASIBLE,
         )
     report = {**header, "feasible": True, **plan.to_dict()}
+    # The peaks of the step and of its profiling pass, with the working memory either holds.
+    report["saved_peak_bytes"] = plan.predicted_peak_bytes  # model state and saved activations
+    report["predicted_peak_bytes"] = plan.predicted_peak_bytes + trace.working_bytes
+    report["profiling_peak_bytes"] = plan.profiling_peak_bytes + trace.working_bytes
+    report["reserve_bytes"] = reserve  # the plan's holds the working memory too
     report["overhead_vs_unconstrained"] = plan.predicted_step_seconds / baseline - 1 if baseline > 0 else 0.0
     if args.plot:
         assert plan.timeline is not None  # plan_swaps always simulates the plan it returns
@@ -431,7 +439,17 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
             "unconstrained",
             f"peak {gb('unconstrained_peak_bytes')}, step {ms(report['unconstrained_step_seconds'])}",
         ),
-        ("predicted peak", gb("predicted_peak_bytes")),
+        (
+            "working memory",
+            f"{gb('working_bytes')} at most at once besides the saves, kept free like the reserve "
+            "(outputs nothing saves, the loss and its gradient, the activations' gradients; the "
+            "traced loss is the mean of the outputs)",
+        ),
+        (
+            "predicted peak",
+            f"{gb('predicted_peak_bytes')} ({gb('saved_peak_bytes')} model state and saved activations, "
+            "and the working memory)",
+        ),
         (
             "predicted step",
             f"{ms(plan.predicted_step_seconds)} "

@@ -129,7 +129,10 @@ class StepTrace:
     ``ops``: what times a segment's selective recomputation (its kernels not ``kept``).
     ``resaves_listed`` says that the layers' ``resaved`` list every storage saved again by a
     later layer (a trace of :func:`~.trace.trace_step`): the profile then says so too
-    (:attr:`.StepProfile.resaves_listed`).
+    (:attr:`.StepProfile.resaves_listed`). ``working_bytes`` is the most the step held at once
+    besides the model's state and its saved activations (outputs nothing saves, the loss and
+    its gradient, the activations' gradients in backward: :mod:`.working_memory`); 0 when not
+    traced.
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -149,6 +152,7 @@ class StepTrace:
     kernels: tuple[tuple[str, str, int], ...] = ()
     segment_ops: tuple[tuple[str, int, int], ...] = ()
     resaves_listed: bool = False
+    working_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:

@@ -15,10 +15,12 @@ storages but no data) and runs one forward and backward. Three observers watch i
   (:attr:`.LayerTrace.resaved`, :mod:`.resaves`), as the engine lists re-saves, so the profile says
   ``resaves_listed``. The bytes of float32 storages are counted apart
   (:attr:`.LayerTrace.float32_bytes`): what a 16-bit step still saves in float32.
-* a dispatch mode records every kernel: FLOPs (from :mod:`torch.utils.flop_counter`'s
-  formulas, plus the CPU flash attention kernels) and bytes moved (tensor bytes read and
-  written). Forward kernels belong to the running layer; backward kernels to the layer whose
-  forward created the autograd node that runs them.
+* a dispatch mode records every kernel: the storages it creates, and when each is freed
+  (:mod:`.working_memory`: what the step holds besides its saves,
+  :attr:`StepTrace.working_bytes`), FLOPs (from :mod:`torch.utils.flop_counter`'s formulas,
+  plus the CPU flash attention kernels) and bytes moved (tensor bytes read and written).
+  Forward kernels belong to the running layer; backward kernels to the layer whose forward
+  created the autograd node that runs them.
 * a function mode maps each autograd node to the layer that created it and runs the kernels a
   CUDA GPU would where the CPU's save other tensors: ``F.dropout`` becomes
   ``torch.native_dropout`` (CUDA's fused dropout saves a ``bool`` mask; the CPU kernel a mask
@@ -84,7 +86,6 @@ from torch import nn
 from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -97,6 +98,7 @@ from lightning_accudnn.profiling.gpus import GpuSpec
 from lightning_accudnn.profiling.kernels import FLOP_FORMULAS, FREE_OPS, rate_class, tensor_bytes, tensors_in
 from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
+from lightning_accudnn.profiling.working_memory import StorageLog
 
 __all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "precision", "step_loss", "trace_step"]
 
@@ -128,13 +130,6 @@ class Tracker(Protocol):
     def attached(self, model: nn.Module) -> contextlib.AbstractContextManager[object]: ...
 
 
-def _storage_key(tensor: torch.Tensor) -> int | None:
-    try:
-        return int(StorageWeakRef(tensor.untyped_storage()).cdata)  # type: ignore[no-untyped-call]
-    except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage
-        return None
-
-
 @dataclass
 class _Recorder:
     """Shared state of the observers during one traced step."""
@@ -150,13 +145,23 @@ class _Recorder:
     flops: dict[str, list[int]] = field(default_factory=dict)
     ops: list[OpCost] = field(default_factory=list)
     param_storages: set[int] = field(default_factory=set)
-    seen_storages: dict[int, torch.Tensor] = field(default_factory=dict)
+    seen_storages: dict[int, int] = field(default_factory=dict)  # storage saved -> its bytes
     first_layer: dict[int, str] = field(default_factory=dict)  # storage -> the layer that saved it first
     saving: dict[str, None] = field(default_factory=dict)  # layers in order of their first own save
     resaves: ResaveLog = field(default_factory=ResaveLog)  # storages saved again, by key
     read_in_forward: set[int] = field(default_factory=set)  # storages unpacked during the forward
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
-    selective: _Selective = field(default_factory=lambda: _Selective())
+    # Every storage the step's kernels create, and each storage's key (a serial number: unique
+    # for the whole step, where an address may be reused once its storage is freed).
+    storages: StorageLog = field(default_factory=StorageLog)
+    selective: _Selective = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.selective = _Selective(self.storages)
+
+    def key(self, tensor: torch.Tensor) -> int | None:
+        """The key of ``tensor``'s storage (``None``: it has no single storage)."""
+        return self.storages.key(tensor)
 
     def _touch(self, layer: str) -> None:
         if layer not in self.first_seen:
@@ -166,7 +171,7 @@ class _Recorder:
 
     # -- saved_tensors_hooks ------------------------------------------------------------
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(tensor)
+        key = self.key(tensor)
         if key is not None and key in self.param_storages:
             return tensor
         layer = self.tracker.current
@@ -180,9 +185,9 @@ class _Recorder:
         if key is None:
             size = tensor_bytes(tensor)
         else:
-            self.seen_storages[key] = tensor  # keep it alive: its address stays unique
-            self.first_layer[key] = layer
             size = tensor.untyped_storage().nbytes()
+            self.seen_storages[key] = size
+            self.first_layer[key] = layer
             if not self.backward:
                 self.selective.saved(key, size)
         self.saved[layer].append(size)
@@ -192,7 +197,7 @@ class _Recorder:
 
     def unpack(self, tensor: torch.Tensor) -> torch.Tensor:
         if not self.backward:  # a backward inside the forward: needed from the start
-            key = _storage_key(tensor)
+            key = self.key(tensor)
             if key is not None:
                 self.read_in_forward.add(key)
         return tensor
@@ -200,7 +205,7 @@ class _Recorder:
     def resaved(self) -> tuple[dict[str, list[tuple[str, int]]], dict[str, list[tuple[str, int]]]]:
         """Per layer, its storages saved again (:attr:`.LayerTrace.resaved`) and, of those, the
         ones saved again last by a layer that saves nothing of its own (``resaved_modules``)."""
-        sizes = {key: self.seen_storages[key].untyped_storage().nbytes() for key in self.resaves.resaved_from}
+        sizes = {key: self.seen_storages[key] for key in self.resaves.resaved_from}
         return self.resaves.listed(self.first_layer, sizes, self.saving, self.read_in_forward)
 
     # -- kernels ------------------------------------------------------------------------
@@ -251,11 +256,11 @@ class _Selective:
     the distinct storages its :data:`SELECTIVE_KEPT_OPS` write (less its inputs), those saved
     inside it that are neither kept nor inputs, and whether a kept output is written in place."""
 
+    storages: StorageLog
     open: list[str] = field(default_factory=list)
     inputs: dict[str, set[int]] = field(default_factory=dict)
     kept_storages: dict[str, dict[int, int]] = field(default_factory=dict)
     rebuilt_storages: dict[str, dict[int, int]] = field(default_factory=dict)
-    alive: list[torch.Tensor] = field(default_factory=list)  # kept outputs: their addresses stay unique
     unsafe: set[str] = field(default_factory=set)
 
     def enter(self, name: str, inputs: set[int]) -> None:
@@ -270,10 +275,9 @@ class _Selective:
 
     def kept(self, outputs: list[torch.Tensor]) -> None:
         for value in outputs:
-            key = _storage_key(value)
+            key = self.storages.key(value)
             if key is None:
                 continue
-            self.alive.append(value)
             for name in self.open:
                 if key not in self.inputs[name]:
                     self.kept_storages[name][key] = value.untyped_storage().nbytes()
@@ -291,7 +295,7 @@ class _Selective:
             if argument.alias_info is None or not argument.alias_info.is_write:
                 continue
             value = args[i] if i < len(args) else kwargs.get(argument.name)
-            key = _storage_key(value) if isinstance(value, torch.Tensor) else None
+            key = self.storages.key(value) if isinstance(value, torch.Tensor) else None
             if key is not None:
                 self.unsafe.update(name for name, kept in self.kept_storages.items() if key in kept)
 
@@ -312,7 +316,6 @@ class _Segments:
     output_bytes: dict[str, int] = field(default_factory=dict)
     outputs: dict[int, list[str]] = field(default_factory=dict)  # storage -> segments whose outputs it is
     sources: dict[str, dict[str, int]] = field(default_factory=dict)  # per segment: earlier segment -> bytes
-    alive: list[torch.Tensor] = field(default_factory=list)  # segment outputs: their addresses stay unique
     recorder: _Recorder | None = None
     op_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # forward ops of each call
 
@@ -334,7 +337,7 @@ class _Segments:
     ) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
         if name not in self.input_bytes:
-            storages = _distinct_storages((*args, *kwargs.values()))
+            storages = self._distinct_storages((*args, *kwargs.values()))
             self.inputs[name] = set(storages)
             self.input_bytes[name] = sum(storages.values())
             sources: dict[str, int] = {}
@@ -353,19 +356,32 @@ class _Segments:
                 self.recorder.selective.exit(name)
                 self.op_ranges[name] = (self.op_ranges[name][0], len(self.recorder.ops))
             outputs = output if isinstance(output, (tuple, list)) else (output,)
-            storages = _distinct_storages(outputs)
+            storages = self._distinct_storages(outputs)
             self.output_bytes[name] = sum(n for key, n in storages.items() if key not in inputs)
             for value in outputs:
-                key = _storage_key(value) if isinstance(value, torch.Tensor) else None
+                key = self._key(value) if isinstance(value, torch.Tensor) else None
                 if key is not None:
-                    self.alive.append(value)
                     known = self.outputs.setdefault(key, [])
                     if name not in known:
                         known.append(name)
 
+    def _key(self, tensor: torch.Tensor) -> int | None:
+        return self.recorder.key(tensor) if self.recorder is not None else None
+
+    def _distinct_storages(self, values: tuple[object, ...] | list[object]) -> dict[int, int]:
+        storages: dict[int, int] = {}
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                key = self._key(value)
+                if key is None:
+                    storages[id(value)] = tensor_bytes(value)
+                else:
+                    storages[key] = value.untyped_storage().nbytes()
+        return storages
+
     def segments(self) -> tuple[SegmentProfile, ...]:
         """Containers called once (a module called twice cannot be wrapped as one segment)."""
-        selective = self.recorder.selective if self.recorder is not None else _Selective()
+        selective = self.recorder.selective if self.recorder is not None else _Selective(StorageLog())
         segments = []
         for name, nbytes in self.input_bytes.items():
             if self.calls[name] != 1:
@@ -384,18 +400,6 @@ class _Segments:
         return tuple(segments)
 
 
-def _distinct_storages(values: tuple[object, ...] | list[object]) -> dict[int, int]:
-    storages: dict[int, int] = {}
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            key = _storage_key(value)
-            if key is None:
-                storages[id(value)] = tensor_bytes(value)
-            else:
-                storages[key] = value.untyped_storage().nbytes()
-    return storages
-
-
 class _KernelMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, recorder: _Recorder) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -410,6 +414,7 @@ class _KernelMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.recorder.storages.created(tensors_in(out))
         self.recorder.record_op(func, args, kwargs, out)
         return out
 
@@ -581,7 +586,7 @@ def trace_step(
         params = list(model.parameters())
         buffers = list(model.buffers())
         for tensor in params + buffers:
-            key = _storage_key(tensor)
+            key = recorder.key(tensor)
             if key is not None:
                 recorder.param_storages.add(key)
         batch = torch.zeros(input_shape, dtype=input_dtype)
@@ -597,6 +602,9 @@ def trace_step(
                 loss = step_loss(output)
             recorder.backward = True
             loss.backward()  # type: ignore[no-untyped-call]
+    left_out = set(recorder.seen_storages)  # the saved activations, and the gradients (model state)
+    left_out.update(key for p in params if p.grad is not None and (key := recorder.key(p.grad)) is not None)
+    working_bytes = recorder.storages.peak_bytes(left_out)
     trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
     resaved, modules = recorder.resaved()
     layers = tuple(
@@ -622,4 +630,5 @@ def trace_step(
         segment_ops=tuple((name, first, end) for name, (first, end) in segments.op_ranges.items()),
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
         resaves_listed=True,
+        working_bytes=working_bytes,
     )

@@ -49,7 +49,9 @@ def conv_and_bn_output_bytes(name: str, batch: int) -> int:
 def check_plan_json(report: dict, budget: int) -> None:
     assert report["feasible"] is True
     assert report["budget_bytes"] == budget
-    assert report["predicted_peak_bytes"] <= budget
+    assert report["predicted_peak_bytes"] <= budget - report["reserve_bytes"]
+    assert report["predicted_peak_bytes"] == report["saved_peak_bytes"] + report["working_bytes"]
+    assert report["working_bytes"] > 0  # the loss and the gradients, at least
     assert report["min_budget_bytes"] <= budget
     assert report["lower_bound_seconds"] > 0
     assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] * (1 - 1e-9)

@@ -1,0 +1,87 @@
+"""What a traced step holds at once besides the model's state and its saved activations.
+
+A training step allocates more than autograd saves: the outputs of ops that nothing saves
+(freed once the next op has read them), the loss and its gradient, and in backward the
+gradients of the activations. The planner's ledger counts neither; a budget must hold them
+too. :class:`StorageLog` watches every storage the traced step's kernels create, in order, and
+when each is freed (a weak reference to the storage: fake tensors have storages, without
+data, that live and die as real ones would), so that :meth:`StorageLog.peak_bytes` gives the
+most the step held at once in storages that are none of those left out: the saved
+activations (the trace keeps them alive, as autograd does until their backward) and the
+parameters' gradients (model state).
+
+Example:
+    >>> import torch
+    >>> log = StorageLog()
+    >>> a, b = torch.ones(256), torch.ones(512)
+    >>> log.created([a, b]); del a
+    >>> log.created([torch.ones(128)])
+    >>> log.peak_bytes(), log.peak_bytes(leave_out={log.key(b)})
+    (3072, 1024)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Collection, Iterable
+from functools import partial
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+__all__ = ["StorageLog"]
+
+
+class StorageLog:
+    """Storages created and freed during a traced step, in order (see the module docstring).
+
+    A storage is known by its serial number (:meth:`key`), not its address: the address of a
+    freed storage may be reused by a later one, and a serial never is. Storages the step's
+    kernels did not create (parameters, the batch) get a serial too, but no bytes.
+    """
+
+    def __init__(self) -> None:
+        self._events: list[tuple[int, int]] = []  # (serial, +bytes when created, -bytes when freed)
+        self._live: dict[int, int] = {}  # address -> serial of the storage living there
+        self._refs: list[weakref.ref[torch.UntypedStorage]] = []  # per serial, a weak reference
+
+    def key(self, tensor: torch.Tensor) -> int | None:
+        """The serial of ``tensor``'s storage (alive now), ``None`` for a tensor with no single
+        storage (sparse, nested)."""
+        return self._serial(tensor, counted=False)
+
+    def created(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Note the storages of ``tensors`` not seen alive before (a view's is its base's)."""
+        for tensor in tensors:
+            self._serial(tensor, counted=True)
+
+    def _serial(self, tensor: torch.Tensor, *, counted: bool) -> int | None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        address = int(StorageWeakRef(storage).cdata)  # type: ignore[no-untyped-call]
+        serial = self._live.get(address)
+        if serial is not None:
+            return serial
+        serial = self._live[address] = len(self._refs)
+        nbytes = storage.nbytes() if counted else 0
+        if nbytes:
+            self._events.append((serial, nbytes))
+        self._refs.append(weakref.ref(storage, partial(self._freed, address, serial, nbytes)))
+        return serial
+
+    def _freed(self, address: int, serial: int, nbytes: int, _: object) -> None:
+        if self._live.get(address) == serial:
+            del self._live[address]
+        if nbytes:
+            self._events.append((serial, -nbytes))
+
+    def peak_bytes(self, leave_out: Collection[int] = ()) -> int:
+        """The most bytes alive at once, the storages whose serials are in ``leave_out`` left out."""
+        alive = peak = 0
+        for serial, change in self._events:
+            if serial not in leave_out:
+                alive += change
+                peak = alive if alive > peak else peak
+        return peak

@@ -36,7 +36,7 @@ from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 from lightning_accudnn.profiling.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.profiling.roofline import StepTrace
 from lightning_accudnn.profiling.static_memory import NAMED_OPTIMIZERS
-from lightning_accudnn.profiling.trace import DTYPES, trace_step
+from lightning_accudnn.profiling.trace import DTYPES, LOSSES, trace_step
 from lightning_accudnn.session.compiled import route_of, whole_model_form
 
 EXIT_OK = 0
@@ -203,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
         "'bf16-mixed'); or bf16-true/fp16-true (the model in that dtype, as Lightning's 'bf16-true')",
     )
     plan.add_argument(
+        "--loss",
+        choices=sorted(LOSSES),
+        default="mean",
+        help="the loss the traced step ends with: the mean of the outputs, or a cross-entropy over "
+        "the first (logits, classes last: what a classifier or a language model holds for its loss)",
+    )
+    plan.add_argument(
         "--optimizer",
         choices=sorted(NAMED_OPTIMIZERS),
         default="adam",
@@ -293,6 +300,7 @@ def plan_command(args: argparse.Namespace) -> int:
             input_dtype=INPUT_DTYPES[args.input_dtype],
             dtype=args.dtype,
             gpu=gpu,
+            loss=args.loss,
         )
     except Exception as error:  # a model that cannot be traced: say which and why
         batch_shape = (args.batch_size, *shape)
@@ -318,6 +326,7 @@ def plan_command(args: argparse.Namespace) -> int:
         "input_shape": list(shape),
         "dtype": args.dtype,
         "optimizer": args.optimizer,
+        "loss": args.loss,
         "budget": str(budget),
         "budget_bytes": budget_bytes,
         "reserve_bytes": reserve,
@@ -442,8 +451,8 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         (
             "working memory",
             f"{gb('working_bytes')} at most at once besides the saves, kept free like the reserve "
-            "(outputs nothing saves, the loss and its gradient, the activations' gradients; the "
-            "traced loss is the mean of the outputs)",
+            f"(outputs nothing saves, the loss and its gradient, the activations' gradients; --loss "
+            f"{report['loss']})",
         ),
         (
             "predicted peak",

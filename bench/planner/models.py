@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["gpt2_medium", "llama_1b", "tiny_transformer"]
+__all__ = ["gpt2_medium", "gpt2_medium_gelu_tanh", "headline_gpt", "llama_1b", "tiny_transformer"]
 
 
 def gpt2_medium() -> nn.Module:
@@ -43,6 +43,14 @@ def gpt2_medium_gelu_tanh() -> nn.Module:
         activation_function="gelu_pytorch_tanh",
     )
     return GPT2LMHeadModel(config)
+
+
+def headline_gpt() -> nn.Module:
+    """The GPT of the headline benchmark (``bench.workloads``' ``gpt``: GPT-2 medium's shape,
+    torch only), as the GPU runs measured it: ``accudnn plan`` of it can be set against them."""
+    from bench.workloads import make_workload
+
+    return make_workload("gpt").build()
 
 
 def llama_1b() -> nn.Module:

@@ -100,7 +100,18 @@ from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 from lightning_accudnn.profiling.working_memory import StorageLog
 
-__all__ = ["DTYPES", "LayerTrace", "OpCost", "StepTrace", "Tracker", "precision", "step_loss", "trace_step"]
+__all__ = [
+    "DTYPES",
+    "LOSSES",
+    "LayerTrace",
+    "OpCost",
+    "StepTrace",
+    "Tracker",
+    "cross_entropy_loss",
+    "precision",
+    "step_loss",
+    "trace_step",
+]
 
 #: The precisions a step is traced in: fp32; ``"bf16"``/``"fp16"``, mixed (autocast, parameters
 #: fp32, as Lightning's ``"bf16-mixed"``); ``"bf16-true"``/``"fp16-true"``, the model and its
@@ -489,15 +500,28 @@ def _target_attention(
         return run_attention(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def step_loss(output: object) -> torch.Tensor:
-    """The loss a traced step backpropagates: the mean, in float32, of every floating-point
-    output that requires grad, summed (a model's own loss is not known to the trace).
+def cross_entropy_loss(output: object) -> torch.Tensor:
+    """A cross-entropy over the classes of the first floating-point output that requires grad
+    (the logits, classes in the last dimension: ``(batch, classes)`` or ``(batch, tokens,
+    vocabulary)``), every target class 0: what a classifier's or a language model's step
+    holds for its loss (under mixed precision, CUDA autocast computes it in float32).
 
     Example:
-        >>> x = torch.ones(2, 3, requires_grad=True)
-        >>> step_loss((x, {"aux": 2 * x, "ids": torch.zeros(2, dtype=torch.long)})).item()
-        3.0
+        >>> logits = torch.zeros(2, 3, 4, requires_grad=True)
+        >>> round(cross_entropy_loss({"logits": logits}).item(), 4)  # log(4)
+        1.3863
     """
+    logits = _floating_outputs(output)[0]
+    if logits.dim() < 2:
+        raise ValueError(
+            f"a cross-entropy needs logits with a class dimension last, got an output of shape "
+            f"{tuple(logits.shape)}: trace with the mean loss instead"
+        )
+    flat = logits.flatten(0, -2)
+    return F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long))
+
+
+def _floating_outputs(output: object) -> list[torch.Tensor]:
     tensors = [
         t
         for t in tree_flatten(output)[0]
@@ -507,10 +531,27 @@ def step_loss(output: object) -> torch.Tensor:
         raise ValueError(
             "the model returned no floating-point tensor that requires grad: nothing to backpropagate"
         )
+    return tensors
+
+
+def step_loss(output: object) -> torch.Tensor:
+    """The loss a traced step backpropagates: the mean, in float32, of every floating-point
+    output that requires grad, summed (a model's own loss is not known to the trace).
+
+    Example:
+        >>> x = torch.ones(2, 3, requires_grad=True)
+        >>> step_loss((x, {"aux": 2 * x, "ids": torch.zeros(2, dtype=torch.long)})).item()
+        3.0
+    """
+    tensors = _floating_outputs(output)
     total = tensors[0].float().mean()
     for tensor in tensors[1:]:
         total = total + tensor.float().mean()
     return total
+
+
+#: The losses a traced step may end with (:func:`trace_step`'s ``loss``).
+LOSSES: dict[str, Callable[[object], torch.Tensor]] = {"mean": step_loss, "cross-entropy": cross_entropy_loss}
 
 
 @contextlib.contextmanager
@@ -541,6 +582,7 @@ def trace_step(
     input_dtype: torch.dtype = torch.float32,
     dtype: str = "fp32",
     gpu: GpuSpec | None = None,
+    loss: str = "mean",
 ) -> StepTrace:
     """Trace one training step of ``build()`` on a batch of shape ``input_shape``.
 
@@ -555,7 +597,9 @@ def trace_step(
     (zeros are valid token ids for integer inputs). ``dtype`` is ``"fp32"``, mixed
     precision ``"bf16"``/``"fp16"`` (autocast; parameters stay fp32) or ``"bf16-true"``/
     ``"fp16-true"`` (the model and a floating-point batch cast to that dtype, no autocast).
-    The loss is the mean of every floating-point output. ``tracker`` names layers (pass
+    ``loss`` names the loss (:data:`LOSSES`): ``"mean"``, the mean of every floating-point
+    output (:func:`step_loss`), or ``"cross-entropy"`` over the first
+    (:func:`cross_entropy_loss`). ``tracker`` names layers (pass
     ``lightning_accudnn.ops.layers.LayerTracker()``; this package does not import ``ops``).
     ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
     module docstring); ``None`` keeps the CPU's attention kernels.
@@ -572,6 +616,9 @@ def trace_step(
     """
     with precision(dtype):  # validates dtype before any work
         pass
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}: one of {', '.join(LOSSES)}")
+    loss_of = LOSSES[loss]
     fake_mode = FakeTensorMode()
     recorder = _Recorder(tracker=tracker, capability=None if gpu is None else gpu.compute_capability)
     segments = _Segments(recorder=recorder)
@@ -599,9 +646,9 @@ def trace_step(
         ):
             with precision(dtype):
                 output = model(batch)
-                loss = step_loss(output)
+                total = loss_of(output)
             recorder.backward = True
-            loss.backward()  # type: ignore[no-untyped-call]
+            total.backward()  # type: ignore[no-untyped-call]
     left_out = set(recorder.seen_storages)  # the saved activations, and the gradients (model state)
     left_out.update(key for p in params if p.grad is not None and (key := recorder.key(p.grad)) is not None)
     working_bytes = recorder.storages.peak_bytes(left_out)

@@ -235,3 +235,22 @@ def test_the_process_entry_point_prints_what_main_prints_and_exits_with_its_stat
         report.pop("trace_seconds")
     assert fresh == in_process
     assert run_cli("plan", *SMALL, "--budget", "1000").returncode == 1
+
+
+def test_a_cross_entropy_loss_saves_its_float32_log_softmax_and_holds_more(capsys) -> None:
+    """TinyGPT's 4 x 16 x 50 bf16 logits: under CUDA autocast the cross-entropy runs in float32,
+    and its log-softmax saves a float32 copy of them for backward."""
+    args = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
+    args += ["--batch-size", "4", "--budget", "1GB", "--gpu", "h100", "--dtype", "bf16", "--json"]
+    reports = {}
+    for loss in ("mean", "cross-entropy"):
+        assert main([*args, "--loss", loss]) == 0
+        reports[loss] = json.loads(capsys.readouterr().out)
+        check_plan_json(reports[loss], 10**9)
+        assert reports[loss]["loss"] == loss
+    mean, cross_entropy = reports["mean"], reports["cross-entropy"]
+    log_softmax = 4 * 16 * 50 * 4
+    assert cross_entropy["saved_bytes"] >= mean["saved_bytes"] + log_softmax
+    assert cross_entropy["float32_saved_bytes"] >= mean["float32_saved_bytes"] + log_softmax
+    assert main([*args[:-1], "--loss", "cross-entropy"]) == 0
+    assert "--loss cross-entropy" in capsys.readouterr().out

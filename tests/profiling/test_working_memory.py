@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -63,3 +64,15 @@ def test_an_address_used_again_is_another_storage():
     assert len(set(keys)) == 50
     assert log.peak_bytes() == 4096 and log.peak_bytes({log.key(kept)}) == 4096
     assert log.peak_bytes(set(keys)) == 4096  # the temporaries left out, the kept one remains
+
+
+def test_a_cross_entropy_needs_logits_with_a_class_dimension():
+    with pytest.raises(ValueError, match="class dimension last"):
+        trace_step(
+            lambda: nn.Sequential(nn.Linear(8, 1), nn.Flatten(0)),
+            (4, 8),
+            tracker=LayerTracker(),
+            loss="cross-entropy",
+        )
+    with pytest.raises(ValueError, match="unknown loss 'l1': one of mean, cross-entropy"):
+        trace_step(lambda: nn.Linear(8, 2), (4, 8), tracker=LayerTracker(), loss="l1")

@@ -38,6 +38,14 @@ class StorageLog:
     A storage is known by its serial number (:meth:`key`), not its address: the address of a
     freed storage may be reused by a later one, and a serial never is. Storages the step's
     kernels did not create (parameters, the batch) get a serial too, but no bytes.
+
+    Example:
+        >>> log = StorageLog()
+        >>> weight = torch.ones(64)  # not created by the step: a key, no bytes
+        >>> out = weight * 2
+        >>> log.created([out, out[:8]])  # a view is its base's storage
+        >>> log.key(weight) != log.key(out), log.key(out[:8]) == log.key(out), log.peak_bytes()
+        (True, True, 256)
     """
 
     def __init__(self) -> None:

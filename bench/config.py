@@ -35,7 +35,9 @@ class RunConfig:
 
     ``warmup`` steps run before the ``steps`` that are measured (AccUDNN's first step
     profiles and its second re-plans from its own timings, so at least 2 warm-up steps
-    reach its steady state). ``distinct_batches`` batches are cycled.
+    reach its steady state); a technique that has not settled by then (a plan still being
+    refined) warms up longer, up to ``warmup`` steps more. ``distinct_batches`` batches are
+    cycled.
 
     Example:
         >>> RunConfig(device=torch.device("cpu")).warmup

@@ -159,7 +159,9 @@ def _train(
     batches = [workload.make_batch(i) for i in range(config.distinct_batches)]
     if device.type == "cuda":
         batches = [(a.pin_memory(), b.pin_memory()) for a, b in batches]
-    for index in range(config.warmup + config.steps):
+    warmup = config.warmup
+    index = 0
+    while index < warmup + config.steps:
         batch = batch_on(batches[index % len(batches)], device)
         meter.start_step()
         start = now(device)
@@ -192,8 +194,13 @@ def _train(
         )
         row.steps_completed = index + 1
         del loss, batch
-        if index + 1 == config.warmup:
-            technique.warmed_up()
+        if index + 1 == warmup:
+            if technique.settled() or warmup == 2 * config.warmup:
+                technique.warmed_up()
+                row.warmup_steps = warmup
+            else:  # a plan still being refined: the measured steps must not include it
+                warmup += 1
+        index += 1
     if spec.kind == "oracle" and device.type == "cpu":
         row.ledger_peak_bytes = _ledger_peak(workload, model, optimizer, batches[0], device, config)
 
@@ -241,7 +248,10 @@ def _summarize(
     if per_step:
         row.loss_first = per_step[0]["loss"]
         row.loss_last = per_step[-1]["loss"]
-    warm, measured = per_step[: config.warmup], per_step[config.warmup :]
+    warmup = config.warmup if row.warmup_steps is None else row.warmup_steps
+    warm, measured = per_step[:warmup], per_step[warmup:]
+    if warmup > config.warmup:
+        row.notes.append(f"warm-up ran {warmup} steps ({config.warmup} asked): the technique had not settled")
     row.measured_steps = len(measured)
     row.peak_source = meter.peak_source
     accudnn = isinstance(technique, AccUDNN)

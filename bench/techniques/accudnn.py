@@ -77,6 +77,15 @@ class AccUDNN(Technique):
         # end_step read the allocator's peak of forward and backward, then reset it.
         return StepMemory(stats.peak_device_bytes, stats.peak_reserved_bytes)
 
+    def settled(self) -> bool:
+        """Whether the session's last pass was not timed layer by layer, and no plan made meanwhile
+        on a planning thread replaces the one it ran (it is adopted now): the next pass replays it."""
+        session = self._session()
+        ran = session.plan
+        session.wait_for_plans()
+        stats = session.stats
+        return stats is not None and not stats.timed and session.plan is ran
+
     def warmed_up(self) -> None:
         """Wait for the plans the session makes in the background: the first measured step
         adopts them, as the step after the last timed one does when plans are made inline."""

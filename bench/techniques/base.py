@@ -42,6 +42,11 @@ class Technique:
     def release_failed_pass(self) -> None:
         """Once the error :meth:`recover` allowed is gone: free what the failed pass left."""
 
+    def settled(self) -> bool:
+        """Whether the steps to come run as the last one did (the technique changes nothing
+        more about how it runs them): the warm-up may end."""
+        return True
+
     def warmed_up(self) -> None:
         """The warm-up steps ran; the measured steps follow."""
 

@@ -38,7 +38,10 @@ class OffloadStats:
     passes after it (0 when it planned nothing): not part of ``step_seconds``, but of the step
     a user waits for. ``background_planning_seconds`` is, on the pass that adopted a plan made
     on a planning thread (``OffloadConfig.plan_in_background``), that thread's time making it:
-    time the training thread did not wait for.
+    time the training thread did not wait for. ``timed`` says the pass ran with the engine's
+    hooks on every module and timed layer by layer (a profiling pass, a pass whose plan is being
+    refined, or the first pass under a plan recomputing other segments): slower than a steady
+    pass, and a sign that the plan may still change.
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
@@ -66,6 +69,7 @@ class OffloadStats:
     storages_swapped_out: int = 0
     planning_seconds: float = 0.0
     background_planning_seconds: float = 0.0
+    timed: bool = False
 
     @property
     def peak_error(self) -> float | None:
@@ -94,6 +98,7 @@ class OffloadStats:
             "step_time_error",
             "planning_seconds",
             "background_planning_seconds",
+            "timed",
         )
         values = {name: getattr(self, name) for name in names}
         metrics = {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}
@@ -130,4 +135,5 @@ def measured_stats(
         plan_source=source,
         observed=step.observed,
         storages_swapped_out=step.storages_swapped_out,
+        timed=step.timed,
     )

@@ -1,6 +1,7 @@
 """On a CUDA GPU: whole segments recomputed through the lean checkpoint train bitwise like the
 plain loop, with CUDA dropout (its device RNG state replayed) and bf16 CUDA autocast (its state
-replayed), in a session whose steady passes run without the engine's hooks."""
+replayed), in a session whose steady passes run without the engine's hooks; the passes timed
+under the plan time its recomputations with CUDA events."""
 
 import pytest
 
@@ -31,3 +32,5 @@ def test_lean_recomputation_trains_bitwise_on_cuda(kind, names, autocast, monkey
     record, plans, _, _, _ = train(kind, config, device="cuda", autocast=autocast)
     assert_bitwise_equal(record, expected)
     assert all(sorted(plan.recomputed) == sorted(names) for plan in plans)  # every pass after profiling
+    # The timed passes timed each recomputation with CUDA events: the final plan charges what they took.
+    assert plans[-1].profile.recompute_cost_ratio != 1.0

@@ -164,6 +164,10 @@ class SegmentProfile:
     saved inside the segment that are neither inputs nor kept: what a selective recomputation
     rebuilds while the segment's backward runs), ``None`` when not measured.
 
+    ``recompute_seconds`` and ``selective_recompute_seconds`` are what recomputing it (whole,
+    selectively) took when a training session timed it (its fastest), ``None`` when never
+    timed: a plan then charges it the profile's ``recompute_cost_ratio`` times its forward.
+
     Example:
         >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)
         SegmentProfile(name='layer1.0', input_bytes=802816, output_bytes=802816)
@@ -178,6 +182,8 @@ class SegmentProfile:
     selective_kept_bytes: int | None = field(default=None, repr=False)
     selective_recompute_share: float = field(default=1.0, repr=False)
     selective_recomputed_bytes: int | None = field(default=None, repr=False)
+    recompute_seconds: float | None = field(default=None, repr=False)
+    selective_recompute_seconds: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
@@ -199,6 +205,12 @@ class SegmentProfile:
                 f"selective_recompute_share in [0, 1], got {self.selective_kept_bytes}, "
                 f"{self.selective_recompute_share}"
             )
+        for measured in (self.recompute_seconds, self.selective_recompute_seconds):
+            if measured is not None and not 0.0 <= measured < float("inf"):
+                raise ValueError(
+                    f"segment {self.name!r}: a recomputation's measured seconds must be finite and "
+                    f">= 0 (or None), got {measured}"
+                )
 
     def covers(self, layer_name: str) -> bool:
         """Whether the profile layer ``layer_name`` runs inside this segment.

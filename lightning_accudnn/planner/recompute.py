@@ -97,7 +97,9 @@ class SegmentSpan:
     backward (``None``: all their saves).
 
     ``recompute_ratio`` is what running a forward again in backward takes, over the forward
-    time it repeats (the profile's :attr:`~lightning_accudnn.profile.StepProfile.recompute_cost_ratio`).
+    time it repeats (the profile's :attr:`~lightning_accudnn.profile.StepProfile.recompute_cost_ratio`);
+    ``measured_seconds``, when a session timed the recomputation, is what it took, charged
+    instead.
 
     A span with ``inner`` spans (made by :func:`nested_span`) is recomputed with those recomputed
     again inside it (two-level checkpointing): see :func:`nested_span`.
@@ -129,6 +131,7 @@ class SegmentSpan:
     rebuilt_bytes: int | None = None
     inner: tuple[SegmentSpan, ...] = ()
     recompute_ratio: float = 1.0
+    measured_seconds: float | None = None
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -161,8 +164,16 @@ class SegmentSpan:
     def recompute_seconds(self) -> float:
         """Forward time run again in backward (an inner span's twice: in this one's
         recomputation and in its own)."""
+        return self.own_recompute_seconds + sum(span.recompute_seconds for span in self.inner)
+
+    @cached_property
+    def own_recompute_seconds(self) -> float:
+        """Its own forward run again, the inner spans' recomputations left out: as measured, or
+        its forward (the recomputed share) times the ratio."""
+        if self.measured_seconds is not None:
+            return self.measured_seconds
         own = self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
-        return own * self.recompute_ratio + sum(span.recompute_seconds for span in self.inner)
+        return own * self.recompute_ratio
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled and copied: the fields alone (the derived figures are computed again)."""
@@ -256,6 +267,7 @@ def _candidate_spans(profile: StepProfile, selective: bool) -> tuple[SegmentSpan
             segment.selective_recompute_share if selective else 1.0,
             segment.selective_recomputed_bytes if selective else None,
             recompute_ratio=profile.recompute_cost_ratio,
+            measured_seconds=segment.selective_recompute_seconds if selective else segment.recompute_seconds,
         )
         if span.freed_bytes <= 0:
             continue
@@ -635,8 +647,7 @@ def recomputed_profile(
         else:
             inner = [layers[i] for i in indices]
             forward = sum(layer.forward_seconds for layer in inner)
-            again = (forward * span.recompute_share if span.selective else forward) * span.recompute_ratio
-            again += sum(nested.recompute_seconds for nested in span.inner)
+            again = span.own_recompute_seconds + sum(nested.recompute_seconds for nested in span.inner)
             new_layers.append(
                 LayerProfile(
                     name,

@@ -209,7 +209,8 @@ backward_seconds=0.004)
 
 def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfile, ...]:
     """The segments' input, output (and selectively kept) bytes grown by the largest factor
-    any layer's bytes grew (their input sources dropped: accounted on the safe side)."""
+    any layer's bytes grew (their input sources dropped: accounted on the safe side; their timed
+    recomputations too: the profile's cost ratio charges them, on the scaled forward)."""
     return tuple(
         replace(
             segment,
@@ -218,6 +219,8 @@ def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfil
             input_sources=(),
             selective_kept_bytes=_grown(segment.selective_kept_bytes, factor),
             selective_recomputed_bytes=_grown(segment.selective_recomputed_bytes, factor),
+            recompute_seconds=None,
+            selective_recompute_seconds=None,
         )
         for segment in profile.segments
     )

@@ -136,8 +136,9 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
 
 def _merged_segments(profiles: Sequence[StepProfile]) -> tuple[SegmentProfile, ...]:
     """The segments every rank may recompute, each with the most input, output and selectively
-    kept and rebuilt bytes any rank saw and the largest share recomputed selectively (measured
-    for selective recomputation only where every rank measured it)."""
+    kept and rebuilt bytes any rank saw, the largest share recomputed selectively (measured
+    for selective recomputation only where every rank measured it) and the slowest timed
+    recomputation (timed only where every rank timed it)."""
     common = set.intersection(*({segment.name for segment in p.segments} for p in profiles))
     seen: dict[str, list[SegmentProfile]] = {}
     for profile in profiles:
@@ -150,6 +151,8 @@ def _merged_segments(profiles: Sequence[StepProfile]) -> tuple[SegmentProfile, .
 def _merged_segment(name: str, segments: Sequence[SegmentProfile]) -> SegmentProfile:
     kept = [segment.selective_kept_bytes for segment in segments]
     rebuilt = [segment.selective_recomputed_bytes for segment in segments]
+    whole = [segment.recompute_seconds for segment in segments]
+    selective = [segment.selective_recompute_seconds for segment in segments]
     return SegmentProfile(
         name,
         max(segment.input_bytes for segment in segments),
@@ -157,6 +160,8 @@ def _merged_segment(name: str, segments: Sequence[SegmentProfile]) -> SegmentPro
         selective_kept_bytes=None if None in kept else max(n for n in kept if n is not None),
         selective_recompute_share=max(segment.selective_recompute_share for segment in segments),
         selective_recomputed_bytes=None if None in rebuilt else max(n for n in rebuilt if n is not None),
+        recompute_seconds=None if None in whole else max(s for s in whole if s is not None),
+        selective_recompute_seconds=None if None in selective else max(s for s in selective if s is not None),
     )
 
 

@@ -51,6 +51,7 @@ from lightning_accudnn.session.warm_times import (
     recompute_cost_departs,
     recompute_cost_ratio,
     scaled_to_forward,
+    with_recomputations,
 )
 
 __all__ = ["PassRunner", "RunningPass"]
@@ -263,7 +264,7 @@ class PassRunner:
             # kind runs hooked, and its layers (which then differ) are planned from.
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
-        scheduled = profiling or self.refining(key) or self._recosted(key, step, current.plan)
+        scheduled = profiling or self.refining(key) or self._recosted(step, current.plan, profile)
         if step.timed and not profiling:
             self.book.note_timed(key)
         # Only refining: the plan in force still holds, so the new one may be made meanwhile.
@@ -334,20 +335,19 @@ class PassRunner:
                 self._note_recompute_ratio(key, profile, plan)
             else:
                 profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
-        ratio = self._recompute_ratios.get(key)
-        if ratio is not None and ratio != profile.recompute_cost_ratio:
-            profile = replace(profile, recompute_cost_ratio=ratio)
+        times = self._recompute_times.get(key)
+        if times:
+            profile = with_recomputations(profile, times, self._recompute_ratios.get(key))
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
 
-    def _recosted(self, key: PassKey, step: StepStats, plan: Plan | None) -> bool:
-        """Whether ``step``, a pass under ``plan``, timed a recomputation cost that ``plan``
-        misjudges (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is
-        then refined."""
-        ratio = self._recompute_ratios.get(key)
-        return step.timed and plan is not None and ratio is not None and recompute_cost_departs(plan, ratio)
+    def _recosted(self, step: StepStats, plan: Plan | None, profile: StepProfile) -> bool:
+        """Whether ``step``, a pass timed under ``plan``, leaves recomputation charged
+        (``profile``, planned from next) so that ``plan`` misjudges it
+        (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is then refined."""
+        return step.timed and plan is not None and recompute_cost_departs(plan, profile)
 
     def _note_recompute_ratio(self, key: PassKey, profile: StepProfile, plan: Plan) -> None:
         """Keep each segment's fastest recomputation for ``key`` (as each layer keeps its fastest

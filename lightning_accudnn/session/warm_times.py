@@ -14,10 +14,12 @@ A pass timed under a plan that recomputes times each recomputation too; each seg
 its fastest (:func:`fastest_recomputations`), and :func:`recompute_cost_ratio` sets them against
 the forward time the profile planned from gives the layers run again: on a GPU whose host
 issues the recomputed kernels in backward more slowly than the device runs them, a
-recomputation takes several times the forward it repeats. A plan whose recomputation the ratio
-measured since would cost more than :data:`RECOMPUTE_COST_TOLERANCE` of its step away from what
-it predicted is made again (:func:`recompute_cost_departs`): a plan that first recomputes once
-refined (its first plan swapped) is timed, and planned again at the cost it measured.
+recomputation takes several times the forward it repeats. Plans charge a segment timed its
+fastest recomputation, and the others the ratio times their forward
+(:func:`with_recomputations`). A plan whose recomputation, charged so, would take its step
+more than :data:`RECOMPUTE_COST_TOLERANCE` away from what it predicted is made again
+(:func:`recompute_cost_departs`): a plan that first recomputes once refined (its first plan
+swapped) is timed, and planned again at the cost it measured.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 
 from lightning_accudnn.planner import Plan, StepProfile
-from lightning_accudnn.profile import LayerProfile
+from lightning_accudnn.planner.recompute import policy_spans
+from lightning_accudnn.profile import LayerProfile, SegmentProfile
 
 __all__ = [
     "RECOMPUTE_COST_TOLERANCE",
@@ -36,6 +39,7 @@ __all__ = [
     "recompute_cost_departs",
     "recompute_cost_ratio",
     "scaled_to_forward",
+    "with_recomputations",
 ]
 
 #: Planned passes of a kind timed layer by layer before its plan is final: the first runs
@@ -122,24 +126,67 @@ def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool]
     return measured / modelled
 
 
-def recompute_cost_departs(plan: Plan, ratio: float) -> bool:
-    """Whether charging ``plan``'s recomputation at ``ratio`` instead of the ratio it was made at
-    moves its predicted step by more than :data:`RECOMPUTE_COST_TOLERANCE` of it.
+def recompute_cost_departs(plan: Plan, profile: StepProfile) -> bool:
+    """Whether ``plan``'s recomputation, charged as ``profile`` charges it (each segment its
+    timed recomputation, or the cost ratio times its forward), moves its predicted step by more
+    than :data:`RECOMPUTE_COST_TOLERANCE` of it.
 
     Example:
+        >>> from dataclasses import replace
         >>> from lightning_accudnn.planner import plan_swaps
         >>> from lightning_accudnn.profile import SegmentProfile
         >>> layers = tuple(LayerProfile(f"b{i}.x", 100, 100, 1.0, 2.0) for i in range(4))
         >>> segments = tuple(SegmentProfile(f"b{i}", 10) for i in range(4))
-        >>> plan = plan_swaps(StepProfile(layers, 0, segments=segments), 330, policy="recompute")
-        >>> plan.recompute_seconds, plan.predicted_step_seconds
-        (1.0, 13.0)
-        >>> recompute_cost_departs(plan, 3.0), recompute_cost_departs(plan, 2.0)
-        (True, False)
+        >>> profile = StepProfile(layers, 0, segments=segments)
+        >>> plan = plan_swaps(profile, 330, policy="recompute")
+        >>> plan.recomputed, plan.recompute_seconds, plan.predicted_step_seconds
+        (('b0',), 1.0, 13.0)
+        >>> recompute_cost_departs(plan, replace(profile, recompute_cost_ratio=3.0))
+        True
+        >>> timed = replace(segments[0], recompute_seconds=2.0)
+        >>> recompute_cost_departs(plan, replace(profile, segments=(timed, *segments[1:])))
+        False
     """
-    charged = plan.recompute_seconds
-    moved = charged * abs(ratio / plan.profile.recompute_cost_ratio - 1.0)
+    spans = {(span.name, span.selective): span for span in policy_spans(profile, "auto")}
+    charged = 0.0
+    for name in plan.recomputed:
+        span = spans.get((name, name in plan.selective))
+        if span is None:  # not a candidate of this profile: as the plan charged it
+            return False
+        charged += span.own_recompute_seconds
+    moved = abs(charged - plan.recompute_seconds)
     return moved > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
+
+
+def with_recomputations(
+    profile: StepProfile, seconds: Mapping[tuple[str, bool], float], ratio: float | None
+) -> StepProfile:
+    """``profile`` charging recomputation as timed: each segment in ``seconds`` (keyed
+    ``(segment, selectively)``) what it took, the others ``ratio`` times their forward (``None``:
+    the profile's ratio). ``profile`` itself when that changes nothing.
+
+    Example:
+        >>> from lightning_accudnn.profile import SegmentProfile
+        >>> profile = StepProfile((LayerProfile("b.x", 8, 8, 1.0),), 0, segments=(SegmentProfile("b", 4),))
+        >>> timed = with_recomputations(profile, {("b", False): 2.5}, 2.0)
+        >>> timed.segments[0].recompute_seconds, timed.recompute_cost_ratio
+        (2.5, 2.0)
+        >>> with_recomputations(timed, {("b", False): 2.5}, 2.0) is timed
+        True
+    """
+    segments = tuple(_timed(segment, seconds) for segment in profile.segments)
+    cost_ratio = profile.recompute_cost_ratio if ratio is None else ratio
+    if segments == profile.segments and cost_ratio == profile.recompute_cost_ratio:
+        return profile
+    return replace(profile, segments=segments, recompute_cost_ratio=cost_ratio)
+
+
+def _timed(segment: SegmentProfile, seconds: Mapping[tuple[str, bool], float]) -> SegmentProfile:
+    whole = seconds.get((segment.name, False), segment.recompute_seconds)
+    selective = seconds.get((segment.name, True), segment.selective_recompute_seconds)
+    if whole == segment.recompute_seconds and selective == segment.selective_recompute_seconds:
+        return segment
+    return replace(segment, recompute_seconds=whole, selective_recompute_seconds=selective)
 
 
 def fastest_recomputations(

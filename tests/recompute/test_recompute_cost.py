@@ -76,6 +76,8 @@ def test_a_slow_recomputation_is_measured_and_planned_at_its_cost():
     assert final.profile.recompute_cost_ratio > 3.0
     assert final.recompute_seconds >= PAUSE * len(final.recomputed) * (1 - 1e-9)
     assert first.recompute_seconds < final.recompute_seconds
+    timed = {segment.name: segment.recompute_seconds for segment in final.profile.segments}
+    assert all(timed[name] >= PAUSE for name in final.recomputed), timed
     assert "recomputing measured at" in str(final)
 
 

@@ -106,3 +106,14 @@ def test_the_merge_keeps_the_costliest_recomputation_any_rank_measured():
     a = replace(_profile(40, (8,)), recompute_cost_ratio=1.5)
     b = replace(_profile(40, (8,)), recompute_cost_ratio=3.0)
     assert merge_profiles([a, b]).recompute_cost_ratio == merge_profiles([b, a]).recompute_cost_ratio == 3.0
+
+
+def test_the_merge_keeps_a_segment_s_slowest_timed_recomputation_where_every_rank_timed_it():
+    layers = (LayerProfile("block.conv", 10, 10),)
+
+    def profile(whole: float | None, selective: float | None) -> StepProfile:
+        segment = SegmentProfile("block", 4, recompute_seconds=whole, selective_recompute_seconds=selective)
+        return StepProfile(layers, 0, segments=(segment,))
+
+    (merged,) = merge_profiles([profile(1.0, 0.2), profile(3.0, None)]).segments
+    assert merged.recompute_seconds == 3.0 and merged.selective_recompute_seconds is None

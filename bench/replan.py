@@ -6,7 +6,7 @@
 
 Reads the profile the named session run (``fraction``, the default, or ``kept``) planned from,
 plans it with the planner's public ``plan_swaps`` at the run's budget, reserve and profiling
-peak (or the ``--budget`` and ``--policy`` given; ``--recompute-cost-ratio`` charges each
+peak (or the ``--budget`` and ``--policy`` given; ``--recompute-cost-ratio`` charges every
 recomputation that many times the forward it repeats instead of what the run measured), and
 prints the plan and, when the budget is the run's own, the run's measured steady step beside
 the prediction. The session planned with
@@ -74,12 +74,17 @@ def replan(
     recompute_cost_ratio: float | None = None,
 ) -> Plan:
     """The plan of a calibration run's profile at ``budget_bytes`` (default: the run's) under
-    ``policy`` (default: the run's), with the run's reserve and profiling peak, and recomputation
-    charged at ``recompute_cost_ratio`` (default: the run's)."""
+    ``policy`` (default: the run's), with the run's reserve and profiling peak, and every
+    recomputation charged ``recompute_cost_ratio`` times its forward (default: as the run
+    charged it: each timed segment its time, the others the run's ratio)."""
     recorded = run["plan"]
     profile = profile_from_dict(run["profile"])
-    if recompute_cost_ratio is not None:
-        profile = replace(profile, recompute_cost_ratio=recompute_cost_ratio)
+    if recompute_cost_ratio is not None:  # every segment charged so, the timed ones too
+        untimed = tuple(
+            replace(segment, recompute_seconds=None, selective_recompute_seconds=None)
+            for segment in profile.segments
+        )
+        profile = replace(profile, segments=untimed, recompute_cost_ratio=recompute_cost_ratio)
     return plan_swaps(
         profile,
         recorded["budget_bytes"] if budget_bytes is None else budget_bytes,

@@ -50,6 +50,7 @@ from lightning_accudnn.session.warm_times import (
     fastest_times,
     recompute_cost_departs,
     recompute_cost_ratio,
+    scaled_backward,
     scaled_to_forward,
     with_recomputations,
 )
@@ -147,6 +148,7 @@ class PassRunner:
         # Per pass kind: each segment's fastest recomputation timed, and the cost ratio they give.
         self._recompute_times: dict[PassKey, dict[tuple[str, bool], float]] = {}
         self._recompute_ratios: dict[PassKey, float] = {}
+        self._plain_backwards: dict[PassKey, float] = {}  # the fastest backward less recomputations
         self._recomputations: list[tuple[str, float]] = []  # timed in the pass that just ended
 
     def refining(self, key: PassKey) -> bool:
@@ -333,6 +335,7 @@ class PassRunner:
             if profile is plan.profile:
                 profile = scaled_to_forward(profile, step.forward_seconds)
                 self._note_recompute_ratio(key, profile, plan)
+                profile = scaled_backward(profile, self._plain_backward(key, step))
             else:
                 profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
         times = self._recompute_times.get(key)
@@ -348,6 +351,14 @@ class PassRunner:
         (``profile``, planned from next) so that ``plan`` misjudges it
         (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is then refined."""
         return step.timed and plan is not None and recompute_cost_departs(plan, profile)
+
+    def _plain_backward(self, key: PassKey, step: StepStats) -> float:
+        """The fastest backward a pass of ``key`` timed under a plan that recomputes took, less
+        its recomputations (the same work whatever the plan recomputes); 0 when none was."""
+        plain = step.backward_seconds - sum(seconds for _, seconds in self._recomputations)
+        if self._recomputations and plain > 0.0:
+            self._plain_backwards[key] = min(plain, self._plain_backwards.get(key, plain))
+        return self._plain_backwards.get(key, 0.0)
 
     def _note_recompute_ratio(self, key: PassKey, profile: StepProfile, plan: Plan) -> None:
         """Keep each segment's fastest recomputation for ``key`` (as each layer keeps its fastest

@@ -38,6 +38,7 @@ __all__ = [
     "fastest_times",
     "recompute_cost_departs",
     "recompute_cost_ratio",
+    "scaled_backward",
     "scaled_to_forward",
     "with_recomputations",
 ]
@@ -209,6 +210,29 @@ def fastest_recomputations(
     for key, taken in this_pass.items():
         fastest[key] = min(taken, fastest.get(key, taken))
     return fastest
+
+
+def scaled_backward(profile: StepProfile, backward_seconds: float) -> StepProfile:
+    """``profile`` with every layer's backward time scaled so that they add up to
+    ``backward_seconds`` (up or down; nothing measured, ``0``: ``profile`` as it is). A pass
+    under a plan that recomputes times its backward whole: less its recomputations, that is the
+    backward the plan's profile holds.
+
+    Example:
+        >>> profile = StepProfile((LayerProfile("a", 8, 8, 1.0, 2.0), LayerProfile("b", 8, 8, 1.0, 6.0)), 0)
+        >>> [layer.backward_seconds for layer in scaled_backward(profile, 12.0).layers]
+        [3.0, 9.0]
+        >>> scaled_backward(profile, 0.0) is profile
+        True
+    """
+    total = sum(layer.backward_seconds for layer in profile.layers)
+    if backward_seconds <= 0.0 or total <= 0.0 or backward_seconds == total:
+        return profile
+    scale = backward_seconds / total
+    layers = tuple(
+        _with_times(layer, layer.forward_seconds, layer.backward_seconds * scale) for layer in profile.layers
+    )
+    return replace(profile, layers=layers)
 
 
 def _faster(measured: float, earlier: float) -> float:

@@ -78,6 +78,8 @@ def test_a_slow_recomputation_is_measured_and_planned_at_its_cost():
     assert first.recompute_seconds < final.recompute_seconds
     timed = {segment.name: segment.recompute_seconds for segment in final.profile.segments}
     assert all(timed[name] >= PAUSE for name in final.recomputed), timed
+    # The timed backward held the recomputations' pauses; the profile's backward is without them.
+    assert sum(layer.backward_seconds for layer in final.profile.layers) < PAUSE
     assert "recomputing measured at" in str(final)
 
 

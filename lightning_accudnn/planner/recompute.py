@@ -169,11 +169,15 @@ class SegmentSpan:
     @cached_property
     def own_recompute_seconds(self) -> float:
         """Its own forward run again, the inner spans' recomputations left out: as measured, or
-        its forward (the recomputed share) times the ratio."""
+        :attr:`forward_again_seconds` times the ratio."""
         if self.measured_seconds is not None:
             return self.measured_seconds
-        own = self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
-        return own * self.recompute_ratio
+        return self.forward_again_seconds * self.recompute_ratio
+
+    @cached_property
+    def forward_again_seconds(self) -> float:
+        """The forward time its recomputation runs again (the recomputed share, selectively)."""
+        return self.forward_seconds * self.recompute_share if self.selective else self.forward_seconds
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled and copied: the fields alone (the derived figures are computed again)."""

@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 
 from lightning_accudnn.planner import Plan, StepProfile
-from lightning_accudnn.planner.recompute import policy_spans
+from lightning_accudnn.planner.recompute import SegmentSpan, policy_spans
 from lightning_accudnn.profile import LayerProfile, SegmentProfile
 
 __all__ = [
@@ -101,8 +101,9 @@ def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfi
 
 def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool], float]) -> float | None:
     """What recomputing the segments in ``seconds`` took (keyed ``(segment, selectively)``, as
-    timed), over what ``profile`` gives them: the forward time of the layers each segment covers
-    (its recomputed share when recomputed selectively). ``None`` when nothing comparable was timed.
+    timed), over what ``profile`` gives them: the forward time each candidate span runs again
+    (:attr:`~lightning_accudnn.planner.recompute.SegmentSpan.forward_again_seconds`). ``None``
+    when nothing comparable was timed.
 
     Example:
         >>> from lightning_accudnn.profile import SegmentProfile
@@ -113,14 +114,13 @@ def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool]
         >>> recompute_cost_ratio(profile, {("unknown", False): 3.0}) is None
         True
     """
-    segments = {segment.name: segment for segment in profile.segments}
+    spans = _spans(profile)
     modelled = measured = 0.0
-    for (name, selectively), taken in seconds.items():
-        segment = segments.get(name)
-        if segment is None:
+    for key, taken in seconds.items():
+        span = spans.get(key)
+        if span is None:
             continue
-        forward = sum(layer.forward_seconds for layer in profile.layers if segment.covers(layer.name))
-        modelled += forward * segment.selective_recompute_share if selectively else forward
+        modelled += span.forward_again_seconds
         measured += taken
     if modelled <= 0.0 or measured <= 0.0:
         return None
@@ -148,7 +148,7 @@ def recompute_cost_departs(plan: Plan, profile: StepProfile) -> bool:
         >>> recompute_cost_departs(plan, replace(profile, segments=(timed, *segments[1:])))
         False
     """
-    spans = {(span.name, span.selective): span for span in policy_spans(profile, "auto")}
+    spans = _spans(profile)
     charged = 0.0
     for name in plan.recomputed:
         span = spans.get((name, name in plan.selective))
@@ -157,6 +157,11 @@ def recompute_cost_departs(plan: Plan, profile: StepProfile) -> bool:
         charged += span.own_recompute_seconds
     moved = abs(charged - plan.recompute_seconds)
     return moved > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
+
+
+def _spans(profile: StepProfile) -> dict[tuple[str, bool], SegmentSpan]:
+    """``profile``'s recomputation candidates, whole and selective, keyed ``(segment, selectively)``."""
+    return {(span.name, span.selective): span for span in policy_spans(profile, "auto")}
 
 
 def with_recomputations(

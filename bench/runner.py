@@ -196,7 +196,6 @@ def _train(
         del loss, batch
         if index + 1 == warmup:
             if technique.settled() or warmup == 2 * config.warmup:
-                technique.warmed_up()
                 row.warmup_steps = warmup
             else:  # a plan still being refined: the measured steps must not include it
                 warmup += 1

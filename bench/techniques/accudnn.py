@@ -79,17 +79,14 @@ class AccUDNN(Technique):
 
     def settled(self) -> bool:
         """Whether the session's last pass was not timed layer by layer, and no plan made meanwhile
-        on a planning thread replaces the one it ran (it is adopted now): the next pass replays it."""
+        on a planning thread replaces the one it ran: the next pass replays it. Plans in the
+        making are waited for and adopted first, so that the next step runs them, as the step
+        after the last timed one does when plans are made inline."""
         session = self._session()
         ran = session.plan
         session.wait_for_plans()
         stats = session.stats
         return stats is not None and not stats.timed and session.plan is ran
-
-    def warmed_up(self) -> None:
-        """Wait for the plans the session makes in the background: the first measured step
-        adopts them, as the step after the last timed one does when plans are made inline."""
-        self._session().wait_for_plans()
 
     def step_figures(self) -> dict[str, Any]:
         stats = None if self.session is None else self.session.stats

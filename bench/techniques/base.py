@@ -44,11 +44,9 @@ class Technique:
 
     def settled(self) -> bool:
         """Whether the steps to come run as the last one did (the technique changes nothing
-        more about how it runs them): the warm-up may end."""
+        more about how it runs them): the warm-up may end. Asked after each warm-up step from
+        the last one asked for on; what the technique still had to prepare is done by then."""
         return True
-
-    def warmed_up(self) -> None:
-        """The warm-up steps ran; the measured steps follow."""
 
     def step_figures(self) -> dict[str, Any]:
         """Figures of the step just run (bytes swapped and the like)."""

@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn.ops.recomputation_scope import is_recomputing
 from lightning_accudnn.ops.recompute import SegmentRecomputer
 from lightning_accudnn.ops.timing import RecomputationTimer, WallClock
+from tests.recompute.models import SlowRecomputation
 
 PAUSE = 0.05
 
 
-class _SlowAgain(nn.Module):
-    """Tanh, pausing while it is recomputed (what a recomputation issued slowly looks like)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_recomputing():
-            time.sleep(PAUSE)
-        return torch.tanh(x)
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    block = nn.Sequential(nn.Linear(4, 4), _SlowAgain(), nn.Linear(4, 4), nn.Tanh())
+    block = nn.Sequential(nn.Linear(4, 4), SlowRecomputation(PAUSE), nn.Linear(4, 4), nn.Tanh())
     return nn.Sequential(block, nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
 
 

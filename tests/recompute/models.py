@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_accudnn.ops.recomputation_scope import is_recomputing
 from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
 from lightning_accudnn.planner.search import MixedResult
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
@@ -65,6 +68,20 @@ class UserCheckpointed(nn.Module):
         x = self.stem(x)
         x = checkpoint(self.checkpointed, x, use_reentrant=False)
         return self.head(self.plain(x))
+
+
+class SlowRecomputation(nn.Module):
+    """ReLU, pausing ``pause`` seconds while it is recomputed (a recomputation the host issues
+    slowly)."""
+
+    def __init__(self, pause: float) -> None:
+        super().__init__()
+        self.pause = pause
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_recomputing():
+            time.sleep(self.pause)
+        return torch.relu(x)
 
 
 def _tanh_pair(width: int) -> nn.Module:

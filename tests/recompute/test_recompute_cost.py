@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.ops.recomputation_scope import is_recomputing
 from lightning_accudnn.planner import min_budget_bytes
 from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.session.plan_book import PlanSource
-from tests.recompute.models import forcing_search
+from tests.recompute.models import SlowRecomputation, forcing_search
 
 PAUSE = 0.02
 
 
-class _SlowAgain(nn.Module):
-    """ReLU, pausing while it is recomputed (a recomputation the host issues slowly)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_recomputing():
-            time.sleep(PAUSE)
-        return torch.relu(x)
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(64, 64), _SlowAgain(), nn.Linear(64, 64), nn.ReLU()) for _ in range(4)]
+    blocks = [
+        nn.Sequential(nn.Linear(64, 64), SlowRecomputation(PAUSE), nn.Linear(64, 64), nn.ReLU())
+        for _ in range(4)
+    ]
     return nn.Sequential(*blocks, nn.Linear(64, 10))
 
 

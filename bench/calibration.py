@@ -266,6 +266,7 @@ def _session_steps(
                 }
             )
         plan = session.plan
+        measured_ratio = None if session.stats is None else session.stats.recompute_cost_ratio
     finally:
         session.close()
     steady = per_step[warmup:]
@@ -289,6 +290,7 @@ def _session_steps(
             recomputed_segments=len(plan.recomputed),
             recompute_seconds=plan.recompute_seconds,
             recompute_cost_ratio=profile.recompute_cost_ratio,
+            measured_recompute_cost_ratio=measured_ratio,
             swapped_bytes=plan.swapped_bytes,
             layers=len(profile.layers),
             plan=plan.to_dict(),
@@ -318,8 +320,8 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         *_blocks_line(plain.get("blocks")),
         "| run | budget | profiled fwd+bwd compute ms | unconstrained ms (model) | predicted step ms "
-        "| measured steady step ms (wall) | recomputed (ms added, cost ratio) | swapped | predicted peak "
-        "| measured peak |",
+        "| measured steady step ms (wall) | recomputed (ms added, cost ratio planned; measured) | swapped "
+        "| predicted peak | measured peak |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, run in (("kept", kept), (f"static + {record['fraction_text']} act", part)):
@@ -379,11 +381,14 @@ def _blocks_line(blocks: list[dict[str, Any]] | None) -> list[str]:
 def _recomputed_cell(run: dict[str, Any]) -> str:
     """Segments recomputed, with the milliseconds the plan adds to backward for them and the
     recomputation cost ratio it planned with (what a recomputation measured, over the forward it
-    repeats)."""
+    repeats), then the ratio the session measured last where it differs."""
     count = run.get("recomputed_segments")
     if not count or "recompute_seconds" not in run:
         return str(count)
-    return f"{count} ({fmt_ms(run['recompute_seconds'])} ms, {run['recompute_cost_ratio']:.2f}x)"
+    planned = run["recompute_cost_ratio"]
+    measured = run.get("measured_recompute_cost_ratio")
+    since = "" if measured is None or measured == planned else f"; measured {measured:.2f}x"
+    return f"{count} ({fmt_ms(run['recompute_seconds'])} ms, {planned:.2f}x{since})"
 
 
 def _allocator_cell(counts: dict[str, int]) -> str:

@@ -219,7 +219,10 @@ class RecomputationTimer:
 
     On CUDA the marks are events on the stream the backward runs on, so an interval is what the
     recomputation adds to that stream: its kernels' time, or the host's time issuing them when
-    the device waits on the host.
+    the device waits on the host. A pass's intervals are read at once (:meth:`take`, which waits
+    for the device), or once the device has reached them (:meth:`close_pass`, then
+    :meth:`take_ready`): a pass of the steady state never waits, and its times usually arrive
+    a pass late.
 
     Example:
         >>> timer = RecomputationTimer(WallClock())
@@ -228,11 +231,15 @@ class RecomputationTimer:
         [('block', True)]
         >>> timer.take()
         []
+        >>> start = timer.clock.mark(); timer.record("block", start); timer.close_pass("pass 1")
+        >>> [(tag, [name for name, _ in times]) for tag, times in timer.take_ready()]
+        [('pass 1', ['block'])]
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._marks: list[tuple[str, object, object]] = []
+        self._closed: list[tuple[object, list[tuple[str, object, object]]]] = []
 
     def record(self, segment: str, start: object) -> None:
         """``segment`` was recomputed from the mark ``start`` until now."""
@@ -241,4 +248,31 @@ class RecomputationTimer:
     def take(self) -> list[tuple[str, float]]:
         """Each recomputation since the last call, in order: ``(segment, seconds)``."""
         marks, self._marks = self._marks, []
+        return self._read(marks)
+
+    def close_pass(self, tag: object) -> None:
+        """The recomputations since the last call were one pass's, read later as ``tag``'s
+        (nothing when there were none)."""
+        marks, self._marks = self._marks, []
+        if marks:
+            self._closed.append((tag, marks))
+
+    def take_ready(self) -> list[tuple[object, list[tuple[str, float]]]]:
+        """Each closed pass the device has finished, oldest first: ``(tag, [(segment, seconds)])``.
+        The others wait for a later call."""
+        ready = []
+        while self._closed and self.clock.ready(self._closed[0][1][-1][2]):
+            tag, marks = self._closed.pop(0)
+            ready.append((tag, self._read(marks)))
+        return ready
+
+    def discard(self) -> None:
+        """Forget the marks since the last pass closed (the pass they timed measured nothing)."""
+        self._marks = []
+
+    def drop(self) -> None:
+        """Forget every mark, read or not (the passes they timed were abandoned)."""
+        self._marks, self._closed = [], []
+
+    def _read(self, marks: list[tuple[str, object, object]]) -> list[tuple[str, float]]:
         return [(segment, self.clock.seconds_between(start, end)) for segment, start, end in marks]

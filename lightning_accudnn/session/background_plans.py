@@ -54,6 +54,8 @@ class BackgroundPlans:
         >>> plans.waiting("pass 0")
         True
         >>> plans.wait_all()
+        >>> plans.in_making()
+        False
         >>> ready = plans.take("pass 0", made_under="headroom")
         >>> ready.plan.predicted_peak_bytes <= 10_000, plans.waiting("pass 0")
         (True, False)
@@ -78,6 +80,10 @@ class BackgroundPlans:
     def waiting(self, key: Hashable) -> bool:
         """Whether a plan for ``key`` is in the making or ready and not taken yet."""
         return key in self._pending
+
+    def in_making(self) -> bool:
+        """Whether a thread is making a plan now (it shares the host with the training thread)."""
+        return any(not pending.future.done() for pending in self._pending.values())
 
     def take(self, key: Hashable, *, made_under: object) -> ReadyPlan | None:
         """``key``'s plan when it is ready and was made under ``made_under`` (``None`` while it

@@ -21,7 +21,6 @@ from torch import nn
 from lightning_accudnn.ops import OffloadEngine, StepStats
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
-from lightning_accudnn.ops.timing import RecomputationTimer
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.planner.plan import ROUTE_EAGER
 from lightning_accudnn.profiling.bandwidth import LinkCurve
@@ -40,19 +39,17 @@ from lightning_accudnn.session.out_of_memory import (
 from lightning_accudnn.session.pass_records import PassRecords
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource
 from lightning_accudnn.session.planning import SessionPlanning
+from lightning_accudnn.session.recompute_costs import RecomputeCosts
 from lightning_accudnn.session.recompute_failures import RecomputeFailures
 from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats, measured_stats
 from lightning_accudnn.session.transfers import swapped_buffer_sizes
 from lightning_accudnn.session.warm_times import (
-    fastest_recomputations,
     fastest_times,
     recompute_cost_departs,
-    recompute_cost_ratio,
     scaled_backward,
     scaled_to_forward,
-    with_recomputations,
 )
 
 __all__ = ["PassRunner", "RunningPass"]
@@ -145,11 +142,7 @@ class PassRunner:
         self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its thread's time
         # Per pass kind whose refinement waits for its last timed pass: the fastest times so far.
         self._warm_profiles: dict[PassKey, StepProfile] = {}
-        # Per pass kind: each segment's fastest recomputation timed, and the cost ratio they give.
-        self._recompute_times: dict[PassKey, dict[tuple[str, bool], float]] = {}
-        self._recompute_ratios: dict[PassKey, float] = {}
-        self._plain_backwards: dict[PassKey, float] = {}  # the fastest backward less recomputations
-        self._recomputations: list[tuple[str, float]] = []  # timed in the pass that just ended
+        self.recompute_costs = RecomputeCosts(engine.timer.clock)  # recomputations as timed
 
     def refining(self, key: PassKey) -> bool:
         """Whether ``key``'s next pass is timed to refine its plan: the plan needs refining
@@ -196,9 +189,9 @@ class PassRunner:
         self.recomputer.enabled = bool(recomputed)
         self.recomputer.last_recomputed = None
         sequence = None if hooked else records.sequence(key)
-        # A pass timed layer by layer (no sequence to replay) times its recomputations too.
-        timed = bool(recomputed) and sequence is None
-        self.recomputer.timing = RecomputationTimer(self.engine.timer.clock) if timed else None
+        self.recomputer.timing = self.recompute_costs.timer_for(
+            key, plan, hooked=sequence is None, contended=self.background_plans.in_making()
+        )
         # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
         # middle of a pass (selective checkpointing calls them from under its own). One that
         # recomputes and keeps the rest installs none in an unobserved pass.
@@ -233,10 +226,12 @@ class PassRunner:
         finally:
             self.collector.resume()  # the pass's objects are freed now: nothing to promote
         timing, self.recomputer.timing = self.recomputer.timing, None
-        self._recomputations = timing.take() if timing is not None and step is not None else []
         current, self.current = self.current, None
         if step is None or current is None:
+            if timing is not None:
+                timing.discard()
             return None
+        self.recompute_costs.pass_ended(current.key, current.plan, timing, hooked=step.timed)
         return step, current
 
     def conclude(self, step: StepStats, current: RunningPass) -> OffloadStats:
@@ -257,6 +252,8 @@ class PassRunner:
         copies = self.engine.weight_copies.take()
         static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
         known = self.book.plan(key)
+        for timed in self.recompute_costs.read_arrived():
+            self.records.steady.forget(timed)  # its conclusions charged recomputation otherwise
         profile, changed = self._profile_to_plan(step, key, static_bytes, current.plan, known)
         # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
         room = self.planning.headroom
@@ -266,7 +263,8 @@ class PassRunner:
             # kind runs hooked, and its layers (which then differ) are planned from.
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
-        scheduled = profiling or self.refining(key) or self._recosted(step, current.plan, profile)
+        recost = self._recosted(key, current.plan, profile)
+        scheduled = profiling or self.refining(key) or recost
         if step.timed and not profiling:
             self.book.note_timed(key)
         # Only refining: the plan in force still holds, so the new one may be made meanwhile.
@@ -297,6 +295,11 @@ class PassRunner:
             # planned from this rank's own figures (ranks may see other batch shapes); the next
             # agreement merges them.
             self._keep_new_plan(key, measured.profile_to_plan(), current=True, in_background=refining)
+        costs = self.recompute_costs
+        if costs.timing(key) or costs.ratio(key) is not None:
+            stats = self.stats = replace(
+                stats, recomputations_timed=costs.timing(key), recompute_cost_ratio=costs.ratio(key)
+            )
         if self._planning_seconds or self._background_seconds:
             stats = self.stats = replace(
                 stats,
@@ -334,42 +337,22 @@ class PassRunner:
             # keeps its own profile, whose forward alone this pass can compare).
             if profile is plan.profile:
                 profile = scaled_to_forward(profile, step.forward_seconds)
-                self._note_recompute_ratio(key, profile, plan)
-                profile = scaled_backward(profile, self._plain_backward(key, step))
+                plain = self.recompute_costs.plain_backward(key, step.backward_seconds)
+                profile = scaled_backward(profile, plain)
             else:
                 profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
-        times = self._recompute_times.get(key)
-        if times:
-            profile = with_recomputations(profile, times, self._recompute_ratios.get(key))
+        profile = self.recompute_costs.charged(key, profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
 
-    def _recosted(self, step: StepStats, plan: Plan | None, profile: StepProfile) -> bool:
-        """Whether ``step``, a pass timed under ``plan``, leaves recomputation charged
-        (``profile``, planned from next) so that ``plan`` misjudges it
-        (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is then refined."""
-        return step.timed and plan is not None and recompute_cost_departs(plan, profile)
-
-    def _plain_backward(self, key: PassKey, step: StepStats) -> float:
-        """The fastest backward a pass of ``key`` timed under a plan that recomputes took, less
-        its recomputations (the same work whatever the plan recomputes); 0 when none was."""
-        plain = step.backward_seconds - sum(seconds for _, seconds in self._recomputations)
-        if self._recomputations and plain > 0.0:
-            self._plain_backwards[key] = min(plain, self._plain_backwards.get(key, plain))
-        return self._plain_backwards.get(key, 0.0)
-
-    def _note_recompute_ratio(self, key: PassKey, profile: StepProfile, plan: Plan) -> None:
-        """Keep each segment's fastest recomputation for ``key`` (as each layer keeps its fastest
-        time), with the pass just timed under ``plan``; and the cost ratio they measure against
-        ``profile``, the one planned from next."""
-        earlier = self._recompute_times.get(key, {})
-        times = fastest_recomputations(self._recomputations, plan.selective, earlier)
-        self._recompute_times[key] = times
-        ratio = recompute_cost_ratio(profile, times)
-        if ratio is not None:
-            self._recompute_ratios[key] = ratio
+    def _recosted(self, key: PassKey, plan: Plan | None, profile: StepProfile) -> bool:
+        """Whether ``key``'s plan was just timed in full (:meth:`RecomputeCosts.recost_due`)
+        and its recomputation, charged as ``profile`` (planned from next) charges it, moves its
+        step too far (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`)."""
+        due = self.recompute_costs.recost_due(key)
+        return due and plan is not None and recompute_cost_departs(plan, profile)
 
     def _keep_new_plan(
         self, key: PassKey, profile: StepProfile, *, current: bool, in_background: bool = False
@@ -436,6 +419,8 @@ class PassRunner:
         self.collector.resume()
         self.engine.weight_copies.take()  # the aborted pass's count
         self.segment_probe.detach()
+        self.recomputer.timing = None
+        self.recompute_costs.abandon()
         failed = RecomputeFailures.failed_in(error, self.recomputer)
         recorded, self.recomputer.failures = self.recomputer.failures, {}
         self.recomputer.remove()  # the next pass installs its plan's segments again

@@ -10,16 +10,15 @@ refined (its pass runs hooked and timed) until :data:`TIMED_PLANNED_PASSES` plan
 timed, a count every rank reaches at the same pass, and the times planned from are the fastest
 seen per layer (:func:`fastest_times`).
 
-A pass timed under a plan that recomputes times each recomputation too; each segment keeps
-its fastest (:func:`fastest_recomputations`), and :func:`recompute_cost_ratio` sets them against
-the forward time the profile planned from gives the layers run again: on a GPU whose host
-issues the recomputed kernels in backward more slowly than the device runs them, a
-recomputation takes several times the forward it repeats. Plans charge a segment timed its
-fastest recomputation, and the others the ratio times their forward
-(:func:`with_recomputations`). A plan whose recomputation, charged so, would take its step
-more than :data:`RECOMPUTE_COST_TOLERANCE` away from what it predicted is made again
-(:func:`recompute_cost_departs`): a plan that first recomputes once refined (its first plan
-swapped) is timed, and planned again at the cost it measured.
+Recomputations are timed in the passes replayed under a plan that recomputes
+(:mod:`~lightning_accudnn.session.recompute_costs`); each segment keeps its fastest
+(:func:`fastest_recomputations`), and :func:`recompute_cost_ratio` sets them against the forward
+time the profile planned from gives the layers run again: on a GPU whose host issues the
+recomputed kernels in backward more slowly than the device runs them, a recomputation takes
+several times the forward it repeats. Plans charge a segment timed its fastest recomputation,
+and the others the ratio times their forward (:func:`with_recomputations`). A plan whose
+recomputation, charged so, would take its step more than :data:`RECOMPUTE_COST_TOLERANCE` away
+from what it predicted is made again (:func:`recompute_cost_departs`).
 """
 
 from __future__ import annotations

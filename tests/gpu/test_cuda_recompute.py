@@ -1,7 +1,7 @@
 """On a CUDA GPU: whole segments recomputed through the lean checkpoint train bitwise like the
 plain loop, with CUDA dropout (its device RNG state replayed) and bf16 CUDA autocast (its state
-replayed), in a session whose steady passes run without the engine's hooks; the passes timed
-under the plan time its recomputations with CUDA events."""
+replayed), in a session whose steady passes run without the engine's hooks; the passes replayed under the
+plan time its recomputations with CUDA events, read once the device reached them."""
 
 import pytest
 
@@ -29,8 +29,8 @@ def test_lean_recomputation_trains_bitwise_on_cuda(kind, names, autocast, monkey
         budget=10**10, min_swap_bytes=0, reserve_bytes=0, policy="recompute", observe_every=2
     )
     expected = plain(kind, "cuda", autocast)
-    record, plans, _, _, _ = train(kind, config, device="cuda", autocast=autocast)
+    record, plans, _, _, session = train(kind, config, device="cuda", autocast=autocast)
     assert_bitwise_equal(record, expected)
     assert all(sorted(plan.recomputed) == sorted(names) for plan in plans)  # every pass after profiling
-    # The timed passes timed each recomputation with CUDA events: the final plan charges what they took.
-    assert plans[-1].profile.recompute_cost_ratio != 1.0
+    # The replayed passes timed each recomputation with CUDA events, read a pass or so later.
+    assert session.stats.recompute_cost_ratio is not None

@@ -84,6 +84,21 @@ class SlowRecomputation(nn.Module):
         return torch.relu(x)
 
 
+class ColdRecomputation(SlowRecomputation):
+    """:class:`SlowRecomputation` in its first ``cold`` recomputations only (a first pass under a
+    new plan, while the allocator grows), quick after."""
+
+    def __init__(self, pause: float, cold: int) -> None:
+        super().__init__(pause)
+        self.cold = cold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_recomputing() and self.cold > 0:
+            self.cold -= 1
+            time.sleep(self.pause)
+        return torch.relu(x)
+
+
 def _tanh_pair(width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh())
 

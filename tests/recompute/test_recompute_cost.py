@@ -1,4 +1,4 @@
-"""A session plans recomputation at the cost its timed passes measured it at."""
+"""A session plans recomputation at the cost the passes replayed under its plan measured it at."""
 
 from __future__ import annotations
 
@@ -12,15 +12,21 @@ from lightning_accudnn.planner import min_budget_bytes
 from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.session.plan_book import PlanSource
-from tests.recompute.models import SlowRecomputation, forcing_search
+from tests.recompute.models import ColdRecomputation, SlowRecomputation, forcing_search
 
 PAUSE = 0.02
 
 
-def _model() -> nn.Module:
+def _model(cold: int | None = None) -> nn.Module:
+    """Four blocks pausing PAUSE while recomputed: always, or in their first ``cold`` recomputations."""
     torch.manual_seed(0)
     blocks = [
-        nn.Sequential(nn.Linear(64, 64), SlowRecomputation(PAUSE), nn.Linear(64, 64), nn.ReLU())
+        nn.Sequential(
+            nn.Linear(64, 64),
+            SlowRecomputation(PAUSE) if cold is None else ColdRecomputation(PAUSE, cold),
+            nn.Linear(64, 64),
+            nn.ReLU(),
+        )
         for _ in range(4)
     ]
     return nn.Sequential(*blocks, nn.Linear(64, 10))
@@ -29,12 +35,12 @@ def _model() -> nn.Module:
 Trained = tuple[list[Plan | None], list[PlanSource | None], OffloadSession]
 
 
-def _train(budget: int, steps: int, policy: str = "recompute") -> Trained:
+def _train(budget: int, steps: int, policy: str = "recompute", cold: int | None = None) -> Trained:
     config = OffloadConfig(budget=budget, min_swap_bytes=0, reserve_bytes=0, policy=policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # on CPU nothing is saved
         session = OffloadSession(config, "cpu")
-    model = _model()
+    model = _model(cold)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     plans, sources = [], []
     for step in range(steps):
@@ -47,7 +53,7 @@ def _train(budget: int, steps: int, policy: str = "recompute") -> Trained:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        assert session.recomputer.timing is None  # set only while a timed pass runs
+        assert session.recomputer.timing is None  # set only while a pass runs
         session.wait_for_plans()
         plans.append(session.plan)
         sources.append(session.stats.plan_source if session.stats is not None else None)
@@ -96,3 +102,34 @@ def test_a_plan_that_first_recomputes_once_refined_is_made_again_at_the_cost_mea
     assert final.recomputed and final.profile.recompute_cost_ratio > 3.0 and sources[-1] is PlanSource.REFINED
     assert final.recompute_seconds >= PAUSE * 4 * (1 - 1e-9)
     assert len(searched) >= 3
+
+
+def test_a_recomputation_slow_only_in_the_first_pass_under_its_plan_is_charged_what_it_takes_after(
+    monkeypatch,
+):
+    """As above, the refined plan recomputes every block; its first pass runs hooked and cold
+    (on a GPU the allocator grows then): its recomputations pause, the later ones do not. No
+    plan is made at the cold pass's cost; the plan is charged what the passes replayed after it
+    timed."""
+    keep, recompute = forcing_search(()), forcing_search(("0", "1", "2", "3"))
+    searched = []
+
+    def search(*args, **kwargs):  # type: ignore[no-untyped-def]
+        searched.append(len(searched))
+        return (keep if len(searched) == 1 else recompute)(*args, **kwargs)
+
+    monkeypatch.setattr(planner_plan, "search_mixed", search)
+    plans, _, session = _train(10**9, 9, policy="auto", cold=1)
+    final = plans[-1]
+    assert final is not None and final.recomputed
+    # 4 x 20 ms against a forward of well under a millisecond: no plan charges that.
+    ratios = [plan.profile.recompute_cost_ratio for plan in plans if plan is not None]
+    assert all(ratio < 3.0 for ratio in ratios), ratios
+    assert final.recompute_seconds < PAUSE
+    # What the replayed passes timed: each segment well under the pause.
+    costs = session._passes.recompute_costs
+    key = next(iter(costs._times))
+    charged = costs.charged(key, final.profile)
+    timed = {segment.name: segment.recompute_seconds for segment in charged.segments}
+    assert all(timed[name] is not None and timed[name] < PAUSE for name in final.recomputed), timed
+    assert not session.stats.recomputations_timed  # timed in full: nothing left to re-cost

@@ -1,0 +1,128 @@
+"""Recomputations are timed in the passes replayed under a plan, read once the device reached
+them, and the plan is due a re-cost once the last of them is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_accudnn.planner import StepProfile, plan_swaps
+from lightning_accudnn.profile import LayerProfile, SegmentProfile
+from lightning_accudnn.session.plan_book import PassKey
+from lightning_accudnn.session.recompute_costs import RECOMPUTE_TIMED_PASSES, RecomputeCosts
+
+KEY = PassKey(model=1, batch=(), position=0)
+
+
+class DeviceClock:
+    """Marks are numbers the host hands out; the device reaches them when told to
+    (``reached``); a mark's time is a millisecond per mark in between."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.reached = -1
+
+    def mark(self) -> int:
+        self.next += 1
+        return self.next
+
+    def seconds_between(self, start: int, end: int) -> float:
+        assert end <= self.reached, "read before the device reached it"
+        return (end - start) * 1e-3
+
+    def ready(self, mark: int) -> bool:
+        return mark <= self.reached
+
+
+def _plan():
+    layers = tuple(LayerProfile(f"b{i}.x", 100, 100, 1.0, 2.0) for i in range(4))
+    segments = tuple(SegmentProfile(f"b{i}", 10) for i in range(4))
+    plan = plan_swaps(StepProfile(layers, 0, segments=segments), 330, policy="recompute")
+    assert plan.recomputed == ("b0",)
+    return plan
+
+
+def _run_pass(costs, plan, clock, *, hooked=False, contended=False, marks_apart=5):
+    timer = costs.timer_for(KEY, plan, hooked=hooked, contended=contended)
+    if timer is not None:
+        start = clock.mark()
+        clock.next += marks_apart - 1
+        timer.record("b0", start)
+    costs.pass_ended(KEY, plan, timer, hooked=hooked)
+    return timer
+
+
+def test_replayed_passes_are_read_once_the_device_reached_them_and_the_last_makes_a_recost_due():
+    clock, plan = DeviceClock(), _plan()
+    costs = RecomputeCosts(clock)
+    for _ in range(RECOMPUTE_TIMED_PASSES):
+        assert _run_pass(costs, plan, clock) is not None
+        assert costs.read_arrived() == set()  # the device is behind: nothing is read, nothing waits
+        assert costs.timing(KEY) and not costs.recost_due(KEY)
+    assert _run_pass(costs, plan, clock) is None  # timed in full: the steady state runs untimed
+    clock.reached = clock.next
+    assert costs.read_arrived() == {KEY}
+    assert costs.recost_due(KEY) and not costs.recost_due(KEY)  # once
+    assert not costs.timing(KEY)
+    charged = costs.charged(KEY, plan.profile)
+    assert charged.segments[0].recompute_seconds == pytest.approx(5e-3)  # 5 marks apart
+    assert charged.recompute_cost_ratio == pytest.approx(5e-3 / 1.0)
+
+
+def test_each_segment_keeps_its_fastest_time_and_a_recost_waits_for_the_last_pass():
+    clock, plan = DeviceClock(), _plan()
+    costs = RecomputeCosts(clock)
+    for apart in (40, 3, 9):
+        _run_pass(costs, plan, clock, marks_apart=apart)
+        clock.reached = clock.next
+        read = costs.read_arrived()
+        assert read == {KEY} and costs.recost_due(KEY) == (apart == 9)
+    assert costs.charged(KEY, plan.profile).segments[0].recompute_seconds == pytest.approx(3e-3)
+
+
+def test_a_contended_pass_is_not_timed_and_not_counted():
+    clock, plan = DeviceClock(), _plan()
+    costs = RecomputeCosts(clock, passes=1)
+    assert _run_pass(costs, plan, clock, contended=True) is None
+    assert costs.charged(KEY, plan.profile) is plan.profile
+    assert _run_pass(costs, plan, clock) is not None
+
+
+def test_a_new_plan_is_timed_anew():
+    clock, first, second = DeviceClock(), _plan(), _plan()
+    costs = RecomputeCosts(clock, passes=1)
+    assert _run_pass(costs, first, clock) is not None
+    assert _run_pass(costs, first, clock) is None
+    assert _run_pass(costs, second, clock) is not None
+
+
+def test_a_hooked_pass_times_its_backward_less_its_recomputations_and_charges_nothing():
+    clock, plan = DeviceClock(), _plan()
+    costs = RecomputeCosts(clock)
+    timer = costs.timer_for(KEY, plan, hooked=True, contended=True)  # hooked passes always time
+    assert timer is not None
+    start = clock.mark()
+    clock.next += 19
+    timer.record("b0", start)
+    clock.reached = clock.next
+    costs.pass_ended(KEY, plan, timer, hooked=True)
+    assert costs.plain_backward(KEY, 0.5) == pytest.approx(0.5 - 20e-3)
+    assert costs.read_arrived() == set() and costs.charged(KEY, plan.profile) is plan.profile
+    assert not costs.timing(KEY)
+
+
+def test_a_failed_pass_forgets_what_was_not_read_and_times_the_plan_again():
+    clock, plan = DeviceClock(), _plan()
+    costs = RecomputeCosts(clock, passes=1)
+    _run_pass(costs, plan, clock)
+    costs.abandon()
+    clock.reached = clock.next
+    assert costs.read_arrived() == set() and not costs.timing(KEY)
+    assert _run_pass(costs, plan, clock) is not None
+
+
+def test_a_plan_that_recomputes_nothing_is_not_timed():
+    profile = StepProfile((LayerProfile("a", 100, 100, 1.0, 2.0),), 0)
+    costs = RecomputeCosts(DeviceClock())
+    for hooked in (False, True):
+        assert costs.timer_for(KEY, plan_swaps(profile, 10**6), hooked=hooked, contended=False) is None
+        assert costs.timer_for(KEY, None, hooked=hooked, contended=False) is None

@@ -39,14 +39,15 @@ from lightning_accudnn.session.out_of_memory import (
 from lightning_accudnn.session.pass_records import PassRecords
 from lightning_accudnn.session.plan_book import PassKey, PlanBook, PlanSource
 from lightning_accudnn.session.planning import SessionPlanning
-from lightning_accudnn.session.recompute_costs import RecomputeCosts
 from lightning_accudnn.session.recompute_failures import RecomputeFailures
 from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
 from lightning_accudnn.session.shapes import ShapePlanner
 from lightning_accudnn.session.stats import OffloadStats, measured_stats
+from lightning_accudnn.session.steady_costs import SteadyCosts
 from lightning_accudnn.session.transfers import swapped_buffer_sizes
 from lightning_accudnn.session.warm_times import (
     fastest_times,
+    forward_departs,
     recompute_cost_departs,
     scaled_backward,
     scaled_to_forward,
@@ -142,7 +143,7 @@ class PassRunner:
         self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its thread's time
         # Per pass kind whose refinement waits for its last timed pass: the fastest times so far.
         self._warm_profiles: dict[PassKey, StepProfile] = {}
-        self.recompute_costs = RecomputeCosts(engine.timer.clock)  # recomputations as timed
+        self.steady_costs = SteadyCosts(engine.timer.clock)  # the steady state's forward and recomputations
 
     def refining(self, key: PassKey) -> bool:
         """Whether ``key``'s next pass is timed to refine its plan: the plan needs refining
@@ -189,7 +190,7 @@ class PassRunner:
         self.recomputer.enabled = bool(recomputed)
         self.recomputer.last_recomputed = None
         sequence = None if hooked else records.sequence(key)
-        self.recomputer.timing = self.recompute_costs.timer_for(
+        self.recomputer.timing = self.steady_costs.begin_pass(
             key, plan, hooked=sequence is None, contended=self.background_plans.in_making()
         )
         # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
@@ -231,7 +232,9 @@ class PassRunner:
             if timing is not None:
                 timing.discard()
             return None
-        self.recompute_costs.pass_ended(current.key, current.plan, timing, hooked=step.timed)
+        self.steady_costs.pass_ended(
+            current.key, current.plan, timing, hooked=step.timed, forward_seconds=step.forward_seconds
+        )
         return step, current
 
     def conclude(self, step: StepStats, current: RunningPass) -> OffloadStats:
@@ -252,8 +255,9 @@ class PassRunner:
         copies = self.engine.weight_copies.take()
         static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
         known = self.book.plan(key)
-        for timed in self.recompute_costs.read_arrived():
-            self.records.steady.forget(timed)  # its conclusions charged recomputation otherwise
+        costs = self.steady_costs
+        for timed in costs.read_arrived() | ({key} if costs.timing(key) else set()):
+            self.records.steady.forget(timed)  # its conclusions charged the times before
         profile, changed = self._profile_to_plan(step, key, static_bytes, current.plan, known)
         # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
         room = self.planning.headroom
@@ -263,7 +267,16 @@ class PassRunner:
             # kind runs hooked, and its layers (which then differ) are planned from.
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
-        recost = self._recosted(key, current.plan, profile)
+        times_of = None if step.timed else known  # an untimed pass borrows the plan's layer times
+        if self.steady_costs.recost_due(key) and current.plan is not None:
+            if times_of is not None:
+                profile = self.steady_costs.charged(
+                    key, Measured(profile, times_of, planned=True).profile_to_plan()
+                )
+                times_of = None
+            recost = self._recosted(current.plan, profile)
+        else:
+            recost = False
         scheduled = profiling or self.refining(key) or recost
         if step.timed and not profiling:
             self.book.note_timed(key)
@@ -277,7 +290,7 @@ class PassRunner:
             self.planning.raise_reserve(overshoot, "a planned pass's peak passed the usable budget")
             request = self.agreement.overshoot(overshoot)
             scheduled, refining = True, False
-        measured = Measured(profile, None if step.timed else known, planned=not profiling)
+        measured = Measured(profile, times_of, planned=not profiling)
         self.agreement.record(key, measured, request)
         self._planning_seconds = 0.0
         if self.agreement.due():
@@ -295,10 +308,10 @@ class PassRunner:
             # planned from this rank's own figures (ranks may see other batch shapes); the next
             # agreement merges them.
             self._keep_new_plan(key, measured.profile_to_plan(), current=True, in_background=refining)
-        costs = self.recompute_costs
-        if costs.timing(key) or costs.ratio(key) is not None:
+        ratio = costs.ratio(key, profile)
+        if costs.timing(key) or ratio is not None:
             stats = self.stats = replace(
-                stats, recomputations_timed=costs.timing(key), recompute_cost_ratio=costs.ratio(key)
+                stats, recomputations_timed=costs.timing(key), recompute_cost_ratio=ratio
             )
         if self._planning_seconds or self._background_seconds:
             stats = self.stats = replace(
@@ -337,22 +350,23 @@ class PassRunner:
             # keeps its own profile, whose forward alone this pass can compare).
             if profile is plan.profile:
                 profile = scaled_to_forward(profile, step.forward_seconds)
-                plain = self.recompute_costs.plain_backward(key, step.backward_seconds)
+                plain = self.steady_costs.plain_backward(key, step.backward_seconds)
                 profile = scaled_backward(profile, plain)
             else:
                 profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
-        profile = self.recompute_costs.charged(key, profile)
+        profile = self.steady_costs.charged(key, profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)
         return profile, changed
 
-    def _recosted(self, key: PassKey, plan: Plan | None, profile: StepProfile) -> bool:
-        """Whether ``key``'s plan was just timed in full (:meth:`RecomputeCosts.recost_due`)
-        and its recomputation, charged as ``profile`` (planned from next) charges it, moves its
-        step too far (:func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`)."""
-        due = self.recompute_costs.recost_due(key)
-        return due and plan is not None and recompute_cost_departs(plan, profile)
+    @staticmethod
+    def _recosted(plan: Plan, profile: StepProfile) -> bool:
+        """Whether ``plan``, just timed in full (:meth:`SteadyCosts.recost_due`), misjudges the
+        forward or the recomputation ``profile`` (planned from next) charges by too much
+        (:func:`~lightning_accudnn.session.warm_times.forward_departs`,
+        :func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is made again."""
+        return forward_departs(plan, profile) or recompute_cost_departs(plan, profile)
 
     def _keep_new_plan(
         self, key: PassKey, profile: StepProfile, *, current: bool, in_background: bool = False
@@ -420,7 +434,7 @@ class PassRunner:
         self.engine.weight_copies.take()  # the aborted pass's count
         self.segment_probe.detach()
         self.recomputer.timing = None
-        self.recompute_costs.abandon()
+        self.steady_costs.abandon()
         failed = RecomputeFailures.failed_in(error, self.recomputer)
         recorded, self.recomputer.failures = self.recomputer.failures, {}
         self.recomputer.remove()  # the next pass installs its plan's segments again

@@ -43,7 +43,7 @@ class OffloadStats:
     refined, or the first pass under a plan recomputing other segments): slower than a steady
     pass, and a sign that the plan may still change. ``recomputations_timed`` says the
     recomputations of passes under the plan in force are being timed, or were and are not read
-    yet (:mod:`~lightning_accudnn.session.recompute_costs`): the plan may be re-costed.
+    yet (:mod:`~lightning_accudnn.session.steady_costs`): the plan may be re-costed.
     ``recompute_cost_ratio`` is what those recomputations took over the forward time they
     repeat, as measured so far for this pass's kind (``None`` until one was timed): on a GPU
     whose host issues the recomputed kernels more slowly than the device runs them, above 1.

@@ -11,7 +11,7 @@ timed, a count every rank reaches at the same pass, and the times planned from a
 seen per layer (:func:`fastest_times`).
 
 Recomputations are timed in the passes replayed under a plan that recomputes
-(:mod:`~lightning_accudnn.session.recompute_costs`); each segment keeps its fastest
+(:mod:`~lightning_accudnn.session.steady_costs`); each segment keeps its fastest
 (:func:`fastest_recomputations`), and :func:`recompute_cost_ratio` sets them against the forward
 time the profile planned from gives the layers run again: on a GPU whose host issues the
 recomputed kernels in backward more slowly than the device runs them, a recomputation takes
@@ -35,9 +35,11 @@ __all__ = [
     "TIMED_PLANNED_PASSES",
     "fastest_recomputations",
     "fastest_times",
+    "forward_departs",
     "recompute_cost_departs",
     "recompute_cost_ratio",
     "scaled_backward",
+    "scaled_forward",
     "scaled_to_forward",
     "with_recomputations",
 ]
@@ -96,6 +98,47 @@ def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfi
         for layer in profile.layers
     )
     return replace(profile, layers=layers)
+
+
+def scaled_forward(profile: StepProfile, forward_seconds: float) -> StepProfile:
+    """``profile`` with every layer's forward time scaled down so that they add up to
+    ``forward_seconds``, when that is less but not nothing; backward times as they are. A pass
+    replayed without hooks times its forward whole; a hooked pass's module hooks slow the
+    forward it times layer by layer (on a GPU whose host issues the forward, that is the
+    forward's time), not its backward.
+
+    Example:
+        >>> profile = StepProfile((LayerProfile("a", 8, 8, 4.0, 8.0), LayerProfile("b", 8, 8, 4.0, 2.0)), 0)
+        >>> [(layer.forward_seconds, layer.backward_seconds) for layer in scaled_forward(profile, 4.0).layers]
+        [(2.0, 8.0), (2.0, 2.0)]
+        >>> scaled_forward(profile, 9.0) is profile, scaled_forward(profile, 0.0) is profile
+        (True, True)
+    """
+    total = sum(layer.forward_seconds for layer in profile.layers)
+    if forward_seconds <= 0.0 or forward_seconds >= total:
+        return profile
+    scale = forward_seconds / total
+    layers = tuple(
+        _with_times(layer, layer.forward_seconds * scale, layer.backward_seconds) for layer in profile.layers
+    )
+    return replace(profile, layers=layers)
+
+
+def forward_departs(plan: Plan, profile: StepProfile) -> bool:
+    """Whether ``profile``'s forward is shorter than the one ``plan`` was made from by more than
+    :data:`RECOMPUTE_COST_TOLERANCE` of its predicted step (the plan then misjudges what its
+    copies hide behind, and what recomputing costs against copying).
+
+    Example:
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> profile = StepProfile((LayerProfile("a", 8, 8, 4.0, 8.0),), 0)
+        >>> plan = plan_swaps(profile, 10**6)
+        >>> [forward_departs(plan, scaled_forward(profile, forward)) for forward in (3.0, 2.0)]
+        [False, True]
+    """
+    planned = sum(layer.forward_seconds for layer in plan.profile.layers)
+    measured = sum(layer.forward_seconds for layer in profile.layers)
+    return planned - measured > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
 
 
 def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool], float]) -> float | None:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.session.steady_costs import STEADY_TIMED_PASSES
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 from tests.session.helpers import seeded_steps
 
@@ -104,4 +105,38 @@ def test_in_background_a_layer_keeps_its_fastest_time_over_every_timed_pass():
     assert session.stats.plan_source.value == "refined"
     (cold_layer,) = (layer for layer in session.plan.profile.layers if layer.name == "0")
     assert cold_layer.forward_seconds < COLD_SECONDS / 2
+    session.close()
+
+
+class SlowWhenHooked(nn.Module):
+    """A layer taking :data:`COLD_SECONDS` longer while the engine's module hooks are on it (a
+    pass timed layer by layer), as a forward the host issues takes on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._forward_pre_hooks:
+            time.sleep(COLD_SECONDS)
+        return torch.relu(self.linear(x))
+
+
+def test_the_plan_charges_the_forward_the_passes_replayed_under_it_took():
+    """Every hooked pass times the first layer :data:`COLD_SECONDS` slower than it runs: the
+    plan made from them predicts that; the passes replayed under it time the forward whole, and
+    the plan is made again from the fastest of them."""
+    config = OffloadConfig(budget="1GB", min_swap_bytes=0, plan_in_background=False)
+    session = OffloadSession(config, "cpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(SlowWhenHooked(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    passes = _train(session, model, steps=2 + TIMED_PLANNED_PASSES + STEADY_TIMED_PASSES + 2)
+    refined = 1 + TIMED_PLANNED_PASSES
+    hooked_plan = passes[: refined + 1]
+    assert [hooked for _, hooked in hooked_plan] == [True] * refined + [False]
+    plan = session.plan
+    forward = sum(layer.forward_seconds for layer in plan.profile.layers)
+    assert forward < COLD_SECONDS / 2, forward  # made again from the replayed passes
+    assert plan.predicted_step_seconds < COLD_SECONDS
+    assert not session.stats.recomputations_timed and not session.stats.timed
     session.close()

@@ -285,9 +285,11 @@ class OffloadEngine(SaveHooks):
         self.runtime.collect_wait_seconds()
 
     def close(self) -> None:
-        """Abort any open step and free the idle host buffers."""
+        """Abort any open step, free the idle host buffers and let go of the last model offloaded
+        (a closed engine kept in a reference cycle must not keep the model's weights alive)."""
         self.abort_step()
         self.pool.trim()
+        self._storages_model = None
 
     def _observed_peak(self, route: ReplayRoute) -> int | None:
         """The activation peak of the last observed pass, if it was replayed on ``route``

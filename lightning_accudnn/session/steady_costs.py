@@ -101,14 +101,15 @@ class SteadyCosts:
         """A pass of ``key`` is about to run under ``plan``: the timer to set on the recomputer,
         or ``None``. A hooked pass times its recomputations (its backward is measured less them,
         :meth:`plain_backward`); a replayed one is timed while fewer than :attr:`passes` were
-        under ``plan``, unless the host is ``contended`` (a plan in the making on a thread)."""
+        under ``plan`` (or a plan making the same choices), unless the host is ``contended`` (a
+        plan in the making on a thread)."""
         self._timing_now = None
         if plan is None:
             return None
         if hooked:
             return self._timer if plan.recomputed else None
         timed_plan, count = self._timed_passes.get(key, (plan, 0))
-        if timed_plan is not plan:
+        if not _same_choices(timed_plan, plan):  # a plan made again as it was runs as it ran
             count = 0
         if contended or count >= self.passes:
             return None
@@ -207,3 +208,14 @@ class SteadyCosts:
         self._timing_now = None
         self._unread.clear()
         self._timed_passes.clear()
+
+
+def _same_choices(plan: Plan, other: Plan) -> bool:
+    """Whether ``plan`` and ``other`` swap, recompute and prefetch alike (their passes run alike)."""
+    return plan is other or (
+        plan.swap == other.swap
+        and plan.recomputed == other.recomputed
+        and plan.selective == other.selective
+        and plan.prefetch_window_bytes == other.prefetch_window_bytes
+        and plan.max_copying_out_bytes == other.max_copying_out_bytes
+    )

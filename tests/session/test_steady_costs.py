@@ -87,12 +87,18 @@ def test_a_contended_pass_is_not_timed_and_not_counted():
     assert _run_pass(costs, plan, clock) is not None
 
 
-def test_a_new_plan_is_timed_anew():
-    clock, first, second = DeviceClock(), _plan(), _plan()
+def test_a_plan_making_other_choices_is_timed_anew_and_one_making_the_same_is_not():
+    clock, first, again = DeviceClock(), _plan(), _plan()
+    other = plan_swaps(first.profile, 330, policy="swap")
+    assert other.recomputed != first.recomputed
     costs = SteadyCosts(clock, passes=1)
     assert _run_pass(costs, first, clock) is not None
     assert _run_pass(costs, first, clock) is None
-    assert _run_pass(costs, second, clock) is not None
+    assert _run_pass(costs, again, clock) is None  # made again as it was: runs as it ran
+    assert costs.begin_pass(KEY, other, hooked=False, contended=False) is None  # nothing recomputed
+    assert costs.timing(KEY)  # but timed: its forward
+    costs.pass_ended(KEY, other, None, hooked=False, forward_seconds=1.0)
+    assert costs.recost_due(KEY)
 
 
 def test_a_hooked_pass_times_its_backward_less_its_recomputations_and_charges_nothing():

@@ -88,6 +88,8 @@ class SteadyCosts:
         self._timer = RecomputationTimer(clock)
         self._times: dict[PassKey, dict[tuple[str, bool], float]] = {}
         self._forwards: dict[PassKey, float] = {}  # the fastest forward a replayed pass took
+        # The last ratio asked for: the profile and the times it was computed from, and it.
+        self._ratios: dict[PassKey, tuple[StepProfile, dict[tuple[str, bool], float], float | None]] = {}
         self._timed_passes: dict[PassKey, tuple[Plan, int]] = {}  # the plan timed, passes timed
         self._unread: dict[PassKey, int] = {}  # passes timed whose recomputations were not read yet
         self._due: set[PassKey] = set()
@@ -176,9 +178,17 @@ class SteadyCosts:
 
     def ratio(self, key: PassKey, profile: StepProfile) -> float | None:
         """What ``key``'s timed recomputations took over the forward ``profile`` gives the
-        layers they repeat (``None`` until one was timed in a replayed pass)."""
+        layers they repeat (``None`` until one was timed in a replayed pass). Asked every pass:
+        kept until the profile or the times change."""
         times = self._times.get(key)
-        return recompute_cost_ratio(profile, times) if times else None
+        if not times:
+            return None
+        memo = self._ratios.get(key)
+        if memo is not None and memo[0] is profile and memo[1] is times:
+            return memo[2]
+        ratio = recompute_cost_ratio(profile, times)
+        self._ratios[key] = (profile, times, ratio)
+        return ratio
 
     def charged(self, key: PassKey, profile: StepProfile) -> StepProfile:
         """``profile`` with a forward no longer than ``key``'s fastest replayed one, charging

@@ -78,16 +78,16 @@ class AccUDNN(Technique):
         return StepMemory(stats.peak_device_bytes, stats.peak_reserved_bytes)
 
     def settled(self) -> bool:
-        """Whether the session's last pass was not timed layer by layer, timed no recomputation
-        it may re-cost its plan from, and no plan made meanwhile on a planning thread replaces
-        the one it ran: the next pass replays it. Plans in the making are waited for and adopted
-        first, so that the next step runs them, as the step after the last timed one does when
-        plans are made inline."""
+        """Whether the session's last pass was not timed layer by layer, no pass it may make its
+        plan again from is being timed whole (or read), and no plan made meanwhile on a planning
+        thread replaces the one it ran: the next pass replays it. Plans in the making are waited
+        for and adopted first, so that the next step runs them, as the step after the last timed
+        one does when plans are made inline."""
         session = self._session()
         ran = session.plan
         session.wait_for_plans()
         stats = session.stats
-        settled = stats is not None and not stats.timed and not stats.recomputations_timed
+        settled = stats is not None and not stats.timed and not stats.steady_timing
         return settled and session.plan is ran
 
     def step_figures(self) -> dict[str, Any]:

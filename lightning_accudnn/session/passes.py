@@ -310,9 +310,7 @@ class PassRunner:
             self._keep_new_plan(key, measured.profile_to_plan(), current=True, in_background=refining)
         ratio = costs.ratio(key, profile)
         if costs.timing(key) or ratio is not None:
-            stats = self.stats = replace(
-                stats, recomputations_timed=costs.timing(key), recompute_cost_ratio=ratio
-            )
+            stats = self.stats = replace(stats, steady_timing=costs.timing(key), recompute_cost_ratio=ratio)
         if self._planning_seconds or self._background_seconds:
             stats = self.stats = replace(
                 stats,

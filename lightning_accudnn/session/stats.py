@@ -41,12 +41,13 @@ class OffloadStats:
     time the training thread did not wait for. ``timed`` says the pass ran with the engine's
     hooks on every module and timed layer by layer (a profiling pass, a pass whose plan is being
     refined, or the first pass under a plan recomputing other segments): slower than a steady
-    pass, and a sign that the plan may still change. ``recomputations_timed`` says the
-    recomputations of passes under the plan in force are being timed, or were and are not read
-    yet (:mod:`~lightning_accudnn.session.steady_costs`): the plan may be re-costed.
-    ``recompute_cost_ratio`` is what those recomputations took over the forward time they
-    repeat, as measured so far for this pass's kind (``None`` until one was timed): on a GPU
-    whose host issues the recomputed kernels more slowly than the device runs them, above 1.
+    pass, and a sign that the plan may still change. ``steady_timing`` says the
+    passes replayed under the plan in force are being timed whole (the forward, each
+    recomputation), or were and are not read yet (:mod:`~lightning_accudnn.session.steady_costs`):
+    the plan may be made again from them. ``recompute_cost_ratio`` is what their recomputations
+    took over the forward time they repeat, as measured so far for this pass's kind (``None``
+    until one was timed): on a GPU whose host issues the recomputed kernels more slowly than the
+    device runs them, above 1.
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
@@ -75,7 +76,7 @@ class OffloadStats:
     planning_seconds: float = 0.0
     background_planning_seconds: float = 0.0
     timed: bool = False
-    recomputations_timed: bool = False
+    steady_timing: bool = False
     recompute_cost_ratio: float | None = None
 
     @property
@@ -106,7 +107,7 @@ class OffloadStats:
             "planning_seconds",
             "background_planning_seconds",
             "timed",
-            "recomputations_timed",
+            "steady_timing",
             "recompute_cost_ratio",
         )
         values = {name: getattr(self, name) for name in names}

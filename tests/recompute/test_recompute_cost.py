@@ -132,4 +132,4 @@ def test_a_recomputation_slow_only_in_the_first_pass_under_its_plan_is_charged_w
     charged = costs.charged(key, final.profile)
     timed = {segment.name: segment.recompute_seconds for segment in charged.segments}
     assert all(timed[name] is not None and timed[name] < PAUSE for name in final.recomputed), timed
-    assert not session.stats.recomputations_timed  # timed in full: nothing left to re-cost
+    assert not session.stats.steady_timing  # timed in full: nothing left to re-cost

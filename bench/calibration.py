@@ -255,6 +255,8 @@ def _session_steps(
                     "wall_seconds": wall,
                     "elapsed_seconds": elapsed,
                     "measured_seconds": None if stats is None else stats.step_seconds,
+                    "forward_seconds": None if stats is None else stats.forward_seconds,
+                    "backward_seconds": None if stats is None else stats.backward_seconds,
                     "predicted_seconds": None if stats is None else stats.predicted_step_seconds,
                     "planning_seconds": None if stats is None else stats.planning_seconds,
                     "background_planning_seconds": (
@@ -339,14 +341,16 @@ def markdown(record: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Per step (wall ms, measured ms, predicted ms, plan source, host ms planning the next passes "
-        "within the wall time, ms a planning thread took making the plan this step adopted; on CUDA "
-        "the allocator's retries under the cap, cudaMalloc and cudaFree calls):",
+        "Per step (wall ms, measured ms (its forward + backward), predicted ms, plan source, host ms "
+        "planning the next passes within the wall time, ms a planning thread took making the plan this "
+        "step adopted; on CUDA the allocator's retries under the cap, cudaMalloc and cudaFree calls). "
+        "A step timed layer by layer measures its own forward and backward less its waits on copies; "
+        "a replayed one, the latest step the device finished, whole:",
         "",
     ]
     for name, run in (("kept", kept), ("fraction", part)):
         cells = [
-            f"{fmt_ms(step['wall_seconds'])}/{fmt_ms(step['measured_seconds'])}/"
+            f"{fmt_ms(step['wall_seconds'])}/{fmt_ms(step['measured_seconds'])}{_split_cell(step)}/"
             f"{fmt_ms(step['predicted_seconds'])}/{step['source']}/{fmt_ms(step.get('planning_seconds'))}/"
             f"{fmt_ms(step.get('background_planning_seconds'))}" + _allocator_cell(step["allocator"])
             for step in run["steps"]
@@ -389,6 +393,14 @@ def _recomputed_cell(run: dict[str, Any]) -> str:
     measured = run.get("measured_recompute_cost_ratio")
     since = "" if measured is None or measured == planned else f"; measured {measured:.2f}x"
     return f"{count} ({fmt_ms(run['recompute_seconds'])} ms, {planned:.2f}x{since})"
+
+
+def _split_cell(step: dict[str, Any]) -> str:
+    """`` (forward + backward)`` ms of a step, where its record holds them."""
+    forward, backward = step.get("forward_seconds"), step.get("backward_seconds")
+    if forward is None or backward is None:
+        return ""
+    return f" ({fmt_ms(forward)} + {fmt_ms(backward)})"
 
 
 def _allocator_cell(counts: dict[str, int]) -> str:

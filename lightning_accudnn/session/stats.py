@@ -20,7 +20,9 @@ class OffloadStats:
     caching allocator's reserve on CUDA and equals the ledger on CPU. ``step_seconds`` is
     the measured forward plus backward time (CUDA events on GPU, wall clock on CPU; in a pass
     timed layer by layer, a profiling one among them, less the time compute waited on copies,
-    so that it is the compute the performance model learns); the
+    so that it is the compute the performance model learns), ``forward_seconds`` and
+    ``backward_seconds`` its two parts (in a pass replayed by ordinal, those of the latest pass
+    the device finished, which on a GPU is usually the one before); the
     ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step; the
     peak with the most the allocator held above the ledger in any earlier pass added: memory
     no layer saves, such as a loss's working memory or kernel workspaces)
@@ -78,6 +80,8 @@ class OffloadStats:
     timed: bool = False
     steady_timing: bool = False
     recompute_cost_ratio: float | None = None
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
 
     @property
     def peak_error(self) -> float | None:
@@ -102,6 +106,8 @@ class OffloadStats:
             "peak_device_bytes",
             "peak_reserved_bytes",
             "step_seconds",
+            "forward_seconds",
+            "backward_seconds",
             "peak_error",
             "step_time_error",
             "planning_seconds",
@@ -140,6 +146,8 @@ def measured_stats(
         swapped_layers=step.swapped_layers,
         profiling=plan is None,
         step_seconds=step.forward_seconds + step.backward_seconds,
+        forward_seconds=step.forward_seconds,
+        backward_seconds=step.backward_seconds,
         predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes + unseen_bytes,
         predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
         plan_source=source,

@@ -232,6 +232,7 @@ class RecomputationTimer:
         >>> timer.take()
         []
         >>> start = timer.clock.mark(); timer.record("block", start); timer.close_pass("pass 1")
+        True
         >>> [(tag, [name for name, _ in times]) for tag, times in timer.take_ready()]
         [('pass 1', ['block'])]
     """
@@ -250,12 +251,13 @@ class RecomputationTimer:
         marks, self._marks = self._marks, []
         return self._read(marks)
 
-    def close_pass(self, tag: object) -> None:
-        """The recomputations since the last call were one pass's, read later as ``tag``'s
-        (nothing when there were none)."""
+    def close_pass(self, tag: object) -> bool:
+        """The recomputations since the last call were one pass's, read later as ``tag``'s;
+        whether there were any (none: nothing is kept to read)."""
         marks, self._marks = self._marks, []
         if marks:
             self._closed.append((tag, marks))
+        return bool(marks)
 
     def take_ready(self) -> list[tuple[object, list[tuple[str, float]]]]:
         """Each closed pass the device has finished, oldest first: ``(tag, [(segment, seconds)])``.

@@ -143,10 +143,9 @@ class SteadyCosts:
         _, ordinal = self._timed_passes[key]
         if ordinal > 1 and forward_seconds > 0.0:
             self._forwards[key] = min(forward_seconds, self._forwards.get(key, forward_seconds))
-        if timer is not None:
-            timer.close_pass(_TimedPass(key, plan, ordinal))
+        if timer is not None and timer.close_pass(_TimedPass(key, plan, ordinal)):
             self._unread[key] = self._unread.get(key, 0) + 1
-        elif ordinal >= self.passes:
+        elif ordinal >= self.passes:  # nothing recomputed to read: timed in full now
             self._due.add(key)
 
     def read_arrived(self) -> set[PassKey]:

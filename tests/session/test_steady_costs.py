@@ -160,3 +160,14 @@ def test_a_hooked_or_untimed_pass_forward_is_not_charged():
     costs.begin_pass(KEY, plan, hooked=False, contended=True)
     costs.pass_ended(KEY, plan, None, hooked=False, forward_seconds=0.1)
     assert costs.charged(KEY, plan.profile) is plan.profile
+
+
+def test_a_pass_that_recomputed_nothing_leaves_nothing_to_read():
+    """Under a plan that recomputes, a pass whose backward recomputed nothing (no grad, say)
+    closes no marks: the plan is timed in full all the same, not waiting forever."""
+    clock, plan = DeviceClock(), _plan()
+    costs = SteadyCosts(clock, passes=1)
+    timer = costs.begin_pass(KEY, plan, hooked=False, contended=False)
+    assert timer is not None
+    costs.pass_ended(KEY, plan, timer, hooked=False, forward_seconds=0.0)
+    assert costs.recost_due(KEY) and not costs.timing(KEY)

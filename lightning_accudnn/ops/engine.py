@@ -98,6 +98,7 @@ class OffloadEngine(SaveHooks):
         self._replayed_layers = ReplayedLayers()  # the last replayed pass's report
         self._last_observed: tuple[ReplayRoute, int] | None = None  # an observed replay: its activation peak
         self._hooked = False
+        self._time_waits = False  # the pass replayed now times its waits, read at its end
 
     # -- the step -------------------------------------------------------------------
 
@@ -110,6 +111,7 @@ class OffloadEngine(SaveHooks):
         sequence: SaveSequence | None = None,
         *,
         observe: bool = True,
+        time_waits: bool = False,
     ) -> Iterator[None]:
         """Run the forward passes inside under ``schedule``; the first saved tensor opens a step.
 
@@ -141,6 +143,10 @@ class OffloadEngine(SaveHooks):
         :meth:`begin_backward` before each, and :meth:`end_step` after. On leaving the block
         normally the forward is over and prefetching starts; on an exception the step is
         aborted: hooks removed, host buffers back in the pool.
+
+        With ``time_waits`` a pass replayed by ordinal also times compute's waits on copies,
+        and its times are read at its end, the CPU waiting for the device: its
+        :attr:`StepStats.stall_seconds` say how much of its forward and backward was waiting.
         """
         if self._hooked:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
@@ -154,7 +160,10 @@ class OffloadEngine(SaveHooks):
             self._storages_model = model
         self._replaying = sequence
         self._recording = SaveSequence() if sequence is None else None
-        self.runtime.timing = sequence is None  # no timing events in passes replayed by ordinal
+        # No timing events in passes replayed by ordinal, unless their waits are to be timed.
+        self.runtime.timing = sequence is None or time_waits
+        self.runtime.stalls = self.timer if sequence is None else self.pass_timer
+        self._time_waits = time_waits and sequence is not None
         self.runtime.begin_pass()
         if sequence is not None and not self._route.compiled_for(sequence, schedule):
             self._route = ReplayRoute(sequence, schedule)
@@ -244,7 +253,8 @@ class OffloadEngine(SaveHooks):
         else:
             end = self._departed if self._departed >= 0 else self._calls
             layers = self._replayed_layers.layers(self._route, end, step)
-            forward_seconds, backward_seconds = self.pass_timer.end_backward()
+            forward_seconds, backward_seconds = self.pass_timer.end_backward(wait=self._time_waits)
+        stalls = self.pass_timer.stalls_read if self._time_waits and recording is None else (0.0, 0.0)
         stats = StepStats(
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,
@@ -260,6 +270,7 @@ class OffloadEngine(SaveHooks):
             layers_read_in_forward=frozenset(step.layers_read_in_forward),
             observed=step.observed,
             storages_swapped_out=len(step.swapped),
+            stall_seconds=stalls,
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block

@@ -64,6 +64,11 @@ class StepStats:
     storages_swapped_out: int = 0
     """Copies to the host in the step: one per swapped storage (or the part of one that a
     view lineage saved), however many times it was saved."""
+    stall_seconds: tuple[float, float] = (0.0, 0.0)
+    """A pass replayed with its waits timed (``OffloadEngine.offload(time_waits=True)``): how
+    long compute waited on copies in its forward and in its backward, which its
+    ``forward_seconds`` and ``backward_seconds`` hold; zeros otherwise (a hooked pass's times
+    are without its waits already)."""
 
 
 class ReplayedLayers:

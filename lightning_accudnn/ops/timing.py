@@ -178,38 +178,56 @@ class PassTimer:
 
     For the steady state, where layers are not timed: a pass's times are read once the
     device has reached its last mark, so on a GPU they usually arrive a pass late (the most
-    recent pass read is reported), and the CPU never waits for the device.
+    recent pass read is reported), and the CPU never waits for the device; or at the pass's
+    end, waiting for it (``end_backward(wait=True)``). The runtime may tell it of waits of
+    compute on copies (:meth:`stall`, while the runtime times them): :attr:`stalls_read` then
+    holds the forward's and the backward's of the latest pass read.
 
     Example:
         >>> timer = PassTimer(WallClock())
         >>> timer.start(); timer.end_forward()
-        >>> forward, backward = timer.end_backward()
-        >>> forward >= 0 and backward >= 0
-        True
+        >>> before = timer.clock.mark(); timer.stall(before, before + 0.5)  # a wait in backward
+        >>> forward, backward = timer.end_backward(wait=True)
+        >>> forward >= 0 and backward >= 0, timer.stalls_read
+        (True, (0.0, 0.5))
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._marks: list[Any] = []
-        self._pending: list[list[Any]] = []
+        self._stalls: list[tuple[bool, Any, Any]] = []  # (in backward, before, after)
+        self._pending: list[tuple[list[Any], list[tuple[bool, Any, Any]]]] = []
+        #: The forward's and the backward's seconds of waits on copies of the latest pass read.
+        self.stalls_read = (0.0, 0.0)
 
     def start(self) -> None:
         self._marks = [self.clock.mark()]
+        self._stalls = []
 
     def end_forward(self) -> None:
         if len(self._marks) == 1:
             self._marks.append(self.clock.mark())
 
-    def end_backward(self) -> tuple[float, float]:
-        """Close the pass; the forward and backward seconds of the latest pass read (0 if none)."""
+    def stall(self, before: Any, after: Any) -> None:
+        """Compute waited on copies between the marks ``before`` and ``after``, in the pass open."""
+        if self._marks:
+            self._stalls.append((len(self._marks) > 1, before, after))
+
+    def end_backward(self, wait: bool = False) -> tuple[float, float]:
+        """Close the pass; the forward and backward seconds of the latest pass read (0 if none):
+        with ``wait``, this pass's, the CPU waiting for the device to finish it."""
         if len(self._marks) == 2:
             self._marks.append(self.clock.mark())
-            self._pending.append(self._marks)
-        self._marks = []
+            self._pending.append((self._marks, self._stalls))
+        self._marks, self._stalls = [], []
         times = (0.0, 0.0)
-        while self._pending and self.clock.ready(self._pending[0][2]):
-            start, middle, end = self._pending.pop(0)
+        while self._pending and (wait or self.clock.ready(self._pending[0][0][2])):
+            (start, middle, end), stalls = self._pending.pop(0)
             times = (self.clock.seconds_between(start, middle), self.clock.seconds_between(middle, end))
+            waited = [0.0, 0.0]
+            for in_backward, before, after in stalls:
+                waited[in_backward] += self.clock.seconds_between(before, after)
+            self.stalls_read = (waited[0], waited[1])
         del self._pending[:-2]  # a device far behind: keep the last two passes only
         return times
 
@@ -219,10 +237,8 @@ class RecomputationTimer:
 
     On CUDA the marks are events on the stream the backward runs on, so an interval is what the
     recomputation adds to that stream: its kernels' time, or the host's time issuing them when
-    the device waits on the host. A pass's intervals are read at once (:meth:`take`, which waits
-    for the device), or once the device has reached them (:meth:`close_pass`, then
-    :meth:`take_ready`): a pass of the steady state never waits, and its times usually arrive
-    a pass late.
+    the device waits on the host. They are read once the pass is over (:meth:`take`, which waits
+    for the device).
 
     Example:
         >>> timer = RecomputationTimer(WallClock())
@@ -231,16 +247,11 @@ class RecomputationTimer:
         [('block', True)]
         >>> timer.take()
         []
-        >>> start = timer.clock.mark(); timer.record("block", start); timer.close_pass("pass 1")
-        True
-        >>> [(tag, [name for name, _ in times]) for tag, times in timer.take_ready()]
-        [('pass 1', ['block'])]
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._marks: list[tuple[str, object, object]] = []
-        self._closed: list[tuple[object, list[tuple[str, object, object]]]] = []
 
     def record(self, segment: str, start: object) -> None:
         """``segment`` was recomputed from the mark ``start`` until now."""
@@ -249,32 +260,8 @@ class RecomputationTimer:
     def take(self) -> list[tuple[str, float]]:
         """Each recomputation since the last call, in order: ``(segment, seconds)``."""
         marks, self._marks = self._marks, []
-        return self._read(marks)
-
-    def close_pass(self, tag: object) -> bool:
-        """The recomputations since the last call were one pass's, read later as ``tag``'s;
-        whether there were any (none: nothing is kept to read)."""
-        marks, self._marks = self._marks, []
-        if marks:
-            self._closed.append((tag, marks))
-        return bool(marks)
-
-    def take_ready(self) -> list[tuple[object, list[tuple[str, float]]]]:
-        """Each closed pass the device has finished, oldest first: ``(tag, [(segment, seconds)])``.
-        The others wait for a later call."""
-        ready = []
-        while self._closed and self.clock.ready(self._closed[0][1][-1][2]):
-            tag, marks = self._closed.pop(0)
-            ready.append((tag, self._read(marks)))
-        return ready
+        return [(segment, self.clock.seconds_between(start, end)) for segment, start, end in marks]
 
     def discard(self) -> None:
-        """Forget the marks since the last pass closed (the pass they timed measured nothing)."""
+        """Forget the marks since the last call (the pass they timed measured nothing)."""
         self._marks = []
-
-    def drop(self) -> None:
-        """Forget every mark, read or not (the passes they timed were abandoned)."""
-        self._marks, self._closed = [], []
-
-    def _read(self, marks: list[tuple[str, object, object]]) -> list[tuple[str, float]]:
-        return [(segment, self.clock.seconds_between(start, end)) for segment, start, end in marks]

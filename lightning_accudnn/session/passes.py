@@ -46,8 +46,8 @@ from lightning_accudnn.session.stats import OffloadStats, measured_stats
 from lightning_accudnn.session.steady_costs import SteadyCosts
 from lightning_accudnn.session.transfers import swapped_buffer_sizes
 from lightning_accudnn.session.warm_times import (
+    compute_departs,
     fastest_times,
-    forward_departs,
     recompute_cost_departs,
     scaled_backward,
     scaled_to_forward,
@@ -190,16 +190,18 @@ class PassRunner:
         self.recomputer.enabled = bool(recomputed)
         self.recomputer.last_recomputed = None
         sequence = None if hooked else records.sequence(key)
-        self.recomputer.timing = self.steady_costs.begin_pass(
+        costs = self.steady_costs
+        timed = costs.begin_pass(
             key, plan, hooked=sequence is None, contended=self.background_plans.in_making()
         )
+        self.recomputer.timing = costs.timer_for(plan, hooked=sequence is None, timed=timed)
         # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
         # middle of a pass (selective checkpointing calls them from under its own). One that
         # recomputes and keeps the rest installs none in an unobserved pass.
         swaps = bool(recomputed) and plan is not None and any(plan.swap)
         observe = hooked or swaps or records.observation_due(key)
         context = self.engine.offload(
-            model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe
+            model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe, time_waits=timed
         )
         context.__enter__()
         self.collector.pause()  # once nothing here can fail: a pass that did not start leaves it on
@@ -232,9 +234,7 @@ class PassRunner:
             if timing is not None:
                 timing.discard()
             return None
-        self.steady_costs.pass_ended(
-            current.key, current.plan, timing, hooked=step.timed, forward_seconds=step.forward_seconds
-        )
+        self.steady_costs.pass_ended(current.key, current.plan, timing, step)
         return step, current
 
     def conclude(self, step: StepStats, current: RunningPass) -> OffloadStats:
@@ -256,8 +256,8 @@ class PassRunner:
         static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
         known = self.book.plan(key)
         costs = self.steady_costs
-        for timed in costs.read_arrived() | ({key} if costs.timing(key) else set()):
-            self.records.steady.forget(timed)  # its conclusions charged the times before
+        if costs.timing(key):
+            self.records.steady.forget(key)  # its conclusions charged the times before
         profile, changed = self._profile_to_plan(step, key, static_bytes, current.plan, known)
         # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
         room = self.planning.headroom
@@ -277,12 +277,13 @@ class PassRunner:
             recost = self._recosted(current.plan, profile)
         else:
             recost = False
-        scheduled = profiling or self.refining(key) or recost
+        scheduled = profiling or self.refining(key)
         if step.timed and not profiling:
             self.book.note_timed(key)
-        # Only refining: the plan in force still holds, so the new one may be made meanwhile.
-        refining = scheduled and not profiling and not changed
-        request = ReplanRequest(replan=changed or scheduled, refine_only=refining)
+        # Only refining: the plan in force still holds, so the new one may be made meanwhile. A
+        # re-cost waits for the agreement point (the steady passes each rank times differ).
+        refining = (scheduled or recost) and not profiling and not changed
+        request = ReplanRequest(replan=changed or scheduled or recost, refine_only=refining)
         if overshoot:
             # The reserve grows at once, on this rank (its next pass must not pass the budget
             # again while it waits for an agreement point); the agreement leaves every rank with
@@ -361,10 +362,10 @@ class PassRunner:
     @staticmethod
     def _recosted(plan: Plan, profile: StepProfile) -> bool:
         """Whether ``plan``, just timed in full (:meth:`SteadyCosts.recost_due`), misjudges the
-        forward or the recomputation ``profile`` (planned from next) charges by too much
-        (:func:`~lightning_accudnn.session.warm_times.forward_departs`,
+        compute or the recomputation ``profile`` (planned from next) charges by too much
+        (:func:`~lightning_accudnn.session.warm_times.compute_departs`,
         :func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is made again."""
-        return forward_departs(plan, profile) or recompute_cost_departs(plan, profile)
+        return compute_departs(plan, profile) or recompute_cost_departs(plan, profile)
 
     def _keep_new_plan(
         self, key: PassKey, profile: StepProfile, *, current: bool, in_background: bool = False

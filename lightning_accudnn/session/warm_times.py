@@ -34,8 +34,8 @@ __all__ = [
     "RECOMPUTE_COST_TOLERANCE",
     "TIMED_PLANNED_PASSES",
     "fastest_recomputations",
+    "compute_departs",
     "fastest_times",
-    "forward_departs",
     "recompute_cost_departs",
     "recompute_cost_ratio",
     "scaled_backward",
@@ -124,21 +124,23 @@ def scaled_forward(profile: StepProfile, forward_seconds: float) -> StepProfile:
     return replace(profile, layers=layers)
 
 
-def forward_departs(plan: Plan, profile: StepProfile) -> bool:
-    """Whether ``profile``'s forward is shorter than the one ``plan`` was made from by more than
-    :data:`RECOMPUTE_COST_TOLERANCE` of its predicted step (the plan then misjudges what its
-    copies hide behind, and what recomputing costs against copying).
+def compute_departs(plan: Plan, profile: StepProfile) -> bool:
+    """Whether ``profile``'s compute (forward and backward) differs from the compute ``plan``
+    was made from by more than :data:`RECOMPUTE_COST_TOLERANCE` of its predicted step (the plan
+    then misjudges what its copies hide behind, and what recomputing costs against copying).
 
     Example:
         >>> from lightning_accudnn.planner import plan_swaps
         >>> profile = StepProfile((LayerProfile("a", 8, 8, 4.0, 8.0),), 0)
         >>> plan = plan_swaps(profile, 10**6)
-        >>> [forward_departs(plan, scaled_forward(profile, forward)) for forward in (3.0, 2.0)]
+        >>> [compute_departs(plan, scaled_forward(profile, forward)) for forward in (3.0, 2.0)]
         [False, True]
+        >>> compute_departs(plan, scaled_backward(profile, 10.0))
+        True
     """
-    planned = sum(layer.forward_seconds for layer in plan.profile.layers)
-    measured = sum(layer.forward_seconds for layer in profile.layers)
-    return planned - measured > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
+    planned = sum(layer.forward_seconds + layer.backward_seconds for layer in plan.profile.layers)
+    measured = sum(layer.forward_seconds + layer.backward_seconds for layer in profile.layers)
+    return abs(planned - measured) > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
 
 
 def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool], float]) -> float | None:

@@ -142,10 +142,39 @@ def test_the_simulated_gpu_reports_its_waits_as_stalls():
     model = MLP()
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=gpu)
     assert gpu.stalls is engine.timer
-    gpu.stalls = recording = Recording(engine.timer)
     with engine.offload(model, SwapSchedule.swap_everything(max_copying_out_bytes=0)):
+        assert gpu.stalls is engine.timer  # a hooked pass: its layer timer hears of the waits
+        gpu.stalls = recording = Recording(engine.timer)
         loss = loss_of(model, make_batch("mlp"))
     loss.backward()
     assert engine.end_step() is not None
     assert recording.seconds and all(seconds >= 0.0 for seconds in recording.seconds)
+    assert not gpu.violations
+
+
+def _replayed_pass(engine, model, schedule, sequence, *, time_waits):
+    with engine.offload(model, schedule, sequence=sequence, time_waits=time_waits):
+        loss = loss_of(model, make_batch("mlp"))
+    loss.backward()
+    return engine.end_step()
+
+
+def test_a_pass_replayed_with_its_waits_timed_reports_them_and_one_without_reports_none():
+    """Swapping everything one copy at a time, compute waits on each copy out in forward and
+    each copy in in backward; the pass's whole times hold those waits."""
+    gpu = SimulatedGPU(lag=None)
+    model = MLP()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=gpu)
+    schedule = SwapSchedule.swap_everything(max_copying_out_bytes=0)
+    with engine.offload(model, schedule):
+        loss = loss_of(model, make_batch("mlp"))
+    loss.backward()
+    sequence = engine.end_step().sequence
+    timed = _replayed_pass(engine, model, schedule, sequence, time_waits=True)
+    forward_waits, backward_waits = timed.stall_seconds
+    assert not timed.timed and forward_waits > 0.0 and backward_waits > 0.0
+    assert forward_waits <= timed.forward_seconds and backward_waits <= timed.backward_seconds
+    assert gpu.stalls is engine.pass_timer
+    untimed = _replayed_pass(engine, model, schedule, sequence, time_waits=False)
+    assert untimed.stall_seconds == (0.0, 0.0) and not gpu.timing
     assert not gpu.violations

@@ -140,3 +140,43 @@ def test_the_plan_charges_the_forward_the_passes_replayed_under_it_took():
     assert plan.predicted_step_seconds < COLD_SECONDS
     assert not session.stats.steady_timing and not session.stats.timed
     session.close()
+
+
+class _SlowBackwardWhenUnhooked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, hooked):  # type: ignore[no-untyped-def]
+        ctx.hooked = hooked
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        if not ctx.hooked:
+            time.sleep(COLD_SECONDS)
+        return grad, None
+
+
+class SlowBackwardWhenUnhooked(nn.Module):
+    """A layer whose backward takes :data:`COLD_SECONDS` longer after a forward the engine's
+    module hooks were not on: the steady state's backward is slower than a hooked pass times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hooked = bool(self._forward_pre_hooks)
+        return torch.relu(_SlowBackwardWhenUnhooked.apply(self.linear(x), hooked))
+
+
+def test_the_plan_charges_the_backward_the_passes_replayed_under_it_took():
+    config = OffloadConfig(budget="1GB", min_swap_bytes=0, plan_in_background=False)
+    session = OffloadSession(config, "cpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(SlowBackwardWhenUnhooked(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    _train(session, model, steps=2 + TIMED_PLANNED_PASSES + STEADY_TIMED_PASSES + 2)
+    plan = session.plan
+    backward = sum(layer.backward_seconds for layer in plan.profile.layers)
+    assert backward >= COLD_SECONDS, backward  # made again from the replayed passes' backward
+    assert plan.predicted_step_seconds >= COLD_SECONDS
+    assert not session.stats.steady_timing and not session.stats.timed
+    session.close()

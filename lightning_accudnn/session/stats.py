@@ -45,7 +45,8 @@ class OffloadStats:
     refined, or the first pass under a plan recomputing other segments): slower than a steady
     pass, and a sign that the plan may still change. ``steady_timing`` says the
     passes replayed under the plan in force are being timed whole (the forward, each
-    recomputation), or were and are not read yet (:mod:`~lightning_accudnn.session.steady_costs`):
+    recomputation), or were and the plan is not re-costed yet
+    (:mod:`~lightning_accudnn.session.steady_costs`):
     the plan may be made again from them. ``recompute_cost_ratio`` is what their recomputations
     took over the forward time they repeat, as measured so far for this pass's kind (``None``
     until one was timed): on a GPU whose host issues the recomputed kernels more slowly than the

@@ -254,7 +254,7 @@ class OffloadEngine(SaveHooks):
             end = self._departed if self._departed >= 0 else self._calls
             layers = self._replayed_layers.layers(self._route, end, step)
             forward_seconds, backward_seconds = self.pass_timer.end_backward(wait=self._time_waits)
-        stalls = self.pass_timer.stalls_read if self._time_waits and recording is None else (0.0, 0.0)
+        stalls = self.pass_timer.stalls_read if self._time_waits else (0.0, 0.0)
         stats = StepStats(
             bytes_swapped_out=step.bytes_out,
             bytes_swapped_in=step.bytes_in,

@@ -89,15 +89,7 @@ def scaled_to_forward(profile: StepProfile, forward_seconds: float) -> StepProfi
         >>> scaled_to_forward(profile, 5.0) is profile, scaled_to_forward(profile, 0.0) is profile
         (True, True)
     """
-    total = sum(layer.forward_seconds for layer in profile.layers)
-    if forward_seconds <= 0.0 or forward_seconds >= total:
-        return profile
-    scale = forward_seconds / total
-    layers = tuple(
-        _with_times(layer, layer.forward_seconds * scale, layer.backward_seconds * scale)
-        for layer in profile.layers
-    )
-    return replace(profile, layers=layers)
+    return _forward_scaled_down(profile, forward_seconds, backward_too=True)
 
 
 def scaled_forward(profile: StepProfile, forward_seconds: float) -> StepProfile:
@@ -114,12 +106,21 @@ def scaled_forward(profile: StepProfile, forward_seconds: float) -> StepProfile:
         >>> scaled_forward(profile, 9.0) is profile, scaled_forward(profile, 0.0) is profile
         (True, True)
     """
+    return _forward_scaled_down(profile, forward_seconds, backward_too=False)
+
+
+def _forward_scaled_down(profile: StepProfile, forward_seconds: float, *, backward_too: bool) -> StepProfile:
+    """``profile`` with its forward times (and its backward times, ``backward_too``) scaled by
+    the factor that makes the forward add up to ``forward_seconds``, when that is less but not
+    nothing; else ``profile`` itself."""
     total = sum(layer.forward_seconds for layer in profile.layers)
     if forward_seconds <= 0.0 or forward_seconds >= total:
         return profile
     scale = forward_seconds / total
+    backward_scale = scale if backward_too else 1.0
     layers = tuple(
-        _with_times(layer, layer.forward_seconds * scale, layer.backward_seconds) for layer in profile.layers
+        _with_times(layer, layer.forward_seconds * scale, layer.backward_seconds * backward_scale)
+        for layer in profile.layers
     )
     return replace(profile, layers=layers)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -81,18 +82,25 @@ def test_a_slow_recomputation_is_measured_and_planned_at_its_cost():
     assert "recomputing measured at" in str(final)
 
 
-def test_a_plan_that_first_recomputes_once_refined_is_made_again_at_the_cost_measured(monkeypatch):
-    """The first plan keeps everything, the refined one recomputes every block (forced: the
-    search is replaced): its first pass runs hooked, times the recomputations, and finds them
-    far costlier than the plan charged, so the plan is made again at the cost measured."""
+def _keep_first_then_recompute_every_block(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The search replaced: the first plan keeps everything, every later one recomputes the four
+    blocks. The list of searches made, as they are made."""
     keep, recompute = forcing_search(()), forcing_search(("0", "1", "2", "3"))
-    searched = []
+    searched: list[int] = []
 
     def search(*args, **kwargs):  # type: ignore[no-untyped-def]
         searched.append(len(searched))
         return (keep if len(searched) == 1 else recompute)(*args, **kwargs)
 
     monkeypatch.setattr(planner_plan, "search_mixed", search)
+    return searched
+
+
+def test_a_plan_that_first_recomputes_once_refined_is_made_again_at_the_cost_measured(monkeypatch):
+    """The first plan keeps everything, the refined one recomputes every block (forced: the
+    search is replaced): the passes replayed under it time the recomputations and find them
+    far costlier than the plan charged, so the plan is made again at the cost measured."""
+    searched = _keep_first_then_recompute_every_block(monkeypatch)
     plans, sources, _ = _train(10**9, 8, policy="auto")
     ratios = [plan.profile.recompute_cost_ratio if plan is not None else None for plan in plans]
     assert not plans[1].recomputed and ratios[1] == 1.0  # the first plan: nothing timed
@@ -111,14 +119,7 @@ def test_a_recomputation_slow_only_in_the_first_pass_under_its_plan_is_charged_w
     (on a GPU the allocator grows then): its recomputations pause, the later ones do not. No
     plan is made at the cold pass's cost; the plan is charged what the passes replayed after it
     timed."""
-    keep, recompute = forcing_search(()), forcing_search(("0", "1", "2", "3"))
-    searched = []
-
-    def search(*args, **kwargs):  # type: ignore[no-untyped-def]
-        searched.append(len(searched))
-        return (keep if len(searched) == 1 else recompute)(*args, **kwargs)
-
-    monkeypatch.setattr(planner_plan, "search_mixed", search)
+    _keep_first_then_recompute_every_block(monkeypatch)
     plans, _, session = _train(10**9, 14, policy="auto", cold=1)
     final = plans[-1]
     assert final is not None and final.recomputed

@@ -45,6 +45,9 @@ from lightning_accudnn import OffloadConfig
 from lightning_accudnn.session import default_reserve_bytes
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
+#: The steps every fit warms up for (see :attr:`Settings.warmup`).
+WARMUP = 2 + TIMED_PLANNED_PASSES + OffloadConfig().observe_every
+
 #: A budget far above anything these models need: the planner swaps nothing.
 AMPLE_BUDGET = "8GB"
 #: ``min_swap_bytes`` of the deep narrow model half swapped with its LayerNorm statistics kept:
@@ -78,8 +81,11 @@ class Settings:
     resnet_depth: int = 152
     gpt_layers: int = 24
     repeats: int = 5
-    #: profiling, the timed planned passes and the first replay (observed): then the steady state
-    warmup: int = 2 + TIMED_PLANNED_PASSES
+    #: profiling, the timed planned passes and the first replay (observed), then one whole cycle
+    #: of observed passes (``observe_every``, 8) to hold the passes timed whole under the refined
+    #: plan and under the plan they may re-cost it into: the steady state, at the same place in
+    #: the cycle as the first replays
+    warmup: int = WARMUP
     steps: int = 4
     floor_repeats: int = 6
     floor_steps: int = 10
@@ -93,7 +99,7 @@ QUICK = Settings(
     resnet_depth=14,
     gpt_layers=2,
     repeats=2,
-    warmup=2 + TIMED_PLANNED_PASSES,
+    warmup=WARMUP,
     steps=2,
     floor_repeats=2,
     floor_steps=3,

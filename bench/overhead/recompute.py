@@ -74,11 +74,13 @@ from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
 from lightning_accudnn.planner.search import MixedResult
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.session.steady_costs import STEADY_TIMED_PASSES
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
 ROWS = ("plain", "checkpoint", "keep", "recompute_all", "recompute_half")
-#: Profiling, the timed planned passes, then replayed passes: the steady state after these.
-WARMUP_STEPS = 3 + TIMED_PLANNED_PASSES
+#: Profiling, the timed planned passes, then replayed passes: the first timed whole under the
+#: refined plan, and under the plan they may re-cost it into. The steady state after these.
+WARMUP_STEPS = 3 + TIMED_PLANNED_PASSES + 2 * STEADY_TIMED_PASSES
 AMPLE_BUDGET = 8 * 2**30
 #: Steps counted per row: a session's cycle of one observed pass in ``observe_every`` (the
 #: default), so that the counts are a steady-state step's on average.

@@ -15,6 +15,9 @@ import torch
 
 from bench.overhead import cli
 from bench.overhead.spread import Spread
+from lightning_accudnn import OffloadConfig
+from lightning_accudnn.session.steady_costs import STEADY_TIMED_PASSES
+from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
 SPREAD_KEYS = {"median", "low", "high", "n"}
 PER_UNIT = (
@@ -236,3 +239,9 @@ def test_a_counted_region_raises_what_its_run_raised() -> None:
 
     with pytest.raises(ValueError, match="inside the region"):
         run_in_region(fails)
+
+
+def test_the_warm_up_holds_the_passes_timed_whole_under_two_plans() -> None:
+    """After the timed planned passes, a whole cycle of ``observe_every`` passes: room for the
+    passes timed whole under the refined plan and under the plan they may re-cost it into."""
+    assert cli.WARMUP - 2 - TIMED_PLANNED_PASSES == OffloadConfig().observe_every >= 2 * STEADY_TIMED_PASSES

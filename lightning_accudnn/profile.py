@@ -103,6 +103,8 @@ forward_seconds=0.0, backward_seconds=0.0)
     resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     small_resaved_by: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     resaved_by_module: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+    forward_working_bytes: int = field(default=0, repr=False)
+    backward_working_bytes: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
@@ -276,6 +278,7 @@ class StepProfile:
     resaves_listed: bool = field(default=False, repr=False)
     excluded_segments: tuple[ExcludedSegment, ...] = field(default=(), repr=False)
     recompute_cost_ratio: float = field(default=1.0, repr=False)
+    outside_working_bytes: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]

@@ -28,7 +28,7 @@ Usage from a plain PyTorch loop (Lightning's strategy does the same)::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -41,6 +41,7 @@ from lightning_accudnn.ops.replay import ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.transfers import COPY_GROUP_BYTES, COPY_GROUP_STORAGES
+from lightning_accudnn.ops.working_memory import WorkingMemory, WorkingMemoryMeter
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
 __all__ = [
@@ -112,6 +113,7 @@ class OffloadEngine(SaveHooks):
         *,
         observe: bool = True,
         time_waits: bool = False,
+        allocated_peak: Callable[[], int] | None = None,
     ) -> Iterator[None]:
         """Run the forward passes inside under ``schedule``; the first saved tensor opens a step.
 
@@ -147,6 +149,11 @@ class OffloadEngine(SaveHooks):
         With ``time_waits`` a pass replayed by ordinal also times compute's waits on copies,
         and its times are read at its end, the CPU waiting for the device: its
         :attr:`StepStats.stall_seconds` say how much of its forward and backward was waiting.
+
+        With ``allocated_peak`` (the device allocator's peak of allocated bytes since its previous
+        call) a hooked pass measures what it holds beyond the ledger, layer by layer
+        (:mod:`.working_memory`): its layers' ``forward_working_bytes`` and
+        ``backward_working_bytes``, and the step's :attr:`StepStats.outside_working_bytes`.
         """
         if self._hooked:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
@@ -182,6 +189,11 @@ class OffloadEngine(SaveHooks):
             )
         if self._step is None and sequence is None:
             self.timer.start()
+        if sequence is None and allocated_peak is not None and self._step is None:
+            tracker = self.tracker
+            self._meter = WorkingMemoryMeter(allocated_peak, lambda: tracker.current)
+            self._meter.start(static_bytes)
+            self.ledger.observer = self._meter
         self._hooked = True
         try:
             with self.tracker.attached(model) if sequence is None else nullcontext():
@@ -210,6 +222,9 @@ class OffloadEngine(SaveHooks):
         self._in_forward = False
         self.runtime.begin_pass()
         self._issue_copies_out()
+        if self._meter is not None:
+            layers = () if self._step is None else tuple(self._step.layer_saved)
+            self._meter.begin_backward(self.ledger.current_bytes, layers)
         self.timer.end_forward()
         self.pass_timer.end_forward()
         step = self._step
@@ -230,6 +245,7 @@ class OffloadEngine(SaveHooks):
             return None
         self._in_forward = False
         self.timer.end_backward()
+        working = self._stop_measuring(tuple(step.layer_saved))
         while step.copying_out:
             self._retire(step, step.copying_out.popleft())
         if step.held_records:
@@ -247,7 +263,7 @@ class OffloadEngine(SaveHooks):
             assert peak is not None
             self.ledger.peak_activation_bytes = peak
         if recording is not None:
-            layers = layer_usage(step, self.timer, self.tracker)
+            layers = layer_usage(step, self.timer, self.tracker, working)
             forward_seconds = sum(layer.forward_seconds for layer in layers)
             backward_seconds = sum(layer.backward_seconds for layer in layers)
         else:
@@ -271,6 +287,7 @@ class OffloadEngine(SaveHooks):
             observed=step.observed,
             storages_swapped_out=len(step.swapped),
             stall_seconds=stalls,
+            outside_working_bytes=0 if working is None else working.outside_bytes,
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block
@@ -284,6 +301,7 @@ class OffloadEngine(SaveHooks):
         Nothing another stream may still touch is dropped before the compute stream waited
         on the copy touching it.
         """
+        self._stop_measuring(None)
         step, self._step = self._step, None
         if step is None:
             return
@@ -301,6 +319,17 @@ class OffloadEngine(SaveHooks):
         self.abort_step()
         self.pool.trim()
         self._storages_model = None
+
+    def _stop_measuring(self, layers: tuple[str, ...] | None) -> WorkingMemory | None:
+        """The working memory the pass measured at the levels of ``layers`` (its saving layers,
+        in order; ``None``: the pass was aborted), ``None`` when it measured none; the ledger is
+        no longer observed."""
+        meter, self._meter = self._meter, None
+        if meter is None or layers is None:
+            self.ledger.observer = None
+            return None
+        self.ledger.observer = None
+        return meter.end(self.ledger.current_bytes, layers)
 
     def _observed_peak(self, route: ReplayRoute) -> int | None:
         """The activation peak of the last observed pass, if it was replayed on ``route``

@@ -49,6 +49,7 @@ from lightning_accudnn.ops.stash import (
 from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
 from lightning_accudnn.ops.transfers import CopyTraffic
 from lightning_accudnn.ops.weight_copies import WeightCopies
+from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
 
 #: The layer a saved tensor is attributed to when, in a pass replayed by ordinal, the graph
 #: departed from the profiled sequence (an unknown name: a plan swaps it, the safe side).
@@ -109,6 +110,7 @@ class SaveRecords(CopyTraffic):
         self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by ``offload``
         self._static_bytes = 0
+        self._meter: WorkingMemoryMeter | None = None  # a hooked pass measuring its working memory
 
     def _open_step(self) -> StepState:
         self._in_forward = True
@@ -244,7 +246,7 @@ class SaveRecords(CopyTraffic):
     def _uncount_kept(self, step: StepState, group: int) -> None:
         """The last pending save of a fast-kept storage was read (or the step ends): out of the count."""
         step.kept_pending[group] = 0
-        self.ledger.activation_bytes -= step.kept_sizes[group]
+        self.ledger.release(step.kept_sizes[group])
         if self._tracks_blocks:
             self.runtime.release(step.kept_address.pop(group))
 
@@ -528,6 +530,9 @@ class SaveHooks(SaveRecords):
                 raise modified_in_place_error(geometry[0], geometry[1], root._version, version)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
+        meter = self._meter
+        if meter is not None:
+            meter.read(record.layer, self.ledger.current_bytes)
         if kept is None:
             fetched = record.fetched
             if fetched is None:

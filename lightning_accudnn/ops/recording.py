@@ -16,6 +16,7 @@ from lightning_accudnn.ops.replay import ReplayRoute
 from lightning_accudnn.ops.saves import StepState
 from lightning_accudnn.ops.stash import StorageRecord
 from lightning_accudnn.ops.timing import LayerTimer
+from lightning_accudnn.ops.working_memory import WorkingMemory
 from lightning_accudnn.profile import ROOT_LAYER, LayerProfile
 
 
@@ -69,6 +70,10 @@ class StepStats:
     long compute waited on copies in its forward and in its backward, which its
     ``forward_seconds`` and ``backward_seconds`` hold; zeros otherwise (a hooked pass's times
     are without its waits already)."""
+    outside_working_bytes: int = 0
+    """A hooked pass that measured its working memory (``OffloadEngine.offload(allocated_peak=...)``):
+    what the device held beyond model state between the previous pass and this one (the
+    optimizer's temporaries); 0 otherwise."""
 
 
 class ReplayedLayers:
@@ -132,9 +137,12 @@ def fast_read_in_forward(route: ReplayRoute, step: StepState) -> frozenset[int]:
     return frozenset(ordinal for ordinal in opened if sequence.kinds[ordinal] == SWAPPABLE)
 
 
-def layer_usage(step: StepState, timer: LayerTimer, tracker: LayerTracker) -> tuple[LayerProfile, ...]:
+def layer_usage(
+    step: StepState, timer: LayerTimer, tracker: LayerTracker, working: WorkingMemory | None = None
+) -> tuple[LayerProfile, ...]:
     """Bytes and times per saving layer of a hooked pass; time of layers that saved nothing
-    goes to the next one, and the backward is shared out in proportion to forward time."""
+    goes to the next one, and the backward is shared out in proportion to forward time. With
+    ``working``, each layer's working memory too."""
     self_seconds = timer.forward_self_seconds()
     forward: dict[str, float] = dict.fromkeys(step.layer_saved, 0.0)
     pending, last_saving = 0.0, None
@@ -163,6 +171,8 @@ def layer_usage(step: StepState, timer: LayerTimer, tracker: LayerTracker) -> tu
             small_storages=tuple(step.layer_small.get(name, ())),
             resaved_by=tuple(resaved.get(name, {}).items()),
             resaved_by_module=tuple(resaved_modules.get(name, {}).items()),
+            forward_working_bytes=0 if working is None else working.forward_bytes.get(name, 0),
+            backward_working_bytes=0 if working is None else working.backward_bytes.get(name, 0),
         )
         for name in forward
     )

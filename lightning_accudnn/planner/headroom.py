@@ -15,14 +15,14 @@ __all__ = ["Headroom"]
 
 @dataclass(frozen=True)
 class Headroom:
-    """A budget and the reserve kept free under it, for what the engine's ledger does not see
-    (workspaces, gradients in flight, the caching allocator's fragmentation).
+    """A budget and the reserve kept free under it for what the plans do not count (the
+    caching allocator's fragmentation, what the model of the step misses).
 
     Example:
         >>> room = Headroom(budget_bytes=8_000, reserve_bytes=1_000)
         >>> room.usable_bytes
         7000
-        >>> room.overshoot(ledger_peak_bytes=7_200, allocated_peak_bytes=8_500)  # 200 over, 300 unseen
+        >>> room.overshoot(allocated_peak_bytes=7_500)  # 500 into the reserve
         500
         >>> room.raised(500).reserve_bytes
         1500
@@ -44,10 +44,10 @@ class Headroom:
         """What a plan's predicted peak may reach: the budget less the reserve."""
         return self.budget_bytes - self.reserve_bytes
 
-    def overshoot(self, ledger_peak_bytes: int, allocated_peak_bytes: int) -> int:
-        """How far a planned pass went past its room: its ledger over the usable bytes (the
-        plan's estimate fell short), plus what the ledger does not see (the allocated peak less
-        the ledger's) beyond the reserve, which is kept for that and for fragmentation.
+    def overshoot(self, allocated_peak_bytes: int) -> int:
+        """How far a planned pass went past its room: its peak of allocated bytes (on CPU, of
+        the engine's ledger) over the usable bytes. Its plan predicted at most those, so the
+        model of the step fell short by at least as much; the reserve grows by it.
 
         Not the allocator's reserved bytes: under the cap it frees its cache and retries before
         it fails, and the cache left by earlier passes does not shrink with a smaller plan (on an
@@ -55,8 +55,7 @@ class Headroom:
         refused 1.5 GB, 1.6 times its plain allocated peak). A pass that does not fit fails with
         an out-of-memory error instead.
         """
-        unseen = max(0, allocated_peak_bytes - ledger_peak_bytes)
-        return max(0, ledger_peak_bytes - self.usable_bytes) + max(0, unseen - self.reserve_bytes)
+        return max(0, allocated_peak_bytes - self.usable_bytes)
 
     def raised(self, nbytes: int) -> Headroom:
         """The same budget with ``nbytes`` more reserve."""

@@ -32,10 +32,16 @@ class Measured:
     planned: bool
 
     def profile_to_plan(self) -> StepProfile:
-        """The profile, with the times (and re-saves) of ``times_of`` when the pass was untimed."""
+        """The profile, with the times (and re-saves, and working memory) of ``times_of`` when
+        the pass was untimed."""
         if self.times_of is None:
             return self.profile
-        return replace(self.profile, layers=with_times_of(self.profile.layers, self.times_of.profile.layers))
+        timed = self.times_of.profile
+        return replace(
+            self.profile,
+            layers=with_times_of(self.profile.layers, timed.layers),
+            outside_working_bytes=max(self.profile.outside_working_bytes, timed.outside_working_bytes),
+        )
 
 
 @dataclass(frozen=True)
@@ -130,8 +136,8 @@ class PlanAgreement:
 def with_times_of(
     layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
 ) -> tuple[LayerProfile, ...]:
-    """The layers of an untimed pass with the times, and the re-saves, an earlier, timed pass
-    of it measured (a pass replayed by ordinal sees neither).
+    """The layers of an untimed pass with the times, the re-saves and the working memory an
+    earlier, timed pass of it measured (a pass replayed by ordinal sees none of them).
 
     Example:
         >>> untimed = (LayerProfile("fc", 10, 10, 0.0, 0.0),)
@@ -146,6 +152,8 @@ def with_times_of(
             backward_seconds=by_name[layer.name].backward_seconds,
             resaved_by=by_name[layer.name].resaved_by,
             resaved_by_module=by_name[layer.name].resaved_by_module,
+            forward_working_bytes=by_name[layer.name].forward_working_bytes,
+            backward_working_bytes=by_name[layer.name].backward_working_bytes,
         )
         if layer.name in by_name
         else layer

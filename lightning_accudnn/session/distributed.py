@@ -80,8 +80,8 @@ class DistributedCoordinator(RankCoordinator):
 
 
 def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
-    """The profile that is safe for every rank: per layer the most bytes and the longest times
-    (and the costliest recomputation).
+    """The profile that is safe for every rank: per layer the most bytes (working memory
+    included) and the longest times (and the costliest recomputation).
 
     Ranks run the same model on equally shaped batches, so their layers match; if they do
     not, planning alike is impossible and the error names the first difference.
@@ -118,6 +118,8 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
                 small_storages=most_resident.small_storages,
                 resaved_by=_merged_resaves(candidates, swappable),
                 resaved_by_module=_merged_resaved_modules(candidates),
+                forward_working_bytes=max(layer.forward_working_bytes for layer in candidates),
+                backward_working_bytes=max(layer.backward_working_bytes for layer in candidates),
             )
         )
     return dataclasses.replace(
@@ -131,6 +133,7 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
             {entry.name: entry for p in reversed(profiles) for entry in p.excluded_segments}.values()
         ),
         recompute_cost_ratio=max(p.recompute_cost_ratio for p in profiles),
+        outside_working_bytes=max(p.outside_working_bytes for p in profiles),
     )
 
 

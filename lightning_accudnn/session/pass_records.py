@@ -151,4 +151,5 @@ class PassRecords:
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,
             resaves_listed=True,  # the engine lists every re-save of a swappable storage
+            outside_working_bytes=step.outside_working_bytes,
         )

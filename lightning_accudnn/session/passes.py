@@ -136,8 +136,12 @@ class PassRunner:
         self.current: RunningPass | None = None
         self.last_entered: RunningPass | None = None  # the pass that ran last (what an OOM hit)
         self.out_of_memory_retries = OutOfMemoryRetries()
-        #: The most the allocator held above the engine's ledger in a pass so far (0 without one).
-        self.unseen_bytes = 0
+        #: Reads the allocator's peaks in hooked passes, which then measure their working memory
+        #: (``None`` without an allocator that can: plans count the ledger's bytes only).
+        self.allocated_peak = allocator.allocated_peak_reader()
+        #: The most the allocator held above what plans predicted (without working memory measured,
+        #: above the ledger), in any pass so far: added to the next predictions.
+        self.shortfall_bytes = 0
         self._planning_seconds = 0.0  # spent making plans at the end of the pass concluding now
         self._background_seconds = 0.0  # the thread's time making the plan the current pass adopted
         self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its thread's time
@@ -201,7 +205,13 @@ class PassRunner:
         swaps = bool(recomputed) and plan is not None and any(plan.swap)
         observe = hooked or swaps or records.observation_due(key)
         context = self.engine.offload(
-            model, schedule, static_bytes=static_bytes, sequence=sequence, observe=observe, time_waits=timed
+            model,
+            schedule,
+            static_bytes=static_bytes,
+            sequence=sequence,
+            observe=observe,
+            time_waits=timed,
+            allocated_peak=self.allocated_peak,
         )
         context.__enter__()
         self.collector.pause()  # once nothing here can fail: a pass that did not start leaves it on
@@ -249,9 +259,9 @@ class PassRunner:
         profiling = current.plan is None
         self.out_of_memory_retries.reset()
         peaks = self.allocator.peaks()
-        stats = self.stats = measured_stats(step, peaks, current.plan, current.source, self.unseen_bytes)
-        if peaks is not None:  # predictions from now on count what this pass held beyond the ledger
-            self.unseen_bytes = max(self.unseen_bytes, peaks[0] - step.ledger_peak_bytes)
+        stats = self.stats = measured_stats(step, peaks, current.plan, current.source, self.shortfall_bytes)
+        if peaks is not None:  # predictions from now on count what this pass held beyond its own
+            self.shortfall_bytes = max(self.shortfall_bytes, self._shortfall(step, current.plan, peaks[0]))
         copies = self.engine.weight_copies.take()
         static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
         known = self.book.plan(key)
@@ -261,7 +271,7 @@ class PassRunner:
         profile, changed = self._profile_to_plan(step, key, static_bytes, current.plan, known)
         # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
         room = self.planning.headroom
-        overshoot = 0 if profiling else room.overshoot(stats.ledger_peak_bytes, stats.peak_device_bytes)
+        overshoot = 0 if profiling else room.overshoot(stats.peak_device_bytes)
         if step.graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
             # kind runs hooked, and its layers (which then differ) are planned from.
@@ -322,6 +332,14 @@ class PassRunner:
             self.on_stats(stats)
         return stats
 
+    def _shortfall(self, step: StepStats, plan: Plan | None, allocated_peak_bytes: int) -> int:
+        """What the allocator held above the prediction of ``plan`` for ``step``: above the plan's
+        peak, or, in a profiling pass (no plan), above the ledger where working memory is not
+        measured (the plans made from it do not count it) and nothing where it is."""
+        if plan is not None:
+            return allocated_peak_bytes - plan.predicted_peak_bytes
+        return 0 if self.allocated_peak is not None else allocated_peak_bytes - step.ledger_peak_bytes
+
     def _profile_to_plan(
         self, step: StepStats, key: PassKey, static_bytes: int, plan: Plan | None, known: Plan | None
     ) -> tuple[StepProfile, bool]:
@@ -354,6 +372,10 @@ class PassRunner:
             else:
                 profile = fastest_times(profile, self._warm_profiles.get(key, known.profile))
         profile = self.steady_costs.charged(key, profile)
+        if step.outside_working_bytes > profile.outside_working_bytes:
+            # The optimizer's temporaries, measured after its first step (a plan's own profile,
+            # which a plan that recomputes keeps, is from a profiling pass: none before it).
+            profile = replace(profile, outside_working_bytes=step.outside_working_bytes)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)

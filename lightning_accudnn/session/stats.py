@@ -23,9 +23,10 @@ class OffloadStats:
     so that it is the compute the performance model learns), ``forward_seconds`` and
     ``backward_seconds`` its two parts (in a pass replayed by ordinal, those of the latest pass
     the device finished, which on a GPU is usually the one before); the
-    ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step; the
-    peak with the most the allocator held above the ledger in any earlier pass added: memory
-    no layer saves, such as a loss's working memory or kernel workspaces)
+    ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step; on
+    CUDA the peak counts, at each level of the plan, the memory no layer saves that the hooked
+    passes measured there, such as a loss's working memory or kernel workspaces, and the most
+    the allocator held above the predictions of any earlier pass)
     and the ``*_error`` figures are measured over predicted, less one. ``plan_source`` says
     how the pass was planned (:class:`~lightning_accudnn.session.plan_book.PlanSource`:
     ``profiling`` for a profiling step, else ``profiled``, ``scaled`` from another batch
@@ -130,12 +131,13 @@ def measured_stats(
     peaks: tuple[int, int] | None,
     plan: Plan | None,
     source: PlanSource,
-    unseen_bytes: int = 0,
+    shortfall_bytes: int = 0,
 ) -> OffloadStats:
     """The figures of the pass ``step`` measured under ``plan`` (``None``: a profiling pass);
     ``peaks`` are the allocator's (peak allocated, peak reserved), or ``None`` where there is
-    no allocator (the engine's ledger stands in). The predicted peak is the plan's (the
-    ledger's) plus ``unseen_bytes``: what the allocator held above the ledger in earlier passes."""
+    no allocator (the engine's ledger stands in). The predicted peak is the plan's (its
+    ledger's and the working memory measured at each of its levels) plus ``shortfall_bytes``:
+    the most the allocator held above the predictions of earlier passes."""
     peak, reserved = (step.ledger_peak_bytes, step.ledger_peak_bytes) if peaks is None else peaks
     return OffloadStats(
         bytes_swapped_out=step.bytes_swapped_out,
@@ -149,7 +151,7 @@ def measured_stats(
         step_seconds=step.forward_seconds + step.backward_seconds,
         forward_seconds=step.forward_seconds,
         backward_seconds=step.backward_seconds,
-        predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes + unseen_bytes,
+        predicted_peak_bytes=None if plan is None else plan.predicted_peak_bytes + shortfall_bytes,
         predicted_step_seconds=None if plan is None else plan.predicted_step_seconds,
         plan_source=source,
         observed=step.observed,

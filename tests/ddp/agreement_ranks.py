@@ -16,12 +16,12 @@ OVERSHOOT_BYTES = 1000
 
 
 class Allocator:
-    """No allocator to cap (CPU); reports, when a test asks, an allocated peak of ``unseen``
-    bytes over the engine's ledger (workspaces it does not see), else the ledger itself."""
+    """No allocator to cap (CPU); reports, when a test asks, an allocated peak ``over`` bytes
+    above the usable budget (memory the plan did not count), else the ledger itself."""
 
     def __init__(self) -> None:
         self.session: OffloadSession | None = None
-        self.unseen: int | None = None
+        self.over: int | None = None
 
     def cap(self, budget_bytes: int) -> None:
         pass
@@ -30,10 +30,13 @@ class Allocator:
         pass
 
     def peaks(self):
-        if self.unseen is None or self.session is None:
+        if self.over is None or self.session is None:
             return None
-        allocated = self.session.engine.ledger.peak_bytes + self.unseen
+        allocated = self.session.headroom.usable_bytes + self.over
         return allocated, allocated
+
+    def allocated_peak_reader(self):
+        return None
 
 
 def describe(session: OffloadSession) -> list:
@@ -71,8 +74,7 @@ def run(
     allocator.session = session
     plans, collectives = [], []
     for step in range(steps):
-        # No reserve on CPU: unseen bytes are all over it.
-        allocator.unseen = OVERSHOOT_BYTES if rank == 1 and step == overshoot_at else None
+        allocator.over = OVERSHOOT_BYTES if rank == 1 and step == overshoot_at else None
         with session.step(model, optimizer):
             batch_size = 3 if rank == 1 and step == other_shape_at else 8
             loss = loss_of(model, make_batch("cnn", batch_size, seed=100 * rank + step))

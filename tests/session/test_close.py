@@ -24,6 +24,9 @@ class RecordingAllocator:
     def peaks(self) -> None:
         return None
 
+    def allocated_peak_reader(self) -> None:
+        return None
+
 
 def test_a_failing_engine_close_still_lifts_the_allocator_cap(monkeypatch):
     model = make_model("cnn")

@@ -98,6 +98,9 @@ def test_the_link_is_probed_before_the_cap_and_rated_at_the_swapped_sizes(monkey
         def peaks(self):
             return None
 
+        def allocated_peak_reader(self):
+            return None
+
     monkeypatch.setattr(session_module, "probe_host_link", probe)
     model = SmallResNet()
     session = OffloadSession(OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu", allocator=Allocator())

@@ -39,6 +39,9 @@ class FakeAllocator:
     def peaks(self):
         return self.reported_peaks
 
+    def allocated_peak_reader(self):
+        return None
+
 
 class RecordsTheCap(Classifier):
     """Notes whether the cap is on in each training and validation step; validates on larger batches."""
@@ -89,6 +92,7 @@ def test_cuda_control_restores_the_previous_fraction_not_one(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: fractions.update(now=fraction)
     )
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
     control = CudaAllocatorControl(torch.device("cuda", 0))
     control.cap(250)
     assert fractions["now"] == 0.25
@@ -97,6 +101,47 @@ def test_cuda_control_restores_the_previous_fraction_not_one(monkeypatch):
     assert fractions["now"] == 0.6
     control.lift()
     assert fractions["now"] == 0.6
+
+
+def test_cuda_control_keeps_the_peaks_its_readings_reset_for_the_pass(monkeypatch):
+    """Each reading of the allocated peak resets the allocator's peaks; the pass's peaks (allocated
+    and reserved) are still the most since the last ``peaks()``, and the cap starts them afresh."""
+    allocator = {"allocated": 0, "reserved": 0, "allocated_peak": 0, "reserved_peak": 0}
+
+    def stats(device):
+        return {
+            "allocated_bytes": {"all": {"peak": allocator["allocated_peak"]}},
+            "reserved_bytes": {"all": {"peak": allocator["reserved_peak"]}},
+        }
+
+    def reset(device):
+        allocator["allocated_peak"], allocator["reserved_peak"] = allocator["allocated"], allocator["reserved"]
+
+    def use(allocated, reserved):
+        allocator.update(allocated=allocated, reserved=reserved)
+        allocator["allocated_peak"] = max(allocator["allocated_peak"], allocated)
+        allocator["reserved_peak"] = max(allocator["reserved_peak"], reserved)
+
+    properties = type("Properties", (), {"total_memory": 1000})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: None)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    control = CudaAllocatorControl(torch.device("cuda", 0))
+    use(900, 950)  # before training: not the pass's
+    use(100, 950)
+    control.cap(500)
+    read = control.allocated_peak_reader()
+    use(400, 960)
+    use(300, 960)
+    assert read() == 400
+    use(350, 960)
+    assert read() == 350
+    use(200, 960)
+    assert control.peaks() == (400, 960)
+    use(250, 960)
+    assert read() == 250 and control.peaks() == (250, 960)
 
 
 class ReportsOverTheLedger(FakeAllocator):
@@ -121,10 +166,11 @@ def _train_step(session, model, optimizer, step):
     optimizer.zero_grad()
 
 
-def test_overshoot_is_what_the_ledger_did_not_see_beyond_the_reserve_not_the_allocators_cache():
+def test_overshoot_is_the_allocated_peak_past_the_usable_budget_not_the_allocators_cache():
     """Reserved bytes up to the budget raise nothing (the allocator frees its cache under the
     cap before it fails, and its cache from earlier passes does not shrink with the plan), nor
-    does unseen memory (workspaces) within the reserve; beyond it, the reserve grows by as much."""
+    does an allocated peak within the usable budget (the budget less the reserve); past it, the
+    reserve grows by as much."""
     model = make_model("cnn")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     static, saved = memory_need("cnn")
@@ -137,12 +183,17 @@ def test_overshoot_is_what_the_ledger_did_not_see_beyond_the_reserve_not_the_all
     )
     allocator.session = session
     allocator.reserved_bytes = budget
-    reserves = []
-    for step, unseen in enumerate([5000, 1000, 1700]):  # the profiling pass is not checked
-        allocator.unseen_bytes = unseen
+    reserves, room = [], []
+    for step, over in enumerate([5000, 0, 700]):  # the profiling pass is not checked
+        usable = session.headroom.usable_bytes
+        allocator.unseen_bytes = 0
+        if step:  # the allocated peak ``over`` bytes past the usable budget
+            allocator.unseen_bytes = usable + over - session.plan.predicted_peak_bytes
         _train_step(session, model, optimizer, step)
         assert session.stats.ledger_peak_bytes <= budget - 1000
+        room.append(session.stats.peak_device_bytes - usable)
         reserves.append(session.reserve_bytes)
+    assert room[1:] == [0, 700]
     assert reserves == [1000, 1000, 1700]
     assert session.stats.peak_reserved_bytes == budget
     session.close()

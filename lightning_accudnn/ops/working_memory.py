@@ -1,0 +1,182 @@
+"""What a hooked pass holds on the device beyond the engine's ledger, layer by layer.
+
+The ledger counts model state and saved activations. A step also holds memory no layer saves:
+an op's output before the next op saves it (or if none does), a loss's float32 logits and their
+gradient, the activations' gradients in backward, kernels' workspaces, and, between passes, the
+optimizer's temporaries. :class:`WorkingMemoryMeter` measures it in a hooked pass by reading the
+device allocator's peak (allocated bytes, since the previous reading) at every change of the
+ledger: between two changes the ledger is constant, so the allocator's peak there less the
+ledger is exactly what the ledger did not see then.
+
+Each reading is charged to the planner's level it falls in (:mod:`lightning_accudnn.planner.timeline`),
+so that a plan adds to each level what the step holds beyond it then, not the step's worst
+anywhere:
+
+* In forward, the level of layer ``f`` counts everything saved by the layers up to ``f`` (in the
+  order of their first save), ``f`` being the last of them to have saved anything yet. A reading
+  with ``u`` unseen bytes, taken when ``a`` bytes were saved so far, therefore holds
+  ``u + a - (bytes the layers up to f save in the pass)`` beyond that level:
+  :attr:`LayerProfile.forward_working_bytes` is the most of that (never below 0).
+* In backward, the level of layer ``f`` counts all of ``f``'s saves until its backward ends, and
+  its backward runs from the first read of one of its saves (the lowest layer read so far) on.
+  The engine lets a save go from its count when autograd reads it, while autograd's op still
+  holds the tensor, so the bytes let go since ``f``'s backward began are taken off the unseen
+  ones: :attr:`LayerProfile.backward_working_bytes` is the most of the rest.
+* Between passes (the optimizer's step) the allocator's peak less model state is
+  :attr:`WorkingMemory.outside_bytes`.
+
+Example:
+    >>> readings = iter([100, 180, 200, 250, 260])  # the allocator's peaks, reading after reading
+    >>> layer = ["a"]
+    >>> meter = WorkingMemoryMeter(lambda: next(readings), lambda: layer[0])
+    >>> ledger = 100  # model state
+    >>> meter.start(ledger)
+    >>> meter.changing(ledger); meter.acquired(80); ledger += 80  # "a" saves its 80-byte output
+    >>> layer[0] = "b"
+    >>> meter.changing(ledger); meter.acquired(20); ledger += 20  # "b" saves 20 bytes...
+    >>> meter.begin_backward(ledger, ["a", "b"])  # ... and held a 50-byte temporary after that
+    >>> meter.read("b", ledger)
+    >>> memory = meter.end(ledger, ["a", "b"])  # the loss's gradient: 60 bytes
+    >>> memory.forward_bytes, memory.backward_bytes, memory.outside_bytes
+    ({'a': 20, 'b': 50}, {'b': 60}, 0)
+
+``a``'s 20 bytes are ``b``'s output before ``b`` saved it: then the last layer to have saved
+was ``a``, whose level does not count ``b``'s saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from dataclasses import dataclass
+
+__all__ = ["WorkingMemory", "WorkingMemoryMeter"]
+
+
+@dataclass(frozen=True)
+class WorkingMemory:
+    """What one hooked pass held beyond the planner's levels, per layer (by name; a layer
+    missing holds nothing beyond them), and beyond model state before the pass.
+
+    Example:
+        >>> memory = WorkingMemory({"fc": 10}, {"fc": 30}, 5)
+        >>> memory.forward_bytes.get("fc", 0), memory.backward_bytes.get("relu", 0)
+        (10, 0)
+    """
+
+    forward_bytes: dict[str, int]
+    backward_bytes: dict[str, int]
+    outside_bytes: int
+
+
+class WorkingMemoryMeter:
+    """Charges the allocator's readings to the planner's levels (see the module docstring).
+
+    ``read_peak`` returns the allocator's peak of allocated bytes since its previous call;
+    ``current_layer`` names the layer running now (the one a save in forward is attributed to).
+    The engine calls :meth:`changing` before each change of its ledger (with the ledger's bytes
+    then), :meth:`acquired` after a growth, :meth:`released` after a fall, :meth:`read` when
+    autograd reads a save of a layer in backward, and :meth:`start`, :meth:`begin_backward`,
+    :meth:`end` at the pass's steps.
+
+    Example:
+        >>> meter = WorkingMemoryMeter(lambda: 0, lambda: "fc")
+        >>> meter.start(0); meter.begin_backward(0, [])
+        >>> meter.end(0, [])
+        WorkingMemory(forward_bytes={}, backward_bytes={}, outside_bytes=0)
+    """
+
+    def __init__(self, read_peak: Callable[[], int], current_layer: Callable[[], str]) -> None:
+        self._read_peak = read_peak
+        self._current_layer = current_layer
+        self._outside = 0
+        self._order: list[str] = []  # layers in the order of their first save
+        self._position: dict[str, int] = {}
+        self._saved: list[int] = []  # per position: bytes its layer saved in forward
+        self._saved_so_far = 0
+        self._forward_top: dict[int, int] = {}  # per position: the most of unseen + saved so far
+        self._backward_top: dict[int, int] = {}  # per position: the most unseen less let go
+        self._in_backward = False
+        self._profile_position: dict[str, int] = {}  # in backward: the profile's order
+        self._reading = -1  # in backward, the lowest position read so far
+        self._let_go = 0  # bytes the ledger let go since that position's backward began
+
+    def start(self, ledger_bytes: int) -> None:
+        """The pass starts, with ``ledger_bytes`` (model state) on the ledger: the allocator's
+        peak since the last pass less those is the working memory between passes."""
+        self._outside = max(0, self._read_peak() - ledger_bytes)
+
+    def changing(self, ledger_bytes: int) -> None:
+        """The ledger, at ``ledger_bytes`` since the last change, is about to change."""
+        unseen = self._read_peak() - ledger_bytes
+        if self._in_backward:
+            position, level, tops = self._reading, unseen - self._let_go, self._backward_top
+        else:
+            position, level, tops = len(self._order) - 1, unseen + self._saved_so_far, self._forward_top
+        if level > tops.get(position, level - 1):
+            tops[position] = level
+
+    def acquired(self, nbytes: int) -> None:
+        """The ledger grew by ``nbytes``: in forward, a save of the layer running now."""
+        if self._in_backward:
+            return
+        layer = self._current_layer()
+        position = self._position.get(layer)
+        if position is None:
+            position = self._position[layer] = len(self._order)
+            self._order.append(layer)
+            self._saved.append(0)
+        self._saved[position] += nbytes
+        self._saved_so_far += nbytes
+
+    def released(self, nbytes: int) -> None:
+        """The ledger fell by ``nbytes``."""
+        if self._in_backward:
+            self._let_go += nbytes
+
+    def begin_backward(self, ledger_bytes: int, layers: Sequence[str]) -> None:
+        """The forward is over; ``layers`` are the profile's, in its order (of their first
+        save). Until a save is read, backward readings go to the last of them."""
+        self.changing(ledger_bytes)
+        self._in_backward = True
+        self._profile_position = {layer: position for position, layer in enumerate(layers)}
+        self._reading = len(layers) - 1
+        self._let_go = 0
+
+    def read(self, layer: str, ledger_bytes: int) -> None:
+        """Autograd reads a save of ``layer`` in backward: below the lowest read so far, its
+        backward begins."""
+        position = self._profile_position.get(layer)
+        if position is not None and position < self._reading:
+            self.changing(ledger_bytes)
+            self._reading = position
+            self._let_go = 0
+
+    def end(self, ledger_bytes: int, layers: Sequence[str]) -> WorkingMemory:
+        """The pass is over: what the levels of ``layers`` (the profile's, in its order) held
+        beyond them.
+
+        A forward reading belongs to the level of the latest layer in that order among those
+        that had saved: a layer's first save may be one of an earlier layer's storages (no
+        growth of the ledger), so the order of first growths can differ."""
+        self.changing(ledger_bytes)
+        profile_position = {layer: position for position, layer in enumerate(layers)}
+        saved_at = [0] * len(layers)
+        for layer, nbytes in zip(self._order, self._saved, strict=True):
+            if layer in profile_position:  # else a copy brought back in forward: no save
+                saved_at[profile_position[layer]] += nbytes
+        saved_up_to = list(accumulate(saved_at))
+        forward: dict[str, int] = {}
+        latest = 0
+        for position, layer in enumerate(self._order):
+            latest = max(latest, profile_position.get(layer, 0))
+            top = self._forward_top.get(position)
+            if position == 0:  # before the first save too
+                top = max(top or 0, self._forward_top.get(-1, 0))
+            if top is not None and layers:
+                name = layers[latest]
+                forward[name] = max(forward.get(name, 0), top - saved_up_to[latest])
+        backward = {
+            layers[position]: max(0, top) for position, top in self._backward_top.items() if position >= 0
+        }
+        return WorkingMemory(forward, backward, self._outside)

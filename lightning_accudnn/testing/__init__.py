@@ -2,5 +2,6 @@
 
 from lightning_accudnn.testing.allocator import SimulatedOutOfMemory, StreamOrderedAllocator
 from lightning_accudnn.testing.simulated_gpu import SimulatedGPU
+from lightning_accudnn.testing.tensor_bytes import OpBytesAllocator
 
-__all__ = ["SimulatedGPU", "SimulatedOutOfMemory", "StreamOrderedAllocator"]
+__all__ = ["OpBytesAllocator", "SimulatedGPU", "SimulatedOutOfMemory", "StreamOrderedAllocator"]

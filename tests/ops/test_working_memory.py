@@ -1,0 +1,170 @@
+"""A hooked pass measures, level by level, what the step holds beyond the engine's ledger: a
+temporary in a layer's forward, a gradient's workspace in a layer's backward, the optimizer's
+temporaries between passes. CPU: the allocator is the ops' own tensors
+(:class:`~lightning_accudnn.testing.OpBytesAllocator`)."""
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+from lightning_accudnn.testing import OpBytesAllocator
+
+SCRATCH = 400_000  # bytes a layer holds and lets go without saving them: more than all else
+
+
+class ScratchInForward(nn.Module):
+    """Holds ``nbytes`` of scratch in its forward, after the layers before it saved."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes = nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.nbytes:
+            scratch = torch.ones(self.nbytes // 4)
+            x = x + scratch[:1]  # read, then let go
+        return x
+
+
+class _ScratchInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, nbytes):  # type: ignore[no-untyped-def]
+        ctx.nbytes = nbytes
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        if ctx.nbytes:
+            scratch = torch.ones(ctx.nbytes // 4)
+            grad = grad + scratch[:1]
+        return grad, None
+
+
+class ScratchInBackward(nn.Module):
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes = nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ScratchInBackward.apply(x, self.nbytes)
+
+
+def _model(forward_scratch: int = 0, backward_scratch: int = 0) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(32, 64),
+        nn.ReLU(),
+        ScratchInForward(forward_scratch),
+        ScratchInBackward(backward_scratch),
+        nn.Linear(64, 64),
+        nn.Tanh(),
+        nn.Linear(64, 1),
+    )
+
+
+def _measured_pass(model: nn.Module, between: int = 0, passes: int = 2):
+    """The last of ``passes`` hooked passes of ``model``, keeping everything, with the ops'
+    tensors as the allocator; ``between`` bytes are held and let go between passes."""
+    allocator = OpBytesAllocator(base_bytes=0)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=2**40)
+    read = allocator.allocated_peak_reader()
+    stats = None
+    for _ in range(passes):
+        with allocator.counting():
+            if between:
+                torch.ones(between // 4).sum()  # an optimizer's temporary, say
+            batch = torch.randn(16, 32)
+            with engine.offload(model, SwapSchedule.keep_everything(), allocated_peak=read):
+                loss = model(batch).sum()
+            loss.backward()
+            stats = engine.end_step()
+    engine.close()
+    assert stats is not None and engine.ledger.observer is None
+    return stats
+
+
+def _working(stats):
+    return {layer.name: (layer.forward_working_bytes, layer.backward_working_bytes) for layer in stats.layers}
+
+
+def test_a_temporary_in_forward_is_charged_to_the_level_it_falls_in_and_no_other():
+    plain = _working(_measured_pass(_model()))
+    with_scratch = _working(_measured_pass(_model(forward_scratch=SCRATCH)))
+    # The scratch module saves nothing: the last layer to have saved before it is the ReLU. Its
+    # level's working memory is the most of its readings, the one with the scratch among them.
+    assert SCRATCH <= with_scratch["1"][0] <= plain["1"][0] + SCRATCH
+    assert {name: value for name, value in with_scratch.items() if name != "1"} == {
+        name: value for name, value in plain.items() if name != "1"
+    }
+    assert with_scratch["1"][1] == plain["1"][1]
+
+
+def test_a_temporary_in_backward_is_charged_to_the_backward_running_then():
+    plain = _working(_measured_pass(_model()))
+    with_scratch = _working(_measured_pass(_model(backward_scratch=SCRATCH)))
+    # It runs after the second Linear's backward read that layer's saves, before the ReLU's.
+    assert SCRATCH <= with_scratch["4"][1] <= plain["4"][1] + SCRATCH
+    assert {name: value for name, value in with_scratch.items() if name != "4"} == {
+        name: value for name, value in plain.items() if name != "4"
+    }
+
+
+def test_what_is_held_between_passes_is_the_outside_working_memory():
+    """Beyond model state: the engine here counts none, so the gradients (made in the first
+    backward) are in both; the temporary between the passes is the most held then."""
+    between = _measured_pass(_model(), between=SCRATCH).outside_working_bytes
+    assert SCRATCH <= between <= _measured_pass(_model()).outside_working_bytes + SCRATCH
+
+
+def test_the_loss_working_memory_is_at_the_loss_levels():
+    """A float copy of the output that no one saves (a loss's) is held at the root's level in
+    forward; in backward the root's level holds the gradient of what it saved."""
+    stats = _measured_pass(_model())
+    working = _working(stats)
+    assert set(working) == {layer.name for layer in stats.layers}
+    assert all(forward >= 0 and backward >= 0 for forward, backward in working.values())
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_no_reader_or_a_replayed_pass_measures_nothing(replayed):
+    model = _model(forward_scratch=SCRATCH, backward_scratch=SCRATCH)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=2**40)
+    calls = []
+
+    def read() -> int:
+        calls.append(1)
+        return 0
+
+    sequence = None
+    for _ in range(2):
+        with engine.offload(
+            model,
+            SwapSchedule.keep_everything(),
+            sequence=sequence,
+            allocated_peak=read if replayed else None,
+        ):
+            loss = model(torch.randn(16, 32)).sum()
+        assert engine.ledger.observer is None or (replayed and sequence is None)
+        loss.backward()
+        stats = engine.end_step()
+        assert stats is not None
+        sequence = stats.sequence if replayed else None
+        calls_after_first = len(calls)
+    engine.close()
+    assert all(layer.forward_working_bytes == layer.backward_working_bytes == 0 for layer in stats.layers)
+    assert stats.outside_working_bytes == 0
+    if replayed:  # the first, hooked pass read; the replayed one did not
+        assert calls_after_first == len(calls) > 0
+
+
+def test_an_aborted_pass_stops_observing_the_ledger():
+    model = _model()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=2**40)
+    with pytest.raises(RuntimeError, match="boom"):
+        with engine.offload(model, SwapSchedule.keep_everything(), allocated_peak=lambda: 0):
+            model(torch.randn(16, 32)).sum()
+            assert engine.ledger.observer is not None
+            raise RuntimeError("boom")
+    assert engine.ledger.observer is None
+    engine.close()

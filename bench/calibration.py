@@ -52,7 +52,7 @@ from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from bench.runner import autocast_for, batch_on
 from bench.workloads import Batch, Workload
 from lightning_accudnn.planner.search import POLICIES
-from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
 from lightning_accudnn.session import OffloadConfig, OffloadSession
 
 
@@ -294,11 +294,44 @@ def _session_steps(
             recompute_cost_ratio=profile.recompute_cost_ratio,
             measured_recompute_cost_ratio=measured_ratio,
             swapped_bytes=plan.swapped_bytes,
+            working_memory=working_memory(profile),
             layers=len(profile.layers),
             plan=plan.to_dict(),
             profile=dataclasses.asdict(profile),  # every figure planned from: re-plan it offline
         )
     return result
+
+
+def working_memory(profile: StepProfile) -> dict[str, Any]:
+    """The largest working memory the session measured at a forward and at a backward level,
+    with their layers, and between passes (all 0 where it measures none: on CPU without an
+    allocator).
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> layers = (LayerProfile("a", 8, 8, forward_working_bytes=5), LayerProfile("b", 8, 8))
+        >>> working_memory(StepProfile(layers, 0, outside_working_bytes=3))["forward"]
+        ['a', 5]
+    """
+    forward = max(profile.layers, key=lambda layer: layer.forward_working_bytes, default=None)
+    backward = max(profile.layers, key=lambda layer: layer.backward_working_bytes, default=None)
+    return {
+        "forward": None if forward is None else [forward.name, forward.forward_working_bytes],
+        "backward": None if backward is None else [backward.name, backward.backward_working_bytes],
+        "outside": profile.outside_working_bytes,
+    }
+
+
+def _working_memory_line(name: str, run: dict[str, Any]) -> list[str]:
+    working = run.get("working_memory")
+    if not working or working["forward"] is None:
+        return []
+    (forward_layer, forward), (backward_layer, backward) = working["forward"], working["backward"]
+    return [
+        f"- {name}: working memory measured beyond the plan's levels: at most {fmt_bytes(forward)} "
+        f"in forward (`{forward_layer}`), {fmt_bytes(backward)} in backward (`{backward_layer}`), "
+        f"{fmt_bytes(working['outside'])} between passes"
+    ]
 
 
 def markdown(record: dict[str, Any]) -> str:
@@ -339,6 +372,11 @@ def markdown(record: dict[str, Any]) -> str:
             f"| {fmt_bytes(run.get('swapped_bytes'))} | {fmt_bytes(run.get('predicted_peak_bytes'))} "
             f"| {fmt_bytes(last.get('peak_bytes'))} |"
         )
+    working_lines = [
+        line for name, run in (("kept", kept), ("fraction", part)) for line in _working_memory_line(name, run)
+    ]
+    if working_lines:
+        lines += ["", *working_lines]
     lines += [
         "",
         "Per step (wall ms, measured ms (its forward + backward), predicted ms, plan source, host ms "

@@ -8,7 +8,9 @@ and, while :meth:`OpBytesAllocator.counting` is entered, every storage an op cre
 creation to its release. So the working memory a hooked pass measures on CPU (a loss's float
 copy of the logits, the gradients of activations) is what the same step holds on a GPU, less
 the kernels' workspaces, which a CPU does not allocate. Enter it around the forward and the
-backward of each step; nothing is capped.
+backward of each step; nothing is capped. On CPU the engine's host buffers (where swapped
+activations go) are made by ops too; on a GPU they are host memory, which the device's allocator
+does not count: ``host`` tells them apart (the engine's pool makes them ``uint8``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ __all__ = ["OpBytesAllocator"]
 
 
 class OpBytesAllocator:
-    """Allocated bytes: ``base_bytes`` (model state) plus the storages ops created, alive.
+    """Allocated bytes: ``base_bytes`` (model state) plus the storages ops created, alive, but
+    those of the tensors ``host`` says are host memory.
 
     Example:
         >>> allocator = OpBytesAllocator(base_bytes=1_000)
@@ -46,8 +49,9 @@ class OpBytesAllocator:
         ((1800, 1800), (1000, 1000))
     """
 
-    def __init__(self, base_bytes: int = 0) -> None:
+    def __init__(self, base_bytes: int = 0, host: Callable[[torch.Tensor], bool] | None = None) -> None:
         self.base_bytes = base_bytes
+        self._host = host
         self.allocated_bytes = base_bytes
         self._read_peak = base_bytes  # the most since the last reading
         self._pass_peak = base_bytes  # the most since the last peaks()
@@ -84,7 +88,10 @@ class OpBytesAllocator:
         with _CreatedStorages(self._created):
             yield
 
-    def _created(self, storage: torch.UntypedStorage) -> None:
+    def _created(self, tensor: torch.Tensor) -> None:
+        if self._host is not None and self._host(tensor):
+            return
+        storage = tensor.untyped_storage()
         address = int(StorageWeakRef(storage).cdata)  # type: ignore[no-untyped-call]
         known = self._alive.get(address)
         if known is not None and known() is not None:
@@ -105,7 +112,7 @@ class _CreatedStorages(TorchDispatchMode):
     """Tells ``created`` of the storage of every dense tensor an op returns that none of its
     inputs holds (a view or an in-place result holds an input's: the op created nothing)."""
 
-    def __init__(self, created: Callable[[torch.UntypedStorage], None]) -> None:
+    def __init__(self, created: Callable[[torch.Tensor], None]) -> None:
         super().__init__()
         self._created_storage = created
 
@@ -117,7 +124,7 @@ class _CreatedStorages(TorchDispatchMode):
         result = func(*args, **kwargs)
         for leaf in tree_leaves(result):
             if _dense(leaf) and _address(leaf) not in inputs:
-                self._created_storage(leaf.untyped_storage())
+                self._created_storage(leaf)
         return result
 
 

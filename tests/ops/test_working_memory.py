@@ -117,13 +117,30 @@ def test_what_is_held_between_passes_is_the_outside_working_memory():
     assert SCRATCH <= between <= _measured_pass(_model()).outside_working_bytes + SCRATCH
 
 
-def test_the_loss_working_memory_is_at_the_loss_levels():
-    """A float copy of the output that no one saves (a loss's) is held at the root's level in
-    forward; in backward the root's level holds the gradient of what it saved."""
-    stats = _measured_pass(_model())
+def test_a_loss_holds_its_logits_and_their_gradients_at_its_own_levels():
+    """Cross-entropy over logits no layer saves: the logits are held in forward at the level
+    of the last layer that saved before the loss (the Tanh: the last Linear saves its output), and the loss's backward (the root's: the training step's own code) holds two
+    logit-sized gradients at least on top of what the loss saved."""
+    torch.manual_seed(0)
+    batch, classes = 64, 1000
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, classes))
+    allocator = OpBytesAllocator()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=2**40)
+    for _ in range(2):
+        with allocator.counting():
+            inputs, targets = torch.randn(batch, 32), torch.randint(0, classes, (batch,))
+            schedule = SwapSchedule.keep_everything()
+            with engine.offload(model, schedule, allocated_peak=allocator.allocated_peak_reader()):
+                loss = nn.functional.cross_entropy(model(inputs), targets)
+            loss.backward()
+            stats = engine.end_step()
+    engine.close()
     working = _working(stats)
-    assert set(working) == {layer.name for layer in stats.layers}
-    assert all(forward >= 0 and backward >= 0 for forward, backward in working.values())
+    logits = batch * classes * 4
+    assert [layer.name for layer in stats.layers][-1] == "(root)"
+    assert "2" not in working  # it saves nothing new
+    assert working["1"][0] >= logits  # the logits, before the loss saved its log-softmax
+    assert working["(root)"][1] >= 2 * logits
 
 
 @pytest.mark.parametrize("replayed", [False, True])

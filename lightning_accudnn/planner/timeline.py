@@ -9,7 +9,7 @@ and a copy-out limit ``L`` (the engine's ``max_copying_out_bytes``; ``None``: no
 Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is layer
 ``i``'s swappable bytes when it is swapped (0 when kept), ``S_i`` its saved bytes.
 
-**Memory (an upper bound on the engine's ledger, whatever the CPU's lead).**
+**Memory (an upper bound on the engine's ledger, whatever the CPU's lead, plus working memory).**
 
 * Static memory ``M`` is held all step. At the start of ``F_i`` layer ``i``'s ``S_i`` bytes are
   counted at once.
@@ -46,11 +46,12 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
 ``F'_i`` is added to its forward level (what the step holds at most beyond it while ``F_i``
 runs: outputs nothing saves yet, a loss's logits) and its ``backward_working_bytes`` ``B'_i`` to
 its backward level (activations' gradients, workspaces while ``B_i`` runs). A layer whose
-backward rebuilds saves (a recomputed segment's, ``transient_bytes``) runs the forward that
-rebuilds them inside that backward: :mod:`.recompute` gives its layer ``B'_i`` the larger of
-its layers' forward and backward working bytes, on top of the transient. Between the passes
+backward rebuilds saves (a recomputed segment's: ``transient_bytes``, the saves rebuilt, are
+added to its backward level) runs the forward that rebuilds them inside that backward:
+:mod:`.recompute` gives its layer ``F'_i``, the largest of its layers', and ``B'_i``, the largest
+of its layers' forward and backward working bytes, on top of the transient. Between the passes
 the step holds ``M + StepProfile.outside_working_bytes`` (the optimizer step's temporaries): the
-peak is never below it. Each term is a constant per layer, so the facts below still hold.
+peak is never below it. Each term is a constant per layer and plan, so what follows holds still.
 
 So the peak never increases when a layer is swapped, nor when ``L`` or ``w`` shrink: the least
 peak of any plan is swapping every swappable layer with ``L = w = 0``.

@@ -577,6 +577,7 @@ def recomputed_profile(
             group_spans.append(span)
             ungrouped = span.last + 1
     index, resaving = _layer_index(profile)
+    working = _memo.get(profile, "working", lambda: profile.has_working_bytes)
     count = len(names)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
@@ -685,8 +686,10 @@ def recomputed_profile(
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
-                    forward_working_bytes=max(layer.forward_working_bytes for layer in inner),
-                    backward_working_bytes=rebuilding_working_bytes(inner),
+                    forward_working_bytes=max(layer.forward_working_bytes for layer in inner)
+                    if working
+                    else 0,
+                    backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
                 )
             )
             saved = sum(layer.saved_bytes for layer in inner)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lightning_accudnn.planner.blocks import checkpoint_blocks_plan
 from lightning_accudnn.planner.bounds import lower_bound_seconds
 from lightning_accudnn.planner.frontier import fitting_set
 from lightning_accudnn.planner.plan import (
@@ -353,3 +354,19 @@ def test_scaling_scales_working_memory_like_the_layer_s_bytes():
     own = LayerProfile("a", 300, 300, forward_working_bytes=5, backward_working_bytes=6)
     remeasured = scale_profile(profile, 2.0, measured=[own]).layers[0]
     assert (remeasured.forward_working_bytes, remeasured.backward_working_bytes) == (5, 6)
+
+
+def test_checkpointing_every_block_counts_working_memory():
+    """h.0 and h.1 recomputed (10 B of inputs each): B_h.1 holds 20 + its 100 B rebuilt + the 50 B
+    its forward holds when it runs again (more than its backward's 30)."""
+    layers = (
+        LayerProfile("h.0.fc", 100, 100, 1e-3, 2e-3, backward_working_bytes=5),
+        LayerProfile("h.1.fc", 100, 100, 1e-3, 2e-3, forward_working_bytes=50, backward_working_bytes=30),
+    )
+    profile = StepProfile(layers, 0, segments=(SegmentProfile("h.0", 10), SegmentProfile("h.1", 10)))
+    plan = checkpoint_blocks_plan(profile, budget_bytes=1_000)
+    assert plan.recomputed == ("h.0", "h.1") and plan.predicted_peak_bytes == 170
+    assert (
+        checkpoint_blocks_plan(profile.without_working_bytes(), budget_bytes=1_000).predicted_peak_bytes
+        == 120
+    )

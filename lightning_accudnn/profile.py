@@ -88,6 +88,14 @@ class LayerProfile:
     them count for nothing) under the module that saved them again (empty when unknown), so that
     recomputation accounting can tell a re-save inside a segment from one after it.
 
+    ``forward_working_bytes`` and ``backward_working_bytes`` are the *working memory* the ledger
+    never sees (outputs nothing saves yet, a loss's float32 logits and their gradients,
+    activations' gradients, kernel workspaces): what the step holds at most beyond the planner's
+    forward level of this layer (at the start of its forward, counting its saves at once) while
+    its forward runs, and beyond its backward level (counting its bytes held until its backward
+    ends) while its backward runs. 0 when not measured (see
+    :mod:`lightning_accudnn.planner.timeline`).
+
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
         LayerProfile(name='layer1.0.conv1', saved_bytes=4000000, swappable_bytes=4000000, \
@@ -107,6 +115,11 @@ forward_seconds=0.0, backward_seconds=0.0)
     backward_working_bytes: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
+        if self.forward_working_bytes < 0 or self.backward_working_bytes < 0:
+            raise ValueError(
+                f"layer {self.name!r}: forward_working_bytes and backward_working_bytes must be >= 0, "
+                f"got {self.forward_working_bytes}, {self.backward_working_bytes}"
+            )
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
             raise ValueError(
                 f"layer {self.name!r}: swappable_bytes ({self.swappable_bytes}) must lie in "
@@ -260,6 +273,8 @@ class StepProfile:
     passes it times under a plan that recomputes; it is above 1 where the host issues the
     recomputed kernels more slowly than the device runs them, or where checkpointing's own
     work is not small next to the segment's.
+    ``outside_working_bytes`` is what the step holds beyond ``static_bytes`` between the passes
+    (the optimizer step's temporaries): 0 when not measured.
 
     Example:
         >>> profile = StepProfile(
@@ -287,8 +302,11 @@ class StepProfile:
         segment_names = [segment.name for segment in self.segments]
         if len(set(segment_names)) != len(segment_names):
             raise ValueError("segment names in a StepProfile must be unique")
-        if self.static_bytes < 0:
-            raise ValueError(f"static_bytes must be >= 0, got {self.static_bytes}")
+        if self.static_bytes < 0 or self.outside_working_bytes < 0:
+            raise ValueError(
+                f"static_bytes and outside_working_bytes must be >= 0, got {self.static_bytes}, "
+                f"{self.outside_working_bytes}"
+            )
         if not 0.0 < self.recompute_cost_ratio < float("inf"):
             raise ValueError(
                 f"recompute_cost_ratio must be positive and finite, got {self.recompute_cost_ratio}"
@@ -346,6 +364,30 @@ class StepProfile:
     def small_storages(self) -> tuple[int, ...]:
         """Sizes of every storage kept only for being below ``min_swap_bytes``."""
         return tuple(size for layer in self.layers for size in layer.small_storages)
+
+    @property
+    def has_working_bytes(self) -> bool:
+        """Whether any working memory is listed (a layer's or between the passes)."""
+        return self.outside_working_bytes > 0 or any(
+            layer.forward_working_bytes or layer.backward_working_bytes for layer in self.layers
+        )
+
+    def without_working_bytes(self) -> StepProfile:
+        """This profile with no working memory listed: what the engine's ledger counts (itself
+        when it lists none).
+
+        Example:
+            >>> layer = LayerProfile("a", 100, 100, forward_working_bytes=30, backward_working_bytes=50)
+            >>> profile = StepProfile((layer,), 0, outside_working_bytes=20).without_working_bytes()
+            >>> profile.has_working_bytes, profile.layers[0].backward_working_bytes
+            (False, 0)
+        """
+        if not self.has_working_bytes:
+            return self
+        layers = tuple(
+            replace(layer, forward_working_bytes=0, backward_working_bytes=0) for layer in self.layers
+        )
+        return replace(self, layers=layers, outside_working_bytes=0)
 
     @property
     def unconstrained_peak_bytes(self) -> int:

@@ -16,8 +16,11 @@ __all__ = ["FreedBound", "lower_bound_seconds"]
 def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "swap") -> float:
     """Physical lower bound on the step time under ``budget_bytes`` (docs/design.md, the performance model).
 
-    ``X = max(0, unconstrained peak - budget)`` bytes must be off the device when the forward
-    ends. Swapping ``x`` of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
+    ``X = max(0, unconstrained peak + working - budget)`` bytes must be off the device when the
+    forward ends, ``working`` being the last layer's working memory (the larger of its forward
+    and backward working bytes: its forward and backward run with every byte not off the
+    device on it, and a recomputed segment holding it holds at least as much). Swapping ``x``
+    of them costs ``x / bw_out`` in forward and ``x / bw_in`` in backward
     (copies hidden perfectly behind compute); recomputing frees the rest, ``y = X - x``, at
     the least forward time that frees ``y`` bytes, ``R(y)`` (bounded from below by the
     Lagrangian relaxation of choosing non-overlapping segments, a stage never with its blocks:
@@ -39,7 +42,9 @@ def lower_bound_seconds(profile: StepProfile, budget_bytes: int, policy: str = "
         9.0
     """
     check_policy(policy)
-    excess = max(0, profile.unconstrained_peak_bytes - budget_bytes)
+    last = profile.layers[-1] if profile.layers else None
+    working = max(last.forward_working_bytes, last.backward_working_bytes) if last is not None else 0
+    excess = max(0, profile.unconstrained_peak_bytes + working - budget_bytes)
     forward = float(sum(layer.forward_seconds for layer in profile.layers))
     backward = float(sum(layer.backward_seconds for layer in profile.layers))
     if excess == 0:

@@ -284,6 +284,7 @@ def fitting_set(
     saved_bytes: Sequence[int],
     available_bytes: int,
     *,
+    working_bytes: Sequence[int] | None = None,
     resolution: int = FITTING_RESOLUTION,
 ) -> tuple[SegmentSpan, ...] | None:
     """The non-overlapping set of ``spans`` with the least recompute seconds whose step, with
@@ -298,6 +299,10 @@ def fitting_set(
     a recomputed span's backward plus its saves rebuilt then (its transient) must fit, and so
     must everything held at the end of the forward. Unlike :func:`recompute_frontier`, where a
     span lies matters: a stage early in the forward rebuilds its saves while little else is held.
+    ``working_bytes`` (per profile layer, default none) is the working memory of each layer, the
+    larger of its ``forward_working_bytes`` and ``backward_working_bytes``: a kept layer's must
+    fit on top of what is held up to it (in forward and in backward), and a recomputed span's
+    largest on top of its transient, as the timeline counts them (:mod:`.recompute`).
 
     A dynamic program over the forward order whose state is the bytes held so far (in units of
     ``available_bytes / resolution``; each state keeps the exact bytes of its cheapest set) and
@@ -321,6 +326,20 @@ def fitting_set(
     starting: list[list[int]] = [[] for _ in points]
     for index, span in enumerate(useful):
         starting[at[span.first]].append(index)
+    # What the layers up to the next point need on top of what is held before them when kept:
+    # their saves up to each, plus its working memory (their saves alone without any).
+    needs = []
+    for p in range(len(points) - 1):
+        first, end = points[p], points[p + 1]
+        need = prefix[end] - prefix[first]
+        if working_bytes is not None:
+            for j in range(first, end):
+                need = max(need, prefix[j + 1] - prefix[first] + working_bytes[j])
+        needs.append(need)
+    rebuilding = [
+        max(working_bytes[span.first : span.last + 1], default=0) if working_bytes is not None else 0
+        for span in useful
+    ]
     unit = max(1, available_bytes // resolution)
     # states[p][previous span or -1][bucket]: the cheapest state reaching it (see _State)
     states: list[dict[int, dict[int, _State]]] = [{} for _ in points]
@@ -335,6 +354,7 @@ def fitting_set(
     inf = math.inf
     for p in range(len(points) - 1):
         gap = prefix[points[p + 1]] - prefix[points[p]]
+        need = needs[p]
         kept = states[p + 1].setdefault(-1, {})
         here = starting[p]
         # per previous span (the last entry: -1), the offers of the spans starting here
@@ -354,7 +374,7 @@ def fitting_set(
             trail_taken.append(taken)
             # The layers up to the next point are kept.
             now = held + gap + outputs[previous]
-            if now <= available_bytes:
+            if now - gap + need <= available_bytes:
                 bucket = now // unit
                 known = kept.get(bucket)
                 if known is None:
@@ -366,7 +386,7 @@ def fitting_set(
                 continue
             options = offers[previous]
             if options is None:
-                options = _offers(useful, here, previous, states, at, available_bytes)
+                options = _offers(useful, here, previous, states, at, available_bytes, rebuilding)
                 offers[previous] = options
             for index, target, added, most_held, span_seconds in options:
                 if held > most_held:  # its transient (never negative) would not fit
@@ -402,6 +422,7 @@ def _offers(
     states: list[dict[int, dict[int, _State]]],
     at: dict[int, int],
     available_bytes: int,
+    rebuilding: Sequence[int],
 ) -> list[tuple[int, dict[int, _State], int, int, float]]:
     """For each span starting at a point, taken after ``previous`` (-1: a kept layer or the
     start): (span, the states at its end that it is the last span of, by bucket, the bytes it
@@ -409,7 +430,8 @@ def _offers(
     recompute seconds). A recomputed span
     holds its :attr:`~.recompute.SegmentSpan.held_bytes`; after a recomputed span, that one's
     outputs once more unless this one takes them as inputs; after kept layers, less the inputs
-    they saved (``input_sources``)."""
+    they saved (``input_sources``). ``rebuilding`` is each span's working memory on top of its
+    transient."""
     before = useful[previous] if previous >= 0 else None
     options = []
     for index in here:
@@ -420,5 +442,6 @@ def _offers(
             added = span.held_bytes - min(span.input_bytes, sum(nbytes for _, nbytes in span.input_sources))
         transient = span.saved_bytes if span.rebuilt_bytes is None else span.rebuilt_bytes
         end = states[at[span.last + 1]].setdefault(index, {})
-        options.append((index, end, added, available_bytes - transient - added, span.recompute_seconds))
+        most_held = available_bytes - transient - rebuilding[index] - added
+        options.append((index, end, added, most_held, span.recompute_seconds))
     return options

@@ -168,7 +168,8 @@ class Plan:
     def predicted_ledger_peak_bytes(self) -> int:
         """The predicted peak as the engine's ledger counts it: ``predicted_peak_bytes`` less the
         recomputed segments' saves while their backward runs, which go to the checkpoint and never
-        pass the engine's hooks (the same when nothing is recomputed).
+        pass the engine's hooks, and less the working memory the profile lists (the same when
+        nothing is recomputed and no working memory is listed).
 
         Example:
             >>> from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
@@ -179,7 +180,7 @@ class Plan:
             >>> plan.recomputed, plan.predicted_peak_bytes, plan.predicted_ledger_peak_bytes
             (('b',), 210, 40)
         """
-        if self.step is None or not self.step.recomputed:
+        if self.step is None or (not self.step.recomputed and not self.profile.has_working_bytes):
             return self.predicted_peak_bytes
         choice = PlanChoice(
             tuple(self.timeline.swap)
@@ -188,7 +189,7 @@ class Plan:
             self.prefetch_window_bytes,
             self.max_copying_out_bytes,
         )
-        return Simulator(self.step.profile).memory(choice).peak_bytes
+        return Simulator(self.step.profile.without_working_bytes()).memory(choice).peak_bytes
 
     @property
     def compute_wait_seconds(self) -> float:
@@ -428,7 +429,7 @@ def plan_swaps(
             host_limit,
             _host_bytes_of(costs, fewest_bytes_swapped(Simulator(profile), cap)),
             budget_bytes,
-            profile.unconstrained_peak_bytes + reserve_bytes,
+            _nothing_swapped_peak_bytes(profile) + reserve_bytes,
         )
     if result.best is None or result.step is None:
         raise BudgetTooSmallError(
@@ -528,6 +529,12 @@ def swap_everything_peak_bytes(profile: StepProfile) -> int:
     """
     simulator = Simulator(profile)
     return simulator.peak_bytes(least_peak_choice(simulator))
+
+
+def _nothing_swapped_peak_bytes(profile: StepProfile) -> int:
+    """The predicted peak with nothing swapped or recomputed (working memory included)."""
+    simulator = Simulator(profile)
+    return simulator.peak_bytes(PlanChoice((False,) * simulator.k, 0, 0))
 
 
 def _profiling_floor(profile: StepProfile, profiling_peak_bytes: int | None) -> int:

@@ -31,6 +31,13 @@ engine's ledger and on the device, never below either):
   listed under the next layer that does, after the segment (``LayerProfile.resaved_by_module``
   names the module): it never leaves the segment and is not counted after it.
 
+Working memory (``LayerProfile.forward_working_bytes``, ``backward_working_bytes``, what the
+ledger never sees) follows the layers: a kept layer keeps its own; a recomputed segment's layer
+holds in forward the most any of its layers holds beyond its level, and in backward, on top of
+its transient, the most any of its layers holds while its backward runs *or while its forward
+runs again* (the forward that rebuilds the saves runs inside that backward): the largest of its
+layers' forward and backward working bytes. The step's ``outside_working_bytes`` is unchanged.
+
 A segment recomputed **selectively** (:attr:`SegmentSpan.selective`) keeps what its matrix
 products, convolutions and attention kernels write (``SegmentProfile.selective_kept_bytes``,
 which the engine sees inside the segment and keeps) and runs its other ops again in backward:
@@ -79,6 +86,7 @@ __all__ = [
     "named_spans",
     "nested_span",
     "policy_spans",
+    "rebuilding_working_bytes",
     "recomputed_profile",
     "resaved_inside",
     "set_key",
@@ -518,6 +526,22 @@ def resaved_inside(layer: LayerProfile, segment: str) -> int:
     return total
 
 
+def rebuilding_working_bytes(layers: Sequence[LayerProfile]) -> int:
+    """What a recomputed segment made of ``layers`` holds beyond its backward level and its
+    transient while its backward runs: the most any of its layers holds while its forward runs
+    again (the recomputation, inside that backward) or while its backward runs.
+
+    Example:
+        >>> rebuilding_working_bytes([LayerProfile("b.x", 10, 10, forward_working_bytes=30,
+        ...                                         backward_working_bytes=20),
+        ...                           LayerProfile("b.y", 10, 10, backward_working_bytes=25)])
+        30
+    """
+    return max(
+        (max(layer.forward_working_bytes, layer.backward_working_bytes) for layer in layers), default=0
+    )
+
+
 def recomputed_profile(
     profile: StepProfile, spans: Sequence[SegmentSpan], *, swappable: bool = True
 ) -> RecomputedProfile:
@@ -553,6 +577,7 @@ def recomputed_profile(
             group_spans.append(span)
             ungrouped = span.last + 1
     index, resaving = _layer_index(profile)
+    working = _memo.get(profile, "working", lambda: profile.has_working_bytes)
     count = len(names)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside
@@ -645,6 +670,8 @@ def recomputed_profile(
                     backward_seconds=layer.backward_seconds,
                     small_storages=layer.small_storages if swappable else (),
                     resaved_by=resaved,
+                    forward_working_bytes=layer.forward_working_bytes,
+                    backward_working_bytes=layer.backward_working_bytes,
                 )
             )
             transient.append(0)
@@ -659,6 +686,10 @@ def recomputed_profile(
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
+                    forward_working_bytes=max(layer.forward_working_bytes for layer in inner)
+                    if working
+                    else 0,
+                    backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
                 )
             )
             saved = sum(layer.saved_bytes for layer in inner)
@@ -669,6 +700,7 @@ def recomputed_profile(
         profile.d2h_bytes_per_second,
         profile.h2d_bytes_per_second,
         resaves_listed=profile.resaves_listed,
+        outside_working_bytes=profile.outside_working_bytes,
     )
     return RecomputedProfile(
         derived,

@@ -22,13 +22,17 @@ step. The rules (:func:`scale_profile`):
   plan. :func:`fit_growth` learns ``g`` per layer from two measured shapes. The split
   between swappable and resident bytes scales with the layer (the ``min_swap_bytes``
   threshold is not re-applied: a storage that crosses it is only seen in measured bytes),
-  ``resaved_by`` scales with the layer, and ``small_storages`` is dropped (unknown).
+  ``resaved_by`` scales with the layer, and ``small_storages`` is dropped (unknown). A layer's
+  working memory (``forward_working_bytes``, ``backward_working_bytes``: activations' gradients,
+  a loss's logits) scales with its bytes too: measured where the new shape's figures list it,
+  else by the layer's measured bytes ratio, else by its bytes factor.
 * **Times follow the work.** Each layer's forward and backward seconds are multiplied by its
   bytes ratio when measured bytes are given (saved bytes and work grow alike: a matmul,
   convolution or attention saves inputs of the same shape as the work it does), else by
   ``batch * extent ** g`` with ``g`` the known exponent or 1 (the time is an estimate, not a
   bound; the conservative byte rule is for memory only).
-* **The host link as measured**; static memory (model state) unchanged.
+* **The host link as measured**; static memory (model state) and the working memory between the
+  passes (the optimizer's, which follows the parameters) unchanged.
 
 A plan made for one shape covers another of the same pass (:func:`plan_covers`) when the
 other's profile under that plan has a predicted peak (:class:`~.timeline.Simulator`, the
@@ -165,14 +169,27 @@ backward_seconds=0.004)
                 "whose layers differ must be profiled, not scaled"
             )
         scaled = []
-        _, fallback = _layer_factors(len(layers), ratio, growth, max_growth)
-        for layer, now, other in zip(layers, measured, fallback, strict=True):
-            work = now.saved_bytes / layer.saved_bytes if layer.saved_bytes and now.saved_bytes else other
+        sizes, fallback = _layer_factors(len(layers), ratio, growth, max_growth)
+        for layer, now, size, other in zip(layers, measured, sizes, fallback, strict=True):
+            known = layer.saved_bytes and now.saved_bytes
+            work = now.saved_bytes / layer.saved_bytes if known else other
+            grows = now.saved_bytes / layer.saved_bytes if known else size
+            working = now.forward_working_bytes or now.backward_working_bytes
             scaled.append(
                 replace(
                     now,
                     forward_seconds=layer.forward_seconds * work,
                     backward_seconds=layer.backward_seconds * work,
+                    forward_working_bytes=(
+                        now.forward_working_bytes
+                        if working
+                        else math.ceil(layer.forward_working_bytes * grows)
+                    ),
+                    backward_working_bytes=(
+                        now.backward_working_bytes
+                        if working
+                        else math.ceil(layer.backward_working_bytes * grows)
+                    ),
                 )
             )
         factors = [
@@ -201,6 +218,8 @@ backward_seconds=0.004)
                 forward_seconds=layer.forward_seconds * work,
                 backward_seconds=layer.backward_seconds * work,
                 resaved_by=tuple(resaved),
+                forward_working_bytes=math.ceil(layer.forward_working_bytes * size),
+                backward_working_bytes=math.ceil(layer.backward_working_bytes * size),
             )
         )
     grown = max(bytes_factors, default=1.0)

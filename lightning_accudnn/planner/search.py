@@ -577,7 +577,8 @@ def fitting_sets(
     :func:`~lightning_accudnn.planner.frontier.fitting_set`, and (``swappable``) those that
     leave some bytes to swap: a share (each of ``shares``, by default :data:`SWAP_SHARES`) of
     what the link copies out during the forward and back during the backward, the copies the
-    compute can hide.
+    compute can hide. Working memory counts as the timeline counts it (none fits below the
+    static memory and the working memory between the passes).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile
@@ -586,7 +587,14 @@ def fitting_sets(
         >>> [[span.name for span in chosen] for chosen in fitting_sets(profile, spans, 320, False)]
         [['a']]
     """
+    if cap < profile.static_bytes + profile.outside_working_bytes:
+        return []  # not even the step between the passes fits
     saved = [layer.saved_bytes for layer in profile.layers]
+    working = (
+        [max(layer.forward_working_bytes, layer.backward_working_bytes) for layer in profile.layers]
+        if profile.has_working_bytes
+        else None
+    )
     available = cap - profile.static_bytes
     hidden = 0.0
     if swappable:
@@ -600,7 +608,9 @@ def fitting_sets(
     sets: dict[tuple[tuple[str, bool], ...], tuple[SegmentSpan, ...]] = {}
     for share in shares if hidden > 0 else (0.0,):
         for margin in margins:
-            chosen = fitting_set(spans, saved, int(margin * available + share * hidden))
+            chosen = fitting_set(
+                spans, saved, int(margin * available + share * hidden), working_bytes=working
+            )
             if chosen is not None:
                 sets.setdefault(set_key(chosen), chosen)
     return list(sets.values())

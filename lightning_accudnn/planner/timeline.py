@@ -9,7 +9,7 @@ and a copy-out limit ``L`` (the engine's ``max_copying_out_bytes``; ``None``: no
 Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is layer
 ``i``'s swappable bytes when it is swapped (0 when kept), ``S_i`` its saved bytes.
 
-**Memory (an upper bound on the engine's ledger, whatever the CPU's lead).**
+**Memory (an upper bound on the engine's ledger, whatever the CPU's lead, plus working memory).**
 
 * Static memory ``M`` is held all step. At the start of ``F_i`` layer ``i``'s ``S_i`` bytes are
   counted at once.
@@ -42,6 +42,17 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
   bytes whose last save is ``n`` replaces ``R_n`` (an ``H_n(i)`` that over-counts ``E_i`` under-counts
   ``Q_n`` by no more). The level never grows when ``R_f`` grows, so the facts below still hold.
 
+**Working memory (what the ledger never sees).** A layer's ``LayerProfile.forward_working_bytes``
+``F'_i`` is added to its forward level (what the step holds at most beyond it while ``F_i``
+runs: outputs nothing saves yet, a loss's logits) and its ``backward_working_bytes`` ``B'_i`` to
+its backward level (activations' gradients, workspaces while ``B_i`` runs). A layer whose
+backward rebuilds saves (a recomputed segment's: ``transient_bytes``, the saves rebuilt, are
+added to its backward level) runs the forward that rebuilds them inside that backward:
+:mod:`.recompute` gives its layer ``F'_i``, the largest of its layers', and ``B'_i``, the largest
+of its layers' forward and backward working bytes, on top of the transient. Between the passes
+the step holds ``M + StepProfile.outside_working_bytes`` (the optimizer step's temporaries): the
+peak is never below it. Each term is a constant per layer and plan, so what follows holds still.
+
 So the peak never increases when a layer is swapped, nor when ``L`` or ``w`` shrink: the least
 peak of any plan is swapping every swappable layer with ``L = w = 0``.
 
@@ -68,7 +79,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from operator import and_, attrgetter
+from operator import add, and_, attrgetter
 
 from lightning_accudnn.planner.timeline_results import (
     LayerTiming,
@@ -141,6 +152,19 @@ class Simulator:
         self.transient = tuple(transient_bytes) if transient_bytes is not None else (0,) * self.k
         if len(self.transient) != self.k or any(nbytes < 0 for nbytes in self.transient):
             raise ValueError(f"transient_bytes must hold {self.k} byte counts >= 0, got {transient_bytes}")
+        # Working memory (see the module docstring): what F_i and B_i hold beyond their levels,
+        # and the least any moment of the step holds (static memory, and between the passes).
+        self.forward_working: tuple[int, ...] = tuple(map(attrgetter("forward_working_bytes"), layers))
+        self.backward_working: tuple[int, ...] = tuple(map(attrgetter("backward_working_bytes"), layers))
+        self.floor = self.static + profile.outside_working_bytes
+        self._forward_working = any(self.forward_working)
+        # What B_i holds beyond the ledger's level: its transient and its working memory (the
+        # transient itself when no working memory is listed: the hot loops read one number).
+        self._backward_extra = (
+            tuple(map(add, self.transient, self.backward_working))
+            if any(self.backward_working)
+            else self.transient
+        )
 
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
@@ -190,7 +214,7 @@ class Simulator:
             kept + max(own, nxt, min(choice.prefetch_window_bytes, below))
             for kept, own, nxt, below in self._backward_terms(retired)
         ]
-        peak, event, index = self.static, "static", -1
+        peak, event, index = self.floor, "static" if self.floor == self.static else "between passes", -1
         for i, level in enumerate(forward_levels):
             if level > peak:
                 peak, event, index = level, "forward", i
@@ -211,7 +235,7 @@ class Simulator:
         forward_levels, retired = self._forward_memory(
             self.effective(choice.swap), choice.max_copying_out_bytes
         )
-        peak = max(self.static, max(forward_levels, default=0))
+        peak = max(self.floor, max(forward_levels, default=0))
         window = choice.prefetch_window_bytes
         if self.has_resaves:
             for kept, own, nxt, below in self._backward_terms(retired):
@@ -224,7 +248,7 @@ class Simulator:
                     peak = level
             return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
-        for saved, own, extra in zip(self.saved, retired, self.transient, strict=True):
+        for saved, own, extra in zip(self.saved, retired, self._backward_extra, strict=True):
             kept_below += saved - own
             retired_below += own
             level = kept_below + extra
@@ -249,7 +273,7 @@ class Simulator:
             True
         """
         forward_levels, retired = self._forward_memory(self.effective(swap), limit)
-        if max(forward_levels, default=self.static) > cap or self.static > cap:
+        if max(forward_levels, default=self.floor) > cap or self.floor > cap:
             return None
         largest = sum(retired)
         for kept, own, nxt, below in self._backward_terms(retired):
@@ -260,7 +284,8 @@ class Simulator:
         return largest
 
     def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:
-        """Levels at the start of each ``F_i`` and the bytes of each layer retired in forward."""
+        """Levels of each ``F_i`` (at its start, plus its working memory) and the bytes of each
+        layer retired in forward."""
         last = self._last_forward
         if last is not None and last[1] == limit and last[0] == swap:
             return last[2], last[3]
@@ -295,11 +320,14 @@ class Simulator:
                     left[oldest] -= retire
                     fifo_bytes -= retire
         retired = [w - still if s else 0 for s, w, still in zip(swap, swappable, left, strict=True)]
+        if self._forward_working:
+            forward_levels = list(map(add, forward_levels, self.forward_working))
         self._last_forward = (swap, limit, forward_levels, retired)
         return forward_levels, retired
 
     def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
-        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j) + E_i``, ``R_i``, ``Q_n``,
+        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j) + E_i`` plus what ``B_i`` holds on top,
+        its transient and working memory, ``R_i``, ``Q_n``,
         ``sum_{j<=i} R_j - E_i``); without re-saved storages ``E_i = 0`` and ``Q_n = R_n``
         (see the module docstring)."""
         last = self._last_terms
@@ -316,10 +344,11 @@ class Simulator:
         kept_below = self.static
         retired_below = 0
         next_retired = 0  # R_n of the nearest layer n < i with R_n > 0
+        extra = self._backward_extra
         for i in range(self.k):
             kept_below += self.saved[i] - retired[i]
             retired_below += retired[i]
-            terms.append((kept_below + self.transient[i], retired[i], next_retired, retired_below))
+            terms.append((kept_below + extra[i], retired[i], next_retired, retired_below))
             if retired[i] > 0:
                 next_retired = retired[i]
         return terms
@@ -365,7 +394,7 @@ class Simulator:
         terms = []
         kept_below = self.static
         retired_below = 0
-        saved, transient = self.saved, self.transient
+        saved, transient = self.saved, self._backward_extra
         fixed = -1  # the nearest position below i that does not vary, with bytes...
         fixed_content = 0  # ...and those bytes
         # varying[low:high]: the varying positions above fixed and below i (both only grow)

@@ -39,9 +39,11 @@ class PlanChoice:
 class MemoryEstimate:
     """The predicted peak of a plan and where it happens; ``levels`` has one entry per compute op.
 
-    ``peak_event`` is ``"static"`` (no layers), ``"forward"`` (at the start of ``F`` of
-    ``peak_layer``) or ``"backward"`` (while ``B`` of ``peak_layer`` runs). ``forward_levels[i]``
-    and ``backward_levels[i]`` are the bytes counted at ``F_i`` and during ``B_i``.
+    ``peak_event`` is ``"static"`` (no layers), ``"between passes"`` (static memory and the
+    optimizer step's working memory, ``StepProfile.outside_working_bytes``), ``"forward"``
+    (while ``F`` of ``peak_layer`` runs) or ``"backward"`` (while ``B`` of ``peak_layer`` runs).
+    ``forward_levels[i]`` and ``backward_levels[i]`` are the bytes counted at ``F_i`` and during
+    ``B_i``, working memory included.
 
     Example:
         >>> from lightning_accudnn.planner.timeline import Simulator, simulate
@@ -167,6 +169,10 @@ class Timeline:
         """A one-line account of the peak, e.g. ``"backward of 'conv3': 7.20 GB"``."""
         if self.peak_event == "static":
             return f"static memory: {format_bytes(self.peak_bytes)}"
+        if self.peak_event == "between passes":
+            return (
+                f"between the passes (static and optimizer working memory): {format_bytes(self.peak_bytes)}"
+            )
         return f"{self.peak_event} of {self.peak_layer!r}: {format_bytes(self.peak_bytes)}"
 
     def memory_curve(self) -> tuple[list[float], list[int]]:

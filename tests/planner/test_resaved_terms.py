@@ -36,7 +36,8 @@ def _direct_terms(sim, retired):
 
         below = (left_at(n) for n in reversed(range(i)))
         next_retired = next((content for content in below if content > 0), 0)
-        terms.append((kept_below + early + sim.transient[i], retired[i], next_retired, retired_below - early))
+        extra = sim.transient[i] + sim.backward_working[i]
+        terms.append((kept_below + early + extra, retired[i], next_retired, retired_below - early))
     return terms
 
 
@@ -52,6 +53,8 @@ def _random_case(rng, k, resave_share):
     sim.k, sim.static, sim.resaved = k, rng.randint(0, 100), resaved
     sim.saved = [rng.randint(0, 50) for _ in range(k)]
     sim.transient = [rng.randint(0, 20) for _ in range(k)]
+    sim.backward_working = [rng.choice([0, rng.randint(0, 20)]) for _ in range(k)]
+    sim._backward_extra = [t + w for t, w in zip(sim.transient, sim.backward_working, strict=True)]
     sim._index_resaves()
     retired = [rng.choice([0, 0, rng.randint(0, 60)]) for _ in range(k)]
     return sim, retired

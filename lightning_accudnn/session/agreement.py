@@ -133,6 +133,46 @@ class PlanAgreement:
         return self._model_ordinals.setdefault(model, len(self._model_ordinals))
 
 
+def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> StepProfile:
+    """``profile`` with, per layer (by name) and between passes, the most working memory it or
+    ``earlier`` (the same pass kind's, from earlier passes) measured.
+
+    Working memory is what the allocator held beyond the ledger, and which bytes that is depends
+    on the plan a pass ran: an activation the engine swapped out while the model's code still
+    holds it is working memory under a plan that swaps it, saved bytes under one that keeps it.
+    Plans made from the most of every pass measured (the profiling pass swaps all it can) count
+    either way.
+
+    Example:
+        >>> earlier = StepProfile((LayerProfile("fc", 10, 10, forward_working_bytes=7),), 0)
+        >>> now = StepProfile((LayerProfile("fc", 10, 10, backward_working_bytes=5),), 0)
+        >>> layer = with_most_working_memory(now, earlier).layers[0]
+        >>> layer.forward_working_bytes, layer.backward_working_bytes
+        (7, 5)
+    """
+    if not earlier.has_working_bytes:
+        return profile
+    by_name = {layer.name: layer for layer in earlier.layers}
+    layers = []
+    for layer in profile.layers:
+        known = by_name.get(layer.name)
+        if known is not None and (
+            known.forward_working_bytes > layer.forward_working_bytes
+            or known.backward_working_bytes > layer.backward_working_bytes
+        ):
+            layer = replace(
+                layer,
+                forward_working_bytes=max(layer.forward_working_bytes, known.forward_working_bytes),
+                backward_working_bytes=max(layer.backward_working_bytes, known.backward_working_bytes),
+            )
+        layers.append(layer)
+    return replace(
+        profile,
+        layers=tuple(layers),
+        outside_working_bytes=max(profile.outside_working_bytes, earlier.outside_working_bytes),
+    )
+
+
 def with_times_of(
     layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
 ) -> tuple[LayerProfile, ...]:

@@ -24,7 +24,7 @@ from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.planner.plan import ROUTE_EAGER
 from lightning_accudnn.profiling.bandwidth import LinkCurve
-from lightning_accudnn.session.agreement import Measured, PlanAgreement
+from lightning_accudnn.session.agreement import Measured, PlanAgreement, with_most_working_memory
 from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.session.background_plans import BackgroundPlans
 from lightning_accudnn.session.collector_pause import CollectorPause
@@ -376,6 +376,8 @@ class PassRunner:
             # The optimizer's temporaries, measured after its first step (a plan's own profile,
             # which a plan that recomputes keeps, is from a profiling pass: none before it).
             profile = replace(profile, outside_working_bytes=step.outside_working_bytes)
+        if step.timed and known is not None:
+            profile = with_most_working_memory(profile, known.profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)

@@ -92,7 +92,7 @@ class OpBytesAllocator:
         if self._host is not None and self._host(tensor):
             return
         storage = tensor.untyped_storage()
-        address = int(StorageWeakRef(storage).cdata)  # type: ignore[no-untyped-call]
+        address = int(StorageWeakRef(storage).cdata)
         known = self._alive.get(address)
         if known is not None and known() is not None:
             return  # a view of a storage counted already
@@ -133,4 +133,4 @@ def _dense(leaf: object) -> bool:
 
 
 def _address(tensor: torch.Tensor) -> int:
-    return int(StorageWeakRef(tensor.untyped_storage()).cdata)  # type: ignore[no-untyped-call]
+    return int(StorageWeakRef(tensor.untyped_storage()).cdata)

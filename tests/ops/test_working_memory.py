@@ -119,7 +119,8 @@ def test_what_is_held_between_passes_is_the_outside_working_memory():
 
 def test_a_loss_holds_its_logits_and_their_gradients_at_its_own_levels():
     """Cross-entropy over logits no layer saves: the logits are held in forward at the level
-    of the last layer that saved before the loss (the Tanh: the last Linear saves its output), and the loss's backward (the root's: the training step's own code) holds two
+    of the last layer that saved before the loss (the Tanh: the last Linear saves only the Tanh's
+    output again), and the loss's backward (the root's: the training step's own code) holds two
     logit-sized gradients at least on top of what the loss saved."""
     torch.manual_seed(0)
     batch, classes = 64, 1000
@@ -178,10 +179,10 @@ def test_no_reader_or_a_replayed_pass_measures_nothing(replayed):
 def test_an_aborted_pass_stops_observing_the_ledger():
     model = _model()
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=2**40)
-    with pytest.raises(RuntimeError, match="boom"):
-        with engine.offload(model, SwapSchedule.keep_everything(), allocated_peak=lambda: 0):
-            model(torch.randn(16, 32)).sum()
-            assert engine.ledger.observer is not None
-            raise RuntimeError("boom")
+    schedule = SwapSchedule.keep_everything()
+    with pytest.raises(RuntimeError, match="boom"), engine.offload(model, schedule, allocated_peak=lambda: 0):
+        model(torch.randn(16, 32)).sum()
+        assert engine.ledger.observer is not None
+        raise RuntimeError("boom")
     assert engine.ledger.observer is None
     engine.close()

@@ -80,3 +80,35 @@ def test_a_budget_the_saves_fit_but_the_working_memory_does_not_is_met_by_the_pl
     for peak, predicted, usable, reserve in seen:
         assert reserve == 0, "a pass went past its room: the plan did not count the working memory"
         assert peak <= predicted <= usable
+
+
+def test_plans_count_the_most_each_layer_held_in_any_pass():
+    """The profiling pass swaps everything; an activation swapped while the model's code still
+    holds it is working memory there, saved bytes under a plan that keeps it. Plans keep the most
+    of both for every layer, so that a plan swapping what an earlier one kept is not under-counted."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    allocator = OpBytesAllocator(base_bytes=parameters, host=lambda tensor: tensor.dtype == torch.uint8)
+    config = OffloadConfig(budget="100%", min_swap_bytes=0, plan_in_background=False)
+    session = OffloadSession(config, "cpu", allocator=allocator)
+    history = []
+    for _ in range(4):
+        with allocator.counting():
+            inputs = torch.randn(BATCH, WIDTH)
+            targets = torch.randint(0, CLASSES, (BATCH,))
+            with session.step(model, optimizer):
+                loss = nn.functional.cross_entropy(model(inputs), targets)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        profile = session.plan.profile
+        history.append(
+            [(layer.forward_working_bytes, layer.backward_working_bytes) for layer in profile.layers]
+            + [(profile.outside_working_bytes, 0)]
+        )
+    session.close()
+    assert session.plan.swapped_bytes == 0  # the plans keep everything; the profiling pass did not
+    for earlier, later in zip(history, history[1:], strict=False):
+        assert all(a <= b and c <= d for (a, c), (b, d) in zip(earlier, later, strict=True))
+    assert any(value for pair in history[0] for value in pair)  # the profiling pass measured some

@@ -115,7 +115,7 @@ def test_cuda_control_keeps_the_peaks_its_readings_reset_for_the_pass(monkeypatc
         }
 
     def reset(device):
-        allocator["allocated_peak"], allocator["reserved_peak"] = allocator["allocated"], allocator["reserved"]
+        allocator.update(allocated_peak=allocator["allocated"], reserved_peak=allocator["reserved"])
 
     def use(allocated, reserved):
         allocator.update(allocated=allocated, reserved=reserved)

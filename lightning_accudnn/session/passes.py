@@ -360,7 +360,11 @@ class PassRunner:
             probe = self.segment_probe
             segments = recomputable_segments(probe.segments(), step.layers_read_in_forward)
             profile = replace(profile, segments=segments, excluded_segments=probe.excluded())
-            self.planning.note_profiling_peak(key, step.ledger_peak_bytes - self.engine.ledger.static_bytes)
+            # With its working memory measured, the pass needed what the allocator held.
+            stats = self.stats
+            measured = self.allocated_peak is not None and stats is not None
+            peak = stats.peak_device_bytes if measured and stats is not None else step.ledger_peak_bytes
+            self.planning.note_profiling_peak(key, peak - self.engine.ledger.static_bytes)
         profile = profile_to_plan_from(plan, profile, step.graph_changed)
         if step.timed and plan is not None and known is not None:
             # Warm passes are faster: each layer keeps its fastest time (a plan that recomputes

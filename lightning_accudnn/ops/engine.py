@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops.layers import SaveSequence
+from lightning_accudnn.ops.ledger import ObservedLedger
 from lightning_accudnn.ops.pack import CHANGED_GRAPH_LAYER, SaveHooks, keep_on_device
 from lightning_accudnn.ops.recording import ReplayedLayers, StepStats, layer_usage
 from lightning_accudnn.ops.replay import ReplayRoute
@@ -193,7 +194,7 @@ class OffloadEngine(SaveHooks):
             tracker = self.tracker
             self._meter = WorkingMemoryMeter(allocated_peak, lambda: tracker.current)
             self._meter.start(static_bytes)
-            self.ledger.observer = self._meter
+            self.ledger = ObservedLedger(self.ledger, self._meter)
         self._hooked = True
         try:
             with self.tracker.attached(model) if sequence is None else nullcontext():
@@ -325,11 +326,12 @@ class OffloadEngine(SaveHooks):
         in order; ``None``: the pass was aborted), ``None`` when it measured none; the ledger is
         no longer observed."""
         meter, self._meter = self._meter, None
+        ledger = self.ledger
+        if isinstance(ledger, ObservedLedger):
+            self.ledger = ledger.unobserved()
         if meter is None or layers is None:
-            self.ledger.observer = None
             return None
-        self.ledger.observer = None
-        return meter.end(self.ledger.current_bytes, layers)
+        return meter.end(ledger.current_bytes, layers)
 
     def _observed_peak(self, route: ReplayRoute) -> int | None:
         """The activation peak of the last observed pass, if it was replayed on ``route``

@@ -246,7 +246,7 @@ class SaveRecords(CopyTraffic):
     def _uncount_kept(self, step: StepState, group: int) -> None:
         """The last pending save of a fast-kept storage was read (or the step ends): out of the count."""
         step.kept_pending[group] = 0
-        self.ledger.release(step.kept_sizes[group])
+        self.ledger.activation_bytes -= step.kept_sizes[group]
         if self._tracks_blocks:
             self.runtime.release(step.kept_address.pop(group))
 
@@ -306,6 +306,9 @@ class SaveHooks(SaveRecords):
         packed, record, opened = self._pack_record(
             step, ordinal, tensor, storage, key, storage_nbytes, layer, excluded
         )
+        meter = self._meter
+        if meter is not None:
+            meter.saved(record.layer)
         recording.append(
             layer,
             excluded,
@@ -530,9 +533,6 @@ class SaveHooks(SaveRecords):
                 raise modified_in_place_error(geometry[0], geometry[1], root._version, version)
         if self._in_forward and not record.read_in_forward:
             self._mark_read_in_forward(record)
-        meter = self._meter
-        if meter is not None:
-            meter.read(record.layer, self.ledger.current_bytes)
         if kept is None:
             fetched = record.fetched
             if fetched is None:
@@ -557,6 +557,9 @@ class SaveHooks(SaveRecords):
         if not step.handle_unpacked[number]:
             step.handle_unpacked[number] = 1
             record.pending_unpacks -= 1
+            meter = self._meter
+            if meter is not None:
+                meter.read(record.layer, self.ledger.current_bytes)
         if record.pending_unpacks == 0 and not record.read_in_forward and not self._in_forward:
             self._release_device(step if step is self._step else None, record)
         return tensor

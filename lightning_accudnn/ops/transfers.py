@@ -116,7 +116,7 @@ class CopyTraffic:
         """``nbytes`` at ``key`` leave the count (and the runtime's blocks), in compute order: a
         saved storage the engine no longer needs, or a copy brought back whose storage died or
         whose step ended."""
-        self.ledger.release(nbytes)
+        self.ledger.activation_bytes -= nbytes
         if self._tracks_blocks:
             self.runtime.release(key)
         # A prefetched block leaves the window when its last device reference dies (after

@@ -17,11 +17,15 @@ anywhere:
   with ``u`` unseen bytes, taken when ``a`` bytes were saved so far, therefore holds
   ``u + a - (bytes the layers up to f save in the pass)`` beyond that level:
   :attr:`LayerProfile.forward_working_bytes` is the most of that (never below 0).
-* In backward, the level of layer ``f`` counts all of ``f``'s saves until its backward ends, and
-  its backward runs from the first read of one of its saves (the lowest layer read so far) on.
-  The engine lets a save go from its count when autograd reads it, while autograd's op still
-  holds the tensor, so the bytes let go since ``f``'s backward began are taken off the unseen
-  ones: :attr:`LayerProfile.backward_working_bytes` is the most of the rest.
+* In backward, the level of layer ``f`` counts all of the saves of the layers up to ``f`` (those
+  above are consumed). Readings go to the highest layer with a save autograd has not read yet:
+  the layers above it are done, and its own saves are all still counted by the level (a
+  layer is done at the first read of another layer's save after its last: the op that read its
+  last save holds it until then). The engine lets a save go from its count when autograd reads
+  it, while autograd's op still holds the tensor, so the bytes let go since that layer became the
+  highest are taken off the unseen ones: :attr:`LayerProfile.backward_working_bytes` is the most of the rest. (The lowest layer
+  read so far would not do: a model's own code may save before its first layer and again for
+  its loss, so that the layer of the loss's saves comes first in the order and is read first.)
 * Between passes (the optimizer's step) the allocator's peak less model state is
   :attr:`WorkingMemory.outside_bytes`.
 
@@ -32,8 +36,10 @@ Example:
     >>> ledger = 100  # model state
     >>> meter.start(ledger)
     >>> meter.changing(ledger); meter.acquired(80); ledger += 80  # "a" saves its 80-byte output
+    >>> meter.saved("a")
     >>> layer[0] = "b"
     >>> meter.changing(ledger); meter.acquired(20); ledger += 20  # "b" saves 20 bytes...
+    >>> meter.saved("b")
     >>> meter.begin_backward(ledger, ["a", "b"])  # ... and held a 50-byte temporary after that
     >>> meter.read("b", ledger)
     >>> memory = meter.end(ledger, ["a", "b"])  # the loss's gradient: 60 bytes
@@ -97,8 +103,10 @@ class WorkingMemoryMeter:
         self._forward_top: dict[int, int] = {}  # per position: the most of unseen + saved so far
         self._backward_top: dict[int, int] = {}  # per position: the most unseen less let go
         self._in_backward = False
+        self._unread: dict[str, int] = {}  # per layer: its saves autograd has not read yet
         self._profile_position: dict[str, int] = {}  # in backward: the profile's order
-        self._reading = -1  # in backward, the lowest position read so far
+        self._layers: tuple[str, ...] = ()
+        self._reading = -1  # in backward: the highest position with a save not read
         self._let_go = 0  # bytes the ledger let go since that position's backward began
 
     def start(self, ledger_bytes: int) -> None:
@@ -134,23 +142,46 @@ class WorkingMemoryMeter:
         if self._in_backward:
             self._let_go += nbytes
 
+    def saved(self, layer: str) -> None:
+        """Autograd holds one more save of ``layer``'s, to be read in backward."""
+        self._unread[layer] = self._unread.get(layer, 0) + 1
+
     def begin_backward(self, ledger_bytes: int, layers: Sequence[str]) -> None:
         """The forward is over; ``layers`` are the profile's, in its order (of their first
-        save). Until a save is read, backward readings go to the last of them."""
+        save)."""
         self.changing(ledger_bytes)
         self._in_backward = True
         self._profile_position = {layer: position for position, layer in enumerate(layers)}
-        self._reading = len(layers) - 1
+        self._layers = tuple(layers)
+        highest = self._highest_unread(len(layers) - 1)
+        self._reading = len(layers) - 1 if highest is None else highest
         self._let_go = 0
 
     def read(self, layer: str, ledger_bytes: int) -> None:
-        """Autograd reads a save of ``layer`` in backward: below the lowest read so far, its
-        backward begins."""
-        position = self._profile_position.get(layer)
-        if position is not None and position < self._reading:
-            self.changing(ledger_bytes)
-            self._reading = position
-            self._let_go = 0
+        """Autograd reads a save of ``layer`` (once per save). Once the highest layer with saves
+        to read has none left, its backward is over at the next read of another layer's (the op
+        that read its last save held it until then); later readings go to the next one down
+        with saves to read (none left: they stay)."""
+        reading = self._reading
+        if (
+            self._in_backward
+            and reading >= 0
+            and self._unread.get(self._layers[reading], 0) <= 0
+            and self._profile_position.get(layer) != reading
+        ):
+            below = self._highest_unread(reading - 1)
+            if below is not None:
+                self.changing(ledger_bytes)
+                self._reading = below
+                self._let_go = 0
+        self._unread[layer] = self._unread.get(layer, 0) - 1
+
+    def _highest_unread(self, start: int) -> int | None:
+        """The highest position at or below ``start`` whose layer has a save not read yet."""
+        for position in range(start, -1, -1):
+            if self._unread.get(self._layers[position], 0) > 0:
+                return position
+        return None
 
     def end(self, ledger_bytes: int, layers: Sequence[str]) -> WorkingMemory:
         """The pass is over: what the levels of ``layers`` (the profile's, in its order) held

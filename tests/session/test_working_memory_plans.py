@@ -112,3 +112,39 @@ def test_plans_count_the_most_each_layer_held_in_any_pass():
     for earlier, later in zip(history, history[1:], strict=False):
         assert all(a <= b and c <= d for (a, c), (b, d) in zip(earlier, later, strict=True))
     assert any(value for pair in history[0] for value in pair)  # the profiling pass measured some
+
+
+class ScaledFirst(nn.Module):
+    """Saves in its own code before its first layer (the scaling), so that the layer of the
+    loss's saves, the step's own code, comes first in the order of first saves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(WIDTH))
+        self.body = _model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x * self.scale)
+
+
+def test_the_loss_is_charged_right_when_its_layer_saved_first():
+    model = ScaledFirst()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    allocator = OpBytesAllocator(base_bytes=parameters)
+    config = OffloadConfig(budget="100%", min_swap_bytes=2**40, plan_in_background=False)
+    session = OffloadSession(config, "cpu", allocator=allocator)
+    seen = []
+    for _ in range(4):
+        with allocator.counting():
+            inputs = torch.randn(BATCH, WIDTH)
+            targets = torch.randint(0, CLASSES, (BATCH,))
+            with session.step(model, optimizer):
+                loss = nn.functional.cross_entropy(model(inputs), targets)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.append((session.stats.peak_device_bytes, session.stats.predicted_peak_bytes))
+    assert session.plan.profile.layers[0].name == "(root)"
+    session.close()
+    assert all(peak == predicted for peak, predicted in seen[1:])

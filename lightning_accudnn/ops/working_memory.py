@@ -47,8 +47,8 @@ was ``a``, whose level does not count ``b``'s saves.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 
 __all__ = ["WorkingMemory", "WorkingMemoryMeter"]
 

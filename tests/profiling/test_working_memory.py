@@ -30,6 +30,29 @@ class _Scale(nn.Module):
         return x * self.factor
 
 
+class _Shift(nn.Module):
+    """``x + bias``: a sum saves nothing for backward."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+class _TimesConstant(nn.Module):
+    """``x * constant``, a tensor the module keeps outside its parameters and buffers (the step
+    did not create it): the product saves it for backward."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.constant = torch.ones(features, features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.constant
+
+
 def _working(*modules: nn.Module, shape: tuple[int, ...] = (1024, 1024)) -> tuple[int, int]:
     trace = trace_step(lambda: nn.Sequential(*modules), shape, tracker=LayerTracker())
     return trace.working_bytes, trace.saved_bytes
@@ -177,3 +200,23 @@ def test_without_a_meter_no_layer_lists_working_memory():
     trace = trace_step(_classifier, (256, 64), tracker=LayerTracker(), loss="cross-entropy")
     assert trace.working_bytes > 0
     assert all(not layer.forward_working_bytes and not layer.backward_working_bytes for layer in trace.layers)
+
+
+def test_the_batch_is_held_from_the_start_of_the_step():
+    """Nothing saves the batch here (adding a bias saves nothing): on a device it is held all the
+    same, beside the sum, when the ReLU saves its output."""
+    trace = _levels(lambda: nn.Sequential(_Shift(1024), nn.ReLU()), shape=(1024, 1024), loss="mean")
+    relu = trace.layers[1]
+    assert relu.name == "1" and relu.saved_bytes == MIB4
+    assert 2 * MIB4 <= relu.forward_working_bytes <= 2 * MIB4 + SCALARS
+    assert trace.allocated_peak_bytes <= _planned_peak(trace) <= trace.allocated_peak_bytes + SCALARS
+
+
+def test_a_save_the_step_did_not_create_is_held_from_its_save():
+    """The constant is on the ledger from its save, and on the device as the ledger says: the
+    backward holds it, the batch, the product (the step's output) and two gradients."""
+    trace = _levels(
+        lambda: nn.Sequential(_Shift(1024), _TimesConstant(1024)), shape=(1024, 1024), loss="mean"
+    )
+    assert trace.layers[1].saved_bytes == MIB4  # the constant; the sum is its input, saved first by "1"
+    assert 5 * MIB4 <= trace.allocated_peak_bytes <= _planned_peak(trace) <= 5 * MIB4 + SCALARS

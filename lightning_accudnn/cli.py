@@ -467,8 +467,8 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         (
             "working memory",
             f"{gb('working_bytes')} at most at once besides the saves (outputs nothing saves, the loss "
-            f"and its gradient, the activations' gradients; --loss {report['loss']}); each layer's "
-            f"levels count what the step holds beyond them then{_most_working(plan.profile)}",
+            f"and its gradient, the activations' gradients; --loss {report['loss']}); the plan adds to "
+            f"each layer's levels what the step holds beyond them then{_most_working(plan.profile)}",
         ),
         (
             "predicted peak",

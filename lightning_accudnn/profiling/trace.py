@@ -17,8 +17,11 @@ storages but no data) and runs one forward and backward. Three observers watch i
   (:attr:`.LayerTrace.float32_bytes`): what a 16-bit step still saves in float32.
 * a dispatch mode records every kernel: the storages it creates, and when each is freed
   (:mod:`.working_memory`: what the step holds besides its saves,
-  :attr:`StepTrace.working_bytes`), FLOPs (from :mod:`torch.utils.flop_counter`'s formulas,
-  plus the CPU flash attention kernels) and bytes moved (tensor bytes read and written).
+  :attr:`StepTrace.working_bytes`; beside the saves on the engine's ledger, which the hooks
+  follow until autograd reads them, what it holds beyond each layer's levels:
+  :mod:`.traced_ledger`, :attr:`.LayerTrace.forward_working_bytes`), FLOPs (from
+  :mod:`torch.utils.flop_counter`'s formulas, plus the CPU flash attention kernels) and bytes
+  moved (tensor bytes read and written).
   Forward kernels belong to the running layer; backward kernels to the layer whose forward
   created the autograd node that runs them.
 * a function mode maps each autograd node to the layer that created it and runs the kernels a

@@ -106,6 +106,8 @@ class TracedLedger:
         >>> handle = ledger.saved(7, 100, "a", resaved=False)
         >>> ledger.saved(7, 100, "a", resaved=True) != handle, ledger.held_bytes
         (True, 100)
+        >>> ledger.begin_backward(); ledger.unpacked(handle); ledger.held_bytes  # one save still unread
+        100
     """
 
     def __init__(self, log: StorageLog, position_of: Callable[[str], int]) -> None:
@@ -129,6 +131,9 @@ class TracedLedger:
         ledger); returns the save's handle for :meth:`unpacked`."""
         if storage is None:
             storage = -1 - len(self._handles)  # no log key is negative
+        if resaved and storage not in self._sizes:  # saved again once off the ledger: not on it again
+            self._handles.append(None)
+            return len(self._handles) - 1
         if not resaved:
             position = self._position_of(layer)
             self._sizes[storage] = nbytes

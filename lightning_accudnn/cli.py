@@ -28,11 +28,12 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
 from lightning_accudnn.planner.search import POLICIES
-from lightning_accudnn.planner.timeline import Timeline, unconstrained_seconds
-from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline, unconstrained_seconds
+from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
 from lightning_accudnn.profiling.gpus import GpuSpec, get_gpu, gpu_choices
 from lightning_accudnn.profiling.roofline import StepTrace
 from lightning_accudnn.profiling.static_memory import NAMED_OPTIMIZERS
@@ -301,6 +302,7 @@ def plan_command(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             gpu=gpu,
             loss=args.loss,
+            meter=WorkingMemoryMeter,
         )
     except Exception as error:  # a model that cannot be traced: say which and why
         batch_shape = (args.batch_size, *shape)
@@ -339,7 +341,7 @@ def plan_command(args: argparse.Namespace) -> int:
             for kind, nbytes, layers in trace.float32_saved_by_kind()
         ],
         "working_bytes": trace.working_bytes,
-        "unconstrained_peak_bytes": profile.unconstrained_peak_bytes + trace.working_bytes,
+        "unconstrained_peak_bytes": _unconstrained_peak_bytes(profile),
         "unconstrained_step_seconds": baseline,
         "forward_flops": trace.forward_flops,
         "backward_flops": trace.backward_flops,
@@ -348,9 +350,7 @@ def plan_command(args: argparse.Namespace) -> int:
         "assumed_kernels": assumed_kernels(trace),
     }
     try:
-        # The step's working memory (what it holds besides its saves) is kept free like the reserve.
-        room = reserve + trace.working_bytes
-        plan = plan_swaps(profile, budget_bytes, reserve_bytes=room, policy=args.policy)
+        plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve, policy=args.policy)
         plan = dataclasses.replace(plan, route=route_of(built[-1]))
     except BudgetTooSmallError as error:
         need = error.min_budget_bytes
@@ -364,11 +364,10 @@ def plan_command(args: argparse.Namespace) -> int:
             EXIT_INFEASIBLE,
         )
     report = {**header, "feasible": True, **plan.to_dict()}
-    # The peaks of the step and of its profiling pass, with the working memory either holds.
-    report["saved_peak_bytes"] = plan.predicted_peak_bytes  # model state and saved activations
-    report["predicted_peak_bytes"] = plan.predicted_peak_bytes + trace.working_bytes
-    report["profiling_peak_bytes"] = plan.profiling_peak_bytes + trace.working_bytes
-    report["reserve_bytes"] = reserve  # the plan's holds the working memory too
+    report["saved_peak_bytes"] = plan.predicted_ledger_peak_bytes  # as the engine's ledger counts it
+    for row, layer in zip(report["layers"], profile.layers, strict=True):
+        row["forward_working_bytes"] = layer.forward_working_bytes
+        row["backward_working_bytes"] = layer.backward_working_bytes
     report["overhead_vs_unconstrained"] = plan.predicted_step_seconds / baseline - 1 if baseline > 0 else 0.0
     if args.plot:
         assert plan.timeline is not None  # plan_swaps always simulates the plan it returns
@@ -380,6 +379,23 @@ def plan_command(args: argparse.Namespace) -> int:
     else:
         print(_text_report(plan, report, gpu, trace))
     return EXIT_OK
+
+
+def _unconstrained_peak_bytes(profile: StepProfile) -> int:
+    """The predicted peak with every layer kept and nothing recomputed."""
+    return Simulator(profile).memory(PlanChoice((False,) * len(profile.layers), 0, 0)).peak_bytes
+
+
+def _most_working(profile: StepProfile) -> str:
+    """Where the layers' levels hold most working memory: ``"; most in ..."``, or nothing."""
+    forward = max(profile.layers, key=lambda layer: layer.forward_working_bytes, default=None)
+    backward = max(profile.layers, key=lambda layer: layer.backward_working_bytes, default=None)
+    if forward is None or backward is None:
+        return ""
+    return (
+        f"; most in the forward of {forward.name!r} ({format_bytes(forward.forward_working_bytes)}) "
+        f"and the backward of {backward.name!r} ({format_bytes(backward.backward_working_bytes)})"
+    )
 
 
 def assumed_kernels(trace: StepTrace) -> dict[str, dict[str, int]]:
@@ -450,14 +466,14 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         ),
         (
             "working memory",
-            f"{gb('working_bytes')} at most at once besides the saves, kept free like the reserve "
-            f"(outputs nothing saves, the loss and its gradient, the activations' gradients; --loss "
-            f"{report['loss']})",
+            f"{gb('working_bytes')} at most at once besides the saves (outputs nothing saves, the loss "
+            f"and its gradient, the activations' gradients; --loss {report['loss']}); the plan adds to "
+            f"each layer's levels what the step holds beyond them then{_most_working(plan.profile)}",
         ),
         (
             "predicted peak",
-            f"{gb('predicted_peak_bytes')} ({gb('saved_peak_bytes')} model state and saved activations, "
-            "and the working memory)",
+            f"{gb('predicted_peak_bytes')} ({gb('saved_peak_bytes')} as the engine's ledger counts it: "
+            "model state and saved activations)",
         ),
         (
             "predicted step",

@@ -23,9 +23,10 @@ anywhere:
   layer is done at the first read of another layer's save after its last: the op that read its
   last save holds it until then). The engine lets a save go from its count when autograd reads
   it, while autograd's op still holds the tensor, so the bytes let go since that layer became the
-  highest are taken off the unseen ones: :attr:`LayerProfile.backward_working_bytes` is the most of the rest. (The lowest layer
-  read so far would not do: a model's own code may save before its first layer and again for
-  its loss, so that the layer of the loss's saves comes first in the order and is read first.)
+  highest are taken off the unseen ones: :attr:`LayerProfile.backward_working_bytes` is the
+  most of the rest. (The lowest layer read so far would not do: a model's own code may save
+  before its first layer and again for its loss, so that the layer of the loss's saves comes
+  first in the order and is read first.)
 * Between passes (the optimizer's step) the allocator's peak less model state is
   :attr:`WorkingMemory.outside_bytes`.
 

@@ -67,7 +67,9 @@ class LayerTrace:
     ``resaved_modules`` lists, per storage of ``resaved`` whose last re-save was by a layer that
     saves nothing of its own, ``(that layer, storage bytes)``
     (:attr:`.LayerProfile.resaved_by_module`). ``float32_bytes`` is the part of ``saved`` in
-    float32 storages.
+    float32 storages. ``forward_working_bytes`` and ``backward_working_bytes`` are what the step
+    held beyond the planner's forward and backward levels of the layer
+    (:attr:`.LayerProfile.forward_working_bytes`, :mod:`.traced_ledger`).
 
     Example:
         >>> layer = LayerTrace("conv1", saved=(4_000_000, 512), forward_flops=10, backward_flops=20,
@@ -86,6 +88,8 @@ class LayerTrace:
     resaved: tuple[tuple[str, int], ...] = ()
     resaved_modules: tuple[tuple[str, int], ...] = ()
     float32_bytes: int = 0
+    forward_working_bytes: int = 0
+    backward_working_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -131,8 +135,10 @@ class StepTrace:
     later layer (a trace of :func:`~.trace.trace_step`): the profile then says so too
     (:attr:`.StepProfile.resaves_listed`). ``working_bytes`` is the most the step held at once
     besides the model's state and its saved activations (outputs nothing saves, the loss and
-    its gradient, the activations' gradients in backward: :mod:`.working_memory`); 0 when not
-    traced.
+    its gradient, the activations' gradients in backward: :mod:`.working_memory`), and
+    ``allocated_peak_bytes`` the most it held at once besides the model's state, saves
+    included (what a device's allocator would count at its peak, less model state); 0 when not
+    traced. The layers' working bytes say where the working memory was held.
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -153,6 +159,7 @@ class StepTrace:
     segment_ops: tuple[tuple[str, int, int], ...] = ()
     resaves_listed: bool = False
     working_bytes: int = 0
+    allocated_peak_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -252,6 +259,8 @@ class StepTrace:
                 resaved_by=layer.resaved_by(min_swap_bytes),
                 small_resaved_by=layer.small_resaved_by(min_swap_bytes),
                 resaved_by_module=layer.resaved_by_module(min_swap_bytes),
+                forward_working_bytes=layer.forward_working_bytes,
+                backward_working_bytes=layer.backward_working_bytes,
             )
             for layer in self.layers
         )

@@ -17,8 +17,11 @@ storages but no data) and runs one forward and backward. Three observers watch i
   (:attr:`.LayerTrace.float32_bytes`): what a 16-bit step still saves in float32.
 * a dispatch mode records every kernel: the storages it creates, and when each is freed
   (:mod:`.working_memory`: what the step holds besides its saves,
-  :attr:`StepTrace.working_bytes`), FLOPs (from :mod:`torch.utils.flop_counter`'s formulas,
-  plus the CPU flash attention kernels) and bytes moved (tensor bytes read and written).
+  :attr:`StepTrace.working_bytes`; beside the saves on the engine's ledger, which the hooks
+  follow until autograd reads them, what it holds beyond each layer's levels:
+  :mod:`.traced_ledger`, :attr:`.LayerTrace.forward_working_bytes`), FLOPs (from
+  :mod:`torch.utils.flop_counter`'s formulas, plus the CPU flash attention kernels) and bytes
+  moved (tensor bytes read and written).
   Forward kernels belong to the running layer; backward kernels to the layer whose forward
   created the autograd node that runs them.
 * a function mode maps each autograd node to the layer that created it and runs the kernels a
@@ -96,8 +99,10 @@ from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
 from lightning_accudnn.profiling.fake_model import build_fake, cast_floating
 from lightning_accudnn.profiling.gpus import GpuSpec
 from lightning_accudnn.profiling.kernels import FLOP_FORMULAS, FREE_OPS, rate_class, tensor_bytes, tensors_in
+from lightning_accudnn.profiling.losses import LOSSES, cross_entropy_loss, step_loss
 from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
+from lightning_accudnn.profiling.traced_ledger import MeterFactory, TracedLedger
 from lightning_accudnn.profiling.working_memory import StorageLog
 
 __all__ = [
@@ -166,9 +171,11 @@ class _Recorder:
     # for the whole step, where an address may be reused once its storage is freed).
     storages: StorageLog = field(default_factory=StorageLog)
     selective: _Selective = field(init=False)
+    ledger: TracedLedger = field(init=False)  # the saves on the engine's ledger, in the log's order
 
     def __post_init__(self) -> None:
         self.selective = _Selective(self.storages)
+        self.ledger = TracedLedger(self.storages)
 
     def key(self, tensor: torch.Tensor) -> int | None:
         """The key of ``tensor``'s storage (``None``: it has no single storage)."""
@@ -181,7 +188,7 @@ class _Recorder:
             self.flops[layer] = [0, 0]
 
     # -- saved_tensors_hooks ------------------------------------------------------------
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, int]:
         key = self.key(tensor)
         if key is not None and key in self.param_storages:
             return tensor
@@ -190,7 +197,7 @@ class _Recorder:
             # Saved again: backward needs it from the backward of this layer on (or, if this
             # layer saves nothing of its own, of the next that does), as the engine counts it.
             self.resaves.note(key, layer, self.saving)
-            return tensor
+            return tensor, self.ledger.saved(key, 0, layer, resaved=True)
         self._touch(layer)
         self.saving.setdefault(layer, None)
         if key is None:
@@ -204,13 +211,17 @@ class _Recorder:
         self.saved[layer].append(size)
         if tensor.dtype == torch.float32:
             self.float32_saved[layer] += size
-        return tensor
+        self.storages.held(tensor)  # a save the step did not create (the batch) is held from now
+        return tensor, self.ledger.saved(key, size, layer, resaved=False)
 
-    def unpack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def unpack(self, packed: torch.Tensor | tuple[torch.Tensor, int]) -> torch.Tensor:
+        tensor, handle = packed if isinstance(packed, tuple) else (packed, None)
         if not self.backward:  # a backward inside the forward: needed from the start
             key = self.key(tensor)
             if key is not None:
                 self.read_in_forward.add(key)
+        elif handle is not None:
+            self.ledger.unpacked(handle)
         return tensor
 
     def resaved(self) -> tuple[dict[str, list[tuple[str, int]]], dict[str, list[tuple[str, int]]]]:
@@ -500,60 +511,6 @@ def _target_attention(
         return run_attention(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def cross_entropy_loss(output: object) -> torch.Tensor:
-    """A cross-entropy over the classes of the first floating-point output that requires grad
-    (the logits, classes in the last dimension: ``(batch, classes)`` or ``(batch, tokens,
-    vocabulary)``), every target class 0: what a classifier's or a language model's step
-    holds for its loss (under mixed precision, CUDA autocast computes it in float32).
-
-    Example:
-        >>> logits = torch.zeros(2, 3, 4, requires_grad=True)
-        >>> round(cross_entropy_loss({"logits": logits}).item(), 4)  # log(4)
-        1.3863
-    """
-    logits = _floating_outputs(output)[0]
-    if logits.dim() < 2:
-        raise ValueError(
-            f"a cross-entropy needs logits with a class dimension last, got an output of shape "
-            f"{tuple(logits.shape)}: trace with the mean loss instead"
-        )
-    flat = logits.flatten(0, -2)
-    return F.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long))
-
-
-def _floating_outputs(output: object) -> list[torch.Tensor]:
-    tensors = [
-        t
-        for t in tree_flatten(output)[0]
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
-    ]
-    if not tensors:
-        raise ValueError(
-            "the model returned no floating-point tensor that requires grad: nothing to backpropagate"
-        )
-    return tensors
-
-
-def step_loss(output: object) -> torch.Tensor:
-    """The loss a traced step backpropagates: the mean, in float32, of every floating-point
-    output that requires grad, summed (a model's own loss is not known to the trace).
-
-    Example:
-        >>> x = torch.ones(2, 3, requires_grad=True)
-        >>> step_loss((x, {"aux": 2 * x, "ids": torch.zeros(2, dtype=torch.long)})).item()
-        3.0
-    """
-    tensors = _floating_outputs(output)
-    total = tensors[0].float().mean()
-    for tensor in tensors[1:]:
-        total = total + tensor.float().mean()
-    return total
-
-
-#: The losses a traced step may end with (:func:`trace_step`'s ``loss``).
-LOSSES: dict[str, Callable[[object], torch.Tensor]] = {"mean": step_loss, "cross-entropy": cross_entropy_loss}
-
-
 @contextlib.contextmanager
 def precision(dtype: str, device_type: str = "cpu") -> Iterator[None]:
     """The step's precision on ``device_type``: autocast to the 16-bit dtype for mixed
@@ -583,6 +540,7 @@ def trace_step(
     dtype: str = "fp32",
     gpu: GpuSpec | None = None,
     loss: str = "mean",
+    meter: MeterFactory | None = None,
 ) -> StepTrace:
     """Trace one training step of ``build()`` on a batch of shape ``input_shape``.
 
@@ -602,7 +560,10 @@ def trace_step(
     (:func:`cross_entropy_loss`). ``tracker`` names layers (pass
     ``lightning_accudnn.ops.layers.LayerTracker()``; this package does not import ``ops``).
     ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
-    module docstring); ``None`` keeps the CPU's attention kernels.
+    module docstring); ``None`` keeps the CPU's attention kernels. ``meter`` makes the meter that
+    charges the step's working memory to each layer's levels (pass
+    ``lightning_accudnn.ops.working_memory.WorkingMemoryMeter``; :mod:`.traced_ledger`): without
+    one the layers' working bytes are 0.
 
     Example:
         >>> from lightning_accudnn.ops.layers import LayerTracker
@@ -637,6 +598,7 @@ def trace_step(
             if key is not None:
                 recorder.param_storages.add(key)
         batch = torch.zeros(input_shape, dtype=input_dtype)
+        recorder.storages.held(batch)  # on the device before the step
         with (
             segments.attached(model),
             tracker.attached(model),
@@ -648,10 +610,12 @@ def trace_step(
                 output = model(batch)
                 total = loss_of(output)
             recorder.backward = True
+            recorder.ledger.begin_backward()
             total.backward()  # type: ignore[no-untyped-call]
-    left_out = set(recorder.seen_storages)  # the saved activations, and the gradients (model state)
-    left_out.update(key for p in params if p.grad is not None and (key := recorder.key(p.grad)) is not None)
-    working_bytes = recorder.storages.peak_bytes(left_out)
+    state = {key for p in params if p.grad is not None and (key := recorder.key(p.grad)) is not None}
+    working_bytes = recorder.storages.peak_bytes(state | set(recorder.seen_storages))
+    names = sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
+    levels = None if meter is None else recorder.ledger.working_memory(meter, state, names)
     trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
     resaved, modules = recorder.resaved()
     layers = tuple(
@@ -663,8 +627,10 @@ def trace_step(
             resaved=tuple(resaved.get(name, ())),
             resaved_modules=tuple(modules.get(name, ())),
             float32_bytes=recorder.float32_saved[name],
+            forward_working_bytes=0 if levels is None else levels.forward_bytes.get(name, 0),
+            backward_working_bytes=0 if levels is None else levels.backward_bytes.get(name, 0),
         )
-        for name in sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
+        for name in names
     )
     return StepTrace(
         layers=layers,
@@ -678,4 +644,5 @@ def trace_step(
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
         resaves_listed=True,
         working_bytes=working_bytes,
+        allocated_peak_bytes=recorder.storages.peak_bytes(state),
     )

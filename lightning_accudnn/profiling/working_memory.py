@@ -8,7 +8,9 @@ when each is freed (a weak reference to the storage: fake tensors have storages,
 data, that live and die as real ones would), so that :meth:`StorageLog.peak_bytes` gives the
 most the step held at once in storages that are none of those left out: the saved
 activations (the trace keeps them alive, as autograd does until their backward) and the
-parameters' gradients (model state).
+parameters' gradients (model state). :meth:`StorageLog.alive_bytes` gives the bytes alive after
+each event, which :mod:`.traced_ledger` reads as the allocator's count to charge working memory
+to the planner's levels.
 
 Example:
     >>> import torch
@@ -52,6 +54,12 @@ class StorageLog:
         self._events: list[tuple[int, int]] = []  # (serial, +bytes when created, -bytes when freed)
         self._live: dict[int, int] = {}  # address -> serial of the storage living there
         self._refs: list[weakref.ref[torch.UntypedStorage]] = []  # per serial, a weak reference
+        self._counted: dict[int, int] = {}  # serial -> its bytes, while alive and counted
+
+    @property
+    def position(self) -> int:
+        """How many events were logged so far (an index into :meth:`alive_bytes`)."""
+        return len(self._events)
 
     def key(self, tensor: torch.Tensor) -> int | None:
         """The serial of ``tensor``'s storage (alive now), ``None`` for a tensor with no single
@@ -62,6 +70,26 @@ class StorageLog:
         """Note the storages of ``tensors`` not seen alive before (a view's is its base's)."""
         for tensor in tensors:
             self._serial(tensor, counted=True)
+
+    def held(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor``'s storage from now on, if it is not counted yet: one the step did not
+        create but holds (the batch, a tensor the model keeps outside its parameters).
+
+        Example:
+            >>> log = StorageLog()
+            >>> batch = torch.ones(16)
+            >>> log.key(batch) is not None, log.peak_bytes()  # known, no bytes
+            (True, 0)
+            >>> log.held(batch); log.held(batch)
+            >>> log.peak_bytes()
+            64
+        """
+        serial = self._serial(tensor, counted=False)
+        if serial is not None and serial not in self._counted:
+            nbytes = tensor.untyped_storage().nbytes()
+            if nbytes:
+                self._counted[serial] = nbytes
+                self._events.append((serial, nbytes))
 
     def _serial(self, tensor: torch.Tensor, *, counted: bool) -> int | None:
         try:
@@ -75,21 +103,36 @@ class StorageLog:
         serial = self._live[address] = len(self._refs)
         nbytes = storage.nbytes() if counted else 0
         if nbytes:
+            self._counted[serial] = nbytes
             self._events.append((serial, nbytes))
-        self._refs.append(weakref.ref(storage, partial(self._freed, address, serial, nbytes)))
+        self._refs.append(weakref.ref(storage, partial(self._freed, address, serial)))
         return serial
 
-    def _freed(self, address: int, serial: int, nbytes: int, _: object) -> None:
+    def _freed(self, address: int, serial: int, _: object) -> None:
         if self._live.get(address) == serial:
             del self._live[address]
+        nbytes = self._counted.pop(serial, 0)
         if nbytes:
             self._events.append((serial, -nbytes))
 
     def peak_bytes(self, leave_out: Collection[int] = ()) -> int:
         """The most bytes alive at once, the storages whose serials are in ``leave_out`` left out."""
-        alive = peak = 0
+        return max(self.alive_bytes(leave_out))
+
+    def alive_bytes(self, leave_out: Collection[int] = ()) -> list[int]:
+        """The bytes alive before the first event and after each (``position + 1`` entries), the
+        storages whose serials are in ``leave_out`` left out.
+
+        Example:
+            >>> log = StorageLog()
+            >>> a = torch.ones(4); log.created([a]); del a
+            >>> log.alive_bytes()
+            [0, 16, 0]
+        """
+        alive = 0
+        counts = [0]
         for serial, change in self._events:
             if serial not in leave_out:
                 alive += change
-                peak = alive if alive > peak else peak
-        return peak
+            counts.append(alive)
+        return counts

@@ -50,8 +50,10 @@ def check_plan_json(report: dict, budget: int) -> None:
     assert report["feasible"] is True
     assert report["budget_bytes"] == budget
     assert report["predicted_peak_bytes"] <= budget - report["reserve_bytes"]
-    assert report["predicted_peak_bytes"] == report["saved_peak_bytes"] + report["working_bytes"]
+    assert report["saved_peak_bytes"] <= report["predicted_peak_bytes"]  # the ledger's, and the plan's
     assert report["working_bytes"] > 0  # the loss and the gradients, at least
+    # What each level holds beyond it, not the most held anywhere added to the reserve.
+    assert any(layer["backward_working_bytes"] for layer in report["layers"])
     assert report["min_budget_bytes"] <= budget
     assert report["lower_bound_seconds"] > 0
     assert report["predicted_step_seconds"] >= report["lower_bound_seconds"] * (1 - 1e-9)

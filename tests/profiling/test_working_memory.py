@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
+from lightning_accudnn.profile import ROOT_LAYER
+from lightning_accudnn.profiling.gpus import get_gpu
 from lightning_accudnn.profiling.trace import trace_step
 from lightning_accudnn.profiling.working_memory import StorageLog
 
@@ -23,6 +28,29 @@ class _Scale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.factor
+
+
+class _Shift(nn.Module):
+    """``x + bias``: a sum saves nothing for backward."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+class _TimesConstant(nn.Module):
+    """``x * constant``, a tensor the module keeps outside its parameters and buffers (the step
+    did not create it): the product saves it for backward."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.constant = torch.ones(features, features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.constant
 
 
 def _working(*modules: nn.Module, shape: tuple[int, ...] = (1024, 1024)) -> tuple[int, int]:
@@ -76,3 +104,119 @@ def test_a_cross_entropy_needs_logits_with_a_class_dimension():
         )
     with pytest.raises(ValueError, match="unknown loss 'l1': one of mean, cross-entropy"):
         trace_step(lambda: nn.Linear(8, 2), (4, 8), tracker=LayerTracker(), loss="l1")
+
+
+# -- working memory at each level -------------------------------------------------------------
+
+LOGITS = 256 * 8192 * 4  # a batch of 256 over 8192 classes, float32: 8 MiB
+SMALL = 4096  # the targets (2 KiB), the loss, its gradient
+
+
+class _ForwardScratch(nn.Module):
+    """Holds a scratch 16 times its input in forward that nothing saves and backward never makes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            scale = x.repeat(16, 1).amax()
+        return x * scale
+
+
+class _RootFirst(nn.Module):
+    """Runs a kernel of its own before its children: the trace puts ``(root)`` first, though the
+    loss's saves come last in forward and are read first in backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _classifier()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x * 2.0)
+
+
+def _classifier() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8192))
+
+
+def _levels(build, shape=(256, 64), loss="cross-entropy"):
+    return trace_step(build, shape, tracker=LayerTracker(), loss=loss, meter=WorkingMemoryMeter)
+
+
+def _planned_peak(trace) -> int:
+    """The planner's peak with everything kept, model state left out: each layer's level (the
+    saves of the layers up to it) plus what the step held beyond it in its forward and backward."""
+    peak = saved = 0
+    for layer in trace.layers:
+        saved += layer.saved_bytes
+        peak = max(peak, saved + layer.forward_working_bytes, saved + layer.backward_working_bytes)
+    return peak
+
+
+def test_the_logits_are_at_the_last_saving_layers_forward_and_their_gradients_at_the_loss_backward():
+    trace = _levels(_classifier)
+    layers = {layer.name: layer for layer in trace.layers}
+    assert [name for name, layer in layers.items() if layer.saved] == ["0", "1", ROOT_LAYER]
+    # The last Linear saves the ReLU's output again, nothing of its own: the ReLU is the last to
+    # have saved when the logits and their log-softmax (before the loss saves it) are held.
+    assert abs(layers["1"].forward_working_bytes - 2 * LOGITS) <= SMALL
+    assert layers["2"].forward_working_bytes == 0
+    # The loss's backward: the logits (the step's output), the log-softmax's gradient and the
+    # logits' gradient, beyond every save (its level, the last).
+    assert abs(layers[ROOT_LAYER].backward_working_bytes - 3 * LOGITS) <= SMALL
+    # The last Linear's backward, at the ReLU's level (it saved nothing of its own): the logits,
+    # their gradient and its input's; the first Linear's: the logits and the ReLU's gradient.
+    hidden = 256 * 256 * 4
+    assert abs(layers["1"].backward_working_bytes - (2 * LOGITS + hidden)) <= SMALL
+    assert abs(layers["0"].backward_working_bytes - (LOGITS + hidden)) <= SMALL
+    profile = trace.to_profile(get_gpu("h100"), optimizer="sgd")
+    assert [(layer.forward_working_bytes, layer.backward_working_bytes) for layer in profile.layers] == [
+        (layer.forward_working_bytes, layer.backward_working_bytes) for layer in trace.layers
+    ]
+
+
+@pytest.mark.parametrize(
+    ("build", "loss", "peak_in"),
+    [
+        (_classifier, "cross-entropy", "backward"),
+        (_RootFirst, "cross-entropy", "backward"),
+        (lambda: nn.Sequential(nn.Linear(64, 256), _ForwardScratch(), nn.Linear(256, 64)), "mean", "forward"),
+    ],
+    ids=["cross-entropy", "root-first", "forward-scratch"],
+)
+def test_each_level_and_what_it_holds_beyond_it_never_fall_short_of_the_step(build, loss, peak_in):
+    """The planner's peak, levels plus working memory, against the most the traced step held at
+    once besides model state: never below, at most 2% above; where the step peaks, only the
+    working memory of that pass reaches it."""
+    trace = _levels(build, loss=loss)
+    planned = _planned_peak(trace)
+    assert trace.allocated_peak_bytes <= planned <= 1.02 * trace.allocated_peak_bytes
+    other = "backward" if peak_in == "forward" else "forward"
+    without = [dataclasses.replace(layer, **{f"{other}_working_bytes": 0}) for layer in trace.layers]
+    assert _planned_peak(dataclasses.replace(trace, layers=tuple(without))) == planned
+    without = [dataclasses.replace(layer, **{f"{peak_in}_working_bytes": 0}) for layer in trace.layers]
+    assert _planned_peak(dataclasses.replace(trace, layers=tuple(without))) < trace.allocated_peak_bytes
+
+
+def test_without_a_meter_no_layer_lists_working_memory():
+    trace = trace_step(_classifier, (256, 64), tracker=LayerTracker(), loss="cross-entropy")
+    assert trace.working_bytes > 0
+    assert all(not layer.forward_working_bytes and not layer.backward_working_bytes for layer in trace.layers)
+
+
+def test_the_batch_is_held_from_the_start_of_the_step():
+    """Nothing saves the batch here (adding a bias saves nothing): on a device it is held all the
+    same, beside the sum, when the ReLU saves its output."""
+    trace = _levels(lambda: nn.Sequential(_Shift(1024), nn.ReLU()), shape=(1024, 1024), loss="mean")
+    relu = trace.layers[1]
+    assert relu.name == "1" and relu.saved_bytes == MIB4
+    assert 2 * MIB4 <= relu.forward_working_bytes <= 2 * MIB4 + SCALARS
+    assert trace.allocated_peak_bytes <= _planned_peak(trace) <= trace.allocated_peak_bytes + SCALARS
+
+
+def test_a_save_the_step_did_not_create_is_held_from_its_save():
+    """The constant is on the ledger from its save, and on the device as the ledger says: the
+    backward holds it, the batch, the product (the step's output) and two gradients."""
+    trace = _levels(
+        lambda: nn.Sequential(_Shift(1024), _TimesConstant(1024)), shape=(1024, 1024), loss="mean"
+    )
+    assert trace.layers[1].saved_bytes == MIB4  # the constant; the sum is its input, saved first by "1"
+    assert 5 * MIB4 <= trace.allocated_peak_bytes <= _planned_peak(trace) <= 5 * MIB4 + SCALARS

@@ -94,7 +94,9 @@ class LayerProfile:
     forward level of this layer (at the start of its forward, counting its saves at once) while
     its forward runs, and beyond its backward level (counting its bytes held until its backward
     ends) while its backward runs. 0 when not measured (see
-    :mod:`lightning_accudnn.planner.timeline`).
+    :mod:`lightning_accudnn.planner.timeline`); negative when the step holds less than the level
+    counts then (model state counted all step but not allocated yet, such as the parameters'
+    gradients before a backward that makes them).
 
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
@@ -115,11 +117,6 @@ forward_seconds=0.0, backward_seconds=0.0)
     backward_working_bytes: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.forward_working_bytes < 0 or self.backward_working_bytes < 0:
-            raise ValueError(
-                f"layer {self.name!r}: forward_working_bytes and backward_working_bytes must be >= 0, "
-                f"got {self.forward_working_bytes}, {self.backward_working_bytes}"
-            )
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
             raise ValueError(
                 f"layer {self.name!r}: swappable_bytes ({self.swappable_bytes}) must lie in "

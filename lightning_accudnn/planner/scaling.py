@@ -183,12 +183,12 @@ backward_seconds=0.004)
                     forward_working_bytes=(
                         now.forward_working_bytes
                         if working
-                        else math.ceil(layer.forward_working_bytes * grows)
+                        else _scaled_working(layer.forward_working_bytes, grows)
                     ),
                     backward_working_bytes=(
                         now.backward_working_bytes
                         if working
-                        else math.ceil(layer.backward_working_bytes * grows)
+                        else _scaled_working(layer.backward_working_bytes, grows)
                     ),
                 )
             )
@@ -218,12 +218,23 @@ backward_seconds=0.004)
                 forward_seconds=layer.forward_seconds * work,
                 backward_seconds=layer.backward_seconds * work,
                 resaved_by=tuple(resaved),
-                forward_working_bytes=math.ceil(layer.forward_working_bytes * size),
-                backward_working_bytes=math.ceil(layer.backward_working_bytes * size),
+                forward_working_bytes=_scaled_working(layer.forward_working_bytes, size),
+                backward_working_bytes=_scaled_working(layer.backward_working_bytes, size),
             )
         )
     grown = max(bytes_factors, default=1.0)
     return replace(profile, layers=tuple(scaled), segments=_scaled_segments(profile, grown))
+
+
+def _scaled_working(nbytes: int, factor: float) -> int:
+    """Working memory at ``factor`` times the activations: a negative figure (model state not yet
+    allocated at that level, which does not grow with the batch) counts as none.
+
+    Example:
+        >>> _scaled_working(100, 1.5), _scaled_working(-100, 1.5)
+        (150, 0)
+    """
+    return math.ceil(max(0, nbytes) * factor)
 
 
 def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfile, ...]:

@@ -148,3 +148,33 @@ def test_the_loss_is_charged_right_when_its_layer_saved_first():
     assert session.plan.profile.layers[0].name == "(root)"
     session.close()
     assert all(peak == predicted for peak, predicted in seen[1:])
+
+
+def test_gradients_not_made_yet_are_taken_off_the_levels_before_them():
+    """Model state counts the parameters' gradients all step; a step that sets them to ``None``
+    makes them in its backward. Where they dwarf the activations, the levels before them hold
+    less than the ledger counts, and the prediction is still the allocator's peak."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 10)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    allocator = OpBytesAllocator(base_bytes=parameters)
+    config = OffloadConfig(budget="100%", min_swap_bytes=2**40, plan_in_background=False)
+    session = OffloadSession(config, "cpu", allocator=allocator)
+    seen = []
+    for _ in range(4):
+        with allocator.counting():
+            inputs, targets = torch.randn(64, 1024), torch.randint(0, 10, (64,))
+            with session.step(model, optimizer):
+                loss = nn.functional.cross_entropy(model(inputs), targets)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()  # the gradients go: the next backward makes them again
+        seen.append((session.stats.peak_device_bytes, session.stats.predicted_peak_bytes))
+    profile = session.plan.profile
+    session.close()
+    assert profile.static_bytes + profile.saved_bytes > seen[-1][0]  # the ledger counts more
+    assert all(peak == predicted for peak, predicted in seen[1:])
+    assert any(layer.forward_working_bytes < 0 for layer in profile.layers)

@@ -33,7 +33,8 @@ engine's ledger and on the device, never below either):
 
 Working memory (``LayerProfile.forward_working_bytes``, ``backward_working_bytes``, what the
 ledger never sees) follows the layers: a kept layer keeps its own; a recomputed segment's layer
-holds in forward the most any of its layers holds beyond its level, and in backward, on top of
+holds in forward, beyond its inputs, its layers' outputs while the next reads them (at most what
+its layers save up to each, plus that layer's working memory), and in backward, on top of
 its transient, the most any of its layers holds while its backward runs *or while its forward
 runs again* (the forward that rebuilds the saves runs inside that backward): the largest of its
 layers' forward and backward working bytes. The step's ``outside_working_bytes`` is unchanged.
@@ -87,6 +88,7 @@ __all__ = [
     "nested_span",
     "policy_spans",
     "rebuilding_working_bytes",
+    "rerun_forward_working_bytes",
     "recomputed_profile",
     "resaved_inside",
     "set_key",
@@ -526,6 +528,25 @@ def resaved_inside(layer: LayerProfile, segment: str) -> int:
     return total
 
 
+def rerun_forward_working_bytes(layers: Sequence[LayerProfile]) -> int:
+    """What a recomputed segment made of ``layers`` holds beyond its forward level (its inputs)
+    while its forward runs, at most: its layers' outputs are saved by none, but each is alive
+    until the next reads it (a residual input longer), so it holds at most what its layers up to
+    each save, plus that layer's own working memory.
+
+    Example:
+        >>> rerun_forward_working_bytes([LayerProfile("b.x", 10, 10, forward_working_bytes=30),
+        ...                              LayerProfile("b.y", 40, 40, forward_working_bytes=-5)])
+        45
+    """
+    most, held = None, 0
+    for layer in layers:
+        held += layer.saved_bytes
+        level = held + layer.forward_working_bytes
+        most = level if most is None else max(most, level)
+    return 0 if most is None else most
+
+
 def rebuilding_working_bytes(layers: Sequence[LayerProfile]) -> int:
     """What a recomputed segment made of ``layers`` holds beyond its backward level and its
     transient while its backward runs: the most any of its layers holds while its forward runs
@@ -686,9 +707,7 @@ def recomputed_profile(
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
-                    forward_working_bytes=max(layer.forward_working_bytes for layer in inner)
-                    if working
-                    else 0,
+                    forward_working_bytes=rerun_forward_working_bytes(inner) if working else 0,
                     backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
                 )
             )

@@ -131,7 +131,8 @@ def test_a_recomputed_layer_holds_the_larger_of_forward_and_backward_working_mem
     """blk recomputed: its layer holds its 40 B of inputs; head counts blk's 30 B of outputs once
     more (230 B). B_blk holds stem + blk = 80, plus blk's 200 B of saves rebuilt (its transient),
     plus the most any of blk's layers holds while its forward runs again or its backward runs.
-    F_blk holds 80 plus the most F_x or F_y holds; head's levels 310 plus its own. Nothing
+    F_blk holds 80 plus, at most, blk's layers' outputs up to each (their saves: 100, 200) and
+    that layer's own working memory; head's levels 310 plus its own. Nothing
     recomputed peaks at 449 (B_head): the plan recomputes blk."""
     profile = _segment_profile(x, y, head=(7, 9))
     step = recomputed_profile(profile, candidate_spans(profile))
@@ -141,7 +142,7 @@ def test_a_recomputed_layer_holds_the_larger_of_forward_and_backward_working_mem
     assert (head.saved_bytes, head.forward_working_bytes, head.backward_working_bytes) == (230, 7, 9)
     memory = Simulator(step.profile, step.transient_bytes).memory(PlanChoice((False,) * 3))
     assert memory.backward_levels[1] == 80 + 200 + extra
-    assert memory.forward_levels[1] == 80 + max(x[0], y[0])
+    assert memory.forward_levels[1] == 80 + max(100 + x[0], 200 + y[0])
     assert memory.forward_levels[2] == 310 + 7 and memory.backward_levels[2] == 310 + 9
     peak = max(319, 280 + extra)
     assert memory.peak_bytes == peak

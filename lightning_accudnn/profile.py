@@ -96,7 +96,10 @@ class LayerProfile:
     ends) while its backward runs. 0 when not measured (see
     :mod:`lightning_accudnn.planner.timeline`); negative when the step holds less than the level
     counts then (model state counted all step but not allocated yet, such as the parameters'
-    gradients before a backward that makes them).
+    gradients before a backward that makes them). Both are as a plan that keeps every layer would
+    see them: ``retired_alive_bytes`` is, at this layer's forward level, the most bytes of
+    storages swapped before it whose copy was out and which the model's code still held (a
+    residual block's input until the addition), which a plan that swaps holds beyond its level.
 
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
@@ -115,8 +118,13 @@ forward_seconds=0.0, backward_seconds=0.0)
     resaved_by_module: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     forward_working_bytes: int = field(default=0, repr=False)
     backward_working_bytes: int = field(default=0, repr=False)
+    retired_alive_bytes: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
+        if self.retired_alive_bytes < 0:
+            raise ValueError(
+                f"layer {self.name!r}: retired_alive_bytes must be >= 0, got {self.retired_alive_bytes}"
+            )
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
             raise ValueError(
                 f"layer {self.name!r}: swappable_bytes ({self.swappable_bytes}) must lie in "
@@ -366,7 +374,8 @@ class StepProfile:
     def has_working_bytes(self) -> bool:
         """Whether any working memory is listed (a layer's or between the passes)."""
         return self.outside_working_bytes > 0 or any(
-            layer.forward_working_bytes or layer.backward_working_bytes for layer in self.layers
+            layer.forward_working_bytes or layer.backward_working_bytes or layer.retired_alive_bytes
+            for layer in self.layers
         )
 
     def without_working_bytes(self) -> StepProfile:
@@ -382,7 +391,8 @@ class StepProfile:
         if not self.has_working_bytes:
             return self
         layers = tuple(
-            replace(layer, forward_working_bytes=0, backward_working_bytes=0) for layer in self.layers
+            replace(layer, forward_working_bytes=0, backward_working_bytes=0, retired_alive_bytes=0)
+            for layer in self.layers
         )
         return replace(self, layers=layers, outside_working_bytes=0)
 

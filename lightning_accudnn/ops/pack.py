@@ -49,7 +49,6 @@ from lightning_accudnn.ops.stash import (
 from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
 from lightning_accudnn.ops.transfers import CopyTraffic
 from lightning_accudnn.ops.weight_copies import WeightCopies
-from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
 
 #: The layer a saved tensor is attributed to when, in a pass replayed by ordinal, the graph
 #: departed from the profiled sequence (an unknown name: a plan swaps it, the safe side).
@@ -110,7 +109,6 @@ class SaveRecords(CopyTraffic):
         self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by ``offload``
         self._static_bytes = 0
-        self._meter: WorkingMemoryMeter | None = None  # a hooked pass measuring its working memory
 
     def _open_step(self) -> StepState:
         self._in_forward = True

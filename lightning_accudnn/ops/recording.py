@@ -173,6 +173,7 @@ def layer_usage(
             resaved_by_module=tuple(resaved_modules.get(name, {}).items()),
             forward_working_bytes=0 if working is None else working.forward_bytes.get(name, 0),
             backward_working_bytes=0 if working is None else working.backward_bytes.get(name, 0),
+            retired_alive_bytes=0 if working is None else working.retired_alive_bytes.get(name, 0),
         )
         for name in forward
     )

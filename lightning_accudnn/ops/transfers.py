@@ -26,6 +26,7 @@ from lightning_accudnn.ops.runtime import Runtime, StreamEvent
 from lightning_accudnn.ops.saves import StepState
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.stash import DeviceBlock, FetchedCopy, StorageRecord
+from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
 
 #: :attr:`.StorageRecord.copy_out` of a record whose copy out waits for the rest of its group.
 NOT_ISSUED: object = object()
@@ -66,6 +67,7 @@ class CopyTraffic:
         self._schedule = SwapSchedule.keep_everything()
         self._step: StepState | None = None
         self._in_forward = False
+        self._meter: WorkingMemoryMeter | None = None  # a hooked pass measuring its working memory
         self._lingering: list[FetchedCopy] = []  # copies brought back, dropped: freed once their storage died
         # The event the compute stream waited on last: the records of one group of copies share
         # its event, and compute waits on it once (a wait on it again would order nothing more).
@@ -260,12 +262,16 @@ class CopyTraffic:
 
     def _retire(self, step: StepState | None, record: StorageRecord) -> None:
         """Take the record out of the copy-out FIFO: compute waits on its copy, the source goes."""
-        if record.source_storage is not None:  # else retired already (in the FIFO only with it)
+        storage = record.source_storage
+        if storage is not None:  # else retired already (in the FIFO only with it)
             self._settle_copy_out(step, record)
             record.source_storage = None
             block = record.source_block
             if block.unhold():
                 self._free_block(block)
+                meter = self._meter
+                if meter is not None and self._in_forward:  # the model's code may still hold it
+                    meter.retired(block.nbytes, StorageWeakReference(storage))
 
     def _settle_copy_out(self, step: StepState | None, record: StorageRecord) -> None:
         """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""
@@ -360,6 +366,9 @@ class CopyTraffic:
                 block.in_prefetch_window = True
         else:
             dense = record.dense
+            meter = self._meter
+            if meter is not None:
+                meter.allocating(self.ledger.current_bytes)
             destination = (
                 self.runtime.allocate((record.nbytes,), (1,), torch.uint8)
                 if dense is None

@@ -27,6 +27,11 @@ anywhere:
   most of the rest. (The lowest layer read so far would not do: a model's own code may save
   before its first layer and again for its loss, so that the layer of the loss's saves comes
   first in the order and is read first.)
+* A swapped storage the engine lets go in forward (its copy is out) is still allocated while
+  the model's code holds it (a residual block's input until the addition). Until it dies it is
+  taken off the unseen bytes, as the level of a plan that keeps it counts it, and
+  :attr:`LayerProfile.retired_alive_bytes` is the most of those at a forward level, which a plan
+  that swaps adds there (up to what it swapped before that layer).
 * Between passes (the optimizer's step) the allocator's peak less model state is
   :attr:`WorkingMemory.outside_bytes` (never below 0).
 
@@ -59,16 +64,25 @@ was ``a``, whose level does not count ``b``'s saves.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import Protocol
 
 __all__ = ["WorkingMemory", "WorkingMemoryMeter"]
+
+
+class _Expiring(Protocol):
+    """A weak reference to a storage (the engine's ``StorageWeakReference``)."""
+
+    def expired(self) -> bool: ...
 
 
 @dataclass(frozen=True)
 class WorkingMemory:
     """What one hooked pass held beyond the planner's levels, per layer (by name; a layer
-    missing holds nothing beyond them), and beyond model state before the pass.
+    missing holds nothing beyond them), and beyond model state before the pass; and, per
+    layer's forward level, the most bytes of swapped storages the engine had let go that the
+    model's code still held (:attr:`LayerProfile.retired_alive_bytes`).
 
     Example:
         >>> memory = WorkingMemory({"fc": 10}, {"fc": 30}, 5)
@@ -79,6 +93,7 @@ class WorkingMemory:
     forward_bytes: dict[str, int]
     backward_bytes: dict[str, int]
     outside_bytes: int
+    retired_alive_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class WorkingMemoryMeter:
@@ -87,15 +102,16 @@ class WorkingMemoryMeter:
     ``read_peak`` returns the allocator's peak of allocated bytes since its previous call;
     ``current_layer`` names the layer running now (the one a save in forward is attributed to).
     The engine calls :meth:`changing` before each change of its ledger (with the ledger's bytes
-    then), :meth:`acquired` after a growth, :meth:`released` after a fall, :meth:`read` when
-    autograd reads a save of a layer in backward, and :meth:`start`, :meth:`begin_backward`,
-    :meth:`end` at the pass's steps.
+    then), :meth:`acquired` after a growth, :meth:`released` after a fall, :meth:`allocating`
+    before it allocates a block it is to count, :meth:`retired` after it let a swapped storage go
+    in forward, :meth:`saved` and :meth:`read` for each save autograd
+    holds and reads, and :meth:`start`, :meth:`begin_backward`, :meth:`end` at the pass's steps.
 
     Example:
         >>> meter = WorkingMemoryMeter(lambda: 0, lambda: "fc")
         >>> meter.start(0); meter.begin_backward(0, [])
         >>> meter.end(0, [])
-        WorkingMemory(forward_bytes={}, backward_bytes={}, outside_bytes=0)
+        WorkingMemory(forward_bytes={}, backward_bytes={}, outside_bytes=0, retired_alive_bytes={})
     """
 
     def __init__(self, read_peak: Callable[[], int], current_layer: Callable[[], str]) -> None:
@@ -114,6 +130,9 @@ class WorkingMemoryMeter:
         self._layers: tuple[str, ...] = ()
         self._reading = -1  # in backward: the highest position with a save not read
         self._let_go = 0  # bytes the ledger let go since that position's backward began
+        self._allocated_for_ledger = False  # see allocating()
+        self._retired: list[tuple[int, _Expiring]] = []  # swapped storages let go in forward
+        self._retired_top: dict[int, int] = {}  # per position: the most of them still alive
 
     def start(self, ledger_bytes: int) -> None:
         """The pass starts, with ``ledger_bytes`` (model state) on the ledger: the allocator's
@@ -123,10 +142,20 @@ class WorkingMemoryMeter:
     def changing(self, ledger_bytes: int) -> None:
         """The ledger, at ``ledger_bytes`` since the last change, is about to change."""
         unseen = self._read_peak() - ledger_bytes
+        if self._allocated_for_ledger:  # since the last reading: the block the ledger now counts
+            self._allocated_for_ledger = False
+            return
         if self._in_backward:
             position, level, tops = self._reading, unseen - self._let_go, self._backward_top
         else:
-            position, level, tops = len(self._order) - 1, unseen + self._saved_so_far, self._forward_top
+            position = len(self._order) - 1
+            if self._retired:  # still alive now: alive since the last reading, and not working memory
+                self._retired = [entry for entry in self._retired if not entry[1].expired()]
+                alive = sum(nbytes for nbytes, _ in self._retired)
+                unseen -= alive
+                if alive > self._retired_top.get(position, 0):
+                    self._retired_top[position] = alive
+            level, tops = unseen + self._saved_so_far, self._forward_top
         if level > tops.get(position, level - 1):
             tops[position] = level
 
@@ -143,6 +172,19 @@ class WorkingMemoryMeter:
         self._saved[position] += nbytes
         self._saved_so_far += nbytes
 
+    def allocating(self, ledger_bytes: int) -> None:
+        """The engine is about to allocate a block its ledger counts at its next change (a copy
+        brought back): the reading then holds that block, which is no working memory."""
+        self.changing(ledger_bytes)
+        self._allocated_for_ledger = True
+
+    def retired(self, nbytes: int, storage: _Expiring) -> None:
+        """In forward the engine let go of ``nbytes`` of a swapped ``storage`` (its copy is out):
+        while the model's code still holds it, the planner's levels count it (as a plan that
+        keeps it does) and :attr:`WorkingMemory.retired_alive_bytes` says how much of it there
+        was, which a plan that swaps adds."""
+        self._retired.append((nbytes, storage))
+
     def released(self, nbytes: int) -> None:
         """The ledger fell by ``nbytes``."""
         if self._in_backward:
@@ -157,6 +199,7 @@ class WorkingMemoryMeter:
         save)."""
         self.changing(ledger_bytes)
         self._in_backward = True
+        self._retired = []
         self._profile_position = {layer: position for position, layer in enumerate(layers)}
         self._layers = tuple(layers)
         highest = self._highest_unread(len(layers) - 1)
@@ -204,9 +247,13 @@ class WorkingMemoryMeter:
                 saved_at[profile_position[layer]] += nbytes
         saved_up_to = list(accumulate(saved_at))
         forward: dict[str, int] = {}
+        retired: dict[str, int] = {}
         latest = 0
         for position, layer in enumerate(self._order):
             latest = max(latest, profile_position.get(layer, 0))
+            alive = self._retired_top.get(position, 0)
+            if alive and layers:
+                retired[layers[latest]] = max(retired.get(layers[latest], 0), alive)
             top = self._forward_top.get(position)
             before = self._forward_top.get(-1) if position == 0 else None  # before the first save
             if before is not None:
@@ -216,4 +263,4 @@ class WorkingMemoryMeter:
                 beyond = top - saved_up_to[latest]
                 forward[name] = beyond if name not in forward else max(forward[name], beyond)
         backward = {layers[position]: top for position, top in self._backward_top.items() if position >= 0}
-        return WorkingMemory(forward, backward, self._outside)
+        return WorkingMemory(forward, backward, self._outside, retired)

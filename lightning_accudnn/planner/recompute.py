@@ -693,6 +693,7 @@ def recomputed_profile(
                     resaved_by=resaved,
                     forward_working_bytes=layer.forward_working_bytes,
                     backward_working_bytes=layer.backward_working_bytes,
+                    retired_alive_bytes=layer.retired_alive_bytes,
                 )
             )
             transient.append(0)
@@ -708,6 +709,7 @@ def recomputed_profile(
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
                     forward_working_bytes=rerun_forward_working_bytes(inner) if working else 0,
+                    retired_alive_bytes=max(layer.retired_alive_bytes for layer in inner),
                     backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
                 )
             )

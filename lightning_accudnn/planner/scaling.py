@@ -190,6 +190,11 @@ backward_seconds=0.004)
                         if working
                         else _scaled_working(layer.backward_working_bytes, grows)
                     ),
+                    retired_alive_bytes=(
+                        now.retired_alive_bytes
+                        if working
+                        else _scaled_working(layer.retired_alive_bytes, grows)
+                    ),
                 )
             )
         factors = [
@@ -220,6 +225,7 @@ backward_seconds=0.004)
                 resaved_by=tuple(resaved),
                 forward_working_bytes=_scaled_working(layer.forward_working_bytes, size),
                 backward_working_bytes=_scaled_working(layer.backward_working_bytes, size),
+                retired_alive_bytes=_scaled_working(layer.retired_alive_bytes, size),
             )
         )
     grown = max(bytes_factors, default=1.0)

@@ -51,7 +51,12 @@ added to its backward level) runs the forward that rebuilds them inside that bac
 :mod:`.recompute` gives its layer ``F'_i``, the largest of its layers', and ``B'_i``, the largest
 of its layers' forward and backward working bytes, on top of the transient. Between the passes
 the step holds ``M + StepProfile.outside_working_bytes`` (the optimizer step's temporaries): the
-peak is never below it. Each term is a constant per layer and plan, so what follows holds still.
+peak is never below it. A swapped storage retired while the model's code still holds it (a
+residual block's input until the addition) is still allocated: ``F_i``'s level adds
+``min(A_i, bytes retired before F_i)``, ``A_i`` being ``LayerProfile.retired_alive_bytes`` (the
+most such bytes a pass that swapped everything met there). Each term is a constant per layer and
+plan, or grows by no more than the bytes a swap or a smaller ``L`` retires, so what follows holds
+still.
 
 So the peak never increases when a layer is swapped, nor when ``L`` or ``w`` shrink: the least
 peak of any plan is swapping every swappable layer with ``L = w = 0``.
@@ -158,6 +163,9 @@ class Simulator:
         self.backward_working: tuple[int, ...] = tuple(map(attrgetter("backward_working_bytes"), layers))
         self.floor = self.static + profile.outside_working_bytes
         self._forward_working = any(self.forward_working)
+        # Swapped storages retired while the model's code still holds them, at most, per F_i.
+        self.retired_alive: tuple[int, ...] = tuple(map(attrgetter("retired_alive_bytes"), layers))
+        self._retired_alive = any(self.retired_alive)
         # What B_i holds beyond the ledger's level: its transient and its working memory (the
         # transient itself when no working memory is listed: the hot loops read one number).
         self._backward_extra = (
@@ -296,9 +304,14 @@ class Simulator:
         fifo: deque[int] = deque()  # layers with bytes in flight, oldest first
         left = [0] * self.k  # bytes of each layer still in the FIFO
         fifo_bytes = 0
+        alive = self.retired_alive if self._retired_alive else None
+        pushed = 0  # bytes swapped so far: those not in the FIFO are retired
         for i, swapped in enumerate(swap):
             nbytes = saved[i]
-            level(held + fifo_bytes + nbytes)
+            if alive is None:
+                level(held + fifo_bytes + nbytes)
+            else:
+                level(held + fifo_bytes + nbytes + min(alive[i], pushed - fifo_bytes))
             if not swapped:
                 held += nbytes
                 continue
@@ -307,6 +320,7 @@ class Simulator:
             fifo.append(i)
             left[i] = moving
             fifo_bytes += moving
+            pushed += moving
             if limit is None:
                 continue
             while fifo_bytes > limit and len(fifo) > 1:

@@ -137,11 +137,10 @@ def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> Step
     """``profile`` with, per layer (by name) and between passes, the most working memory it or
     ``earlier`` (the same pass kind's, from earlier passes) measured.
 
-    Working memory is what the allocator held beyond the ledger, and which bytes that is depends
-    on the plan a pass ran: an activation the engine swapped out while the model's code still
-    holds it is working memory under a plan that swaps it, saved bytes under one that keeps it.
-    Plans made from the most of every pass measured (the profiling pass swaps all it can) count
-    either way.
+    Working memory is what the allocator held beyond the ledger; a pass may miss some that
+    another met (a kernel's workspace that depends on what the allocator had free, the swapped
+    storages the model's code still held, which the profiling pass, swapping all it can, meets
+    most of). Plans made from the most of every pass measured count all of it.
 
     Example:
         >>> earlier = StepProfile((LayerProfile("fc", 10, 10, forward_working_bytes=7),), 0)
@@ -159,11 +158,13 @@ def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> Step
         if known is not None and (
             known.forward_working_bytes > layer.forward_working_bytes
             or known.backward_working_bytes > layer.backward_working_bytes
+            or known.retired_alive_bytes > layer.retired_alive_bytes
         ):
             layer = replace(
                 layer,
                 forward_working_bytes=max(layer.forward_working_bytes, known.forward_working_bytes),
                 backward_working_bytes=max(layer.backward_working_bytes, known.backward_working_bytes),
+                retired_alive_bytes=max(layer.retired_alive_bytes, known.retired_alive_bytes),
             )
         layers.append(layer)
     return replace(
@@ -194,6 +195,7 @@ def with_times_of(
             resaved_by_module=by_name[layer.name].resaved_by_module,
             forward_working_bytes=by_name[layer.name].forward_working_bytes,
             backward_working_bytes=by_name[layer.name].backward_working_bytes,
+            retired_alive_bytes=by_name[layer.name].retired_alive_bytes,
         )
         if layer.name in by_name
         else layer

@@ -120,6 +120,7 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
                 resaved_by_module=_merged_resaved_modules(candidates),
                 forward_working_bytes=max(layer.forward_working_bytes for layer in candidates),
                 backward_working_bytes=max(layer.backward_working_bytes for layer in candidates),
+                retired_alive_bytes=max(layer.retired_alive_bytes for layer in candidates),
             )
         )
     return dataclasses.replace(

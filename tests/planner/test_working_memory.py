@@ -161,8 +161,14 @@ def test_the_ledger_peak_leaves_working_memory_out():
 def _with_working(profile: StepProfile, draw) -> StepProfile:
     # negative too: model state not allocated yet at a level (the gradients before their backward)
     extras = st.one_of(st.just(0), st.integers(0, 120), st.integers(-60, 0))
+    alive = st.one_of(st.just(0), st.integers(0, 150))
     layers = tuple(
-        replace(layer, forward_working_bytes=draw(extras), backward_working_bytes=draw(extras))
+        replace(
+            layer,
+            forward_working_bytes=draw(extras),
+            backward_working_bytes=draw(extras),
+            retired_alive_bytes=draw(alive),
+        )
         for layer in profile.layers
     )
     # sometimes above every level: the floor sets the peak
@@ -204,17 +210,27 @@ def test_every_path_counts_working_memory_alike(case, window, cap):
     memory = simulator.memory(choice)
     assert simulator.peak_bytes(choice) == memory.peak_bytes
     plain = Simulator(profile.without_working_bytes(), transient).memory(choice)
-    forward = tuple(
-        level + layer.forward_working_bytes
-        for level, layer in zip(plain.forward_levels, profile.layers, strict=True)
-    )
     backward = tuple(
         level + layer.backward_working_bytes
         for level, layer in zip(plain.backward_levels, profile.layers, strict=True)
     )
-    assert (memory.forward_levels, memory.backward_levels) == (forward, backward)
+    assert memory.backward_levels == backward
+    # Forward: plus its working memory, and at most as much of what swapped storages the model's
+    # code still holds as was swapped before it (none before the first swap).
+    pushed = 0
+    for level, layer, swapped, moving, measured in zip(
+        plain.forward_levels,
+        profile.layers,
+        simulator.effective(swap),
+        simulator.swappable,
+        memory.forward_levels,
+        strict=True,
+    ):
+        assert level + layer.forward_working_bytes <= measured
+        assert measured <= level + layer.forward_working_bytes + min(layer.retired_alive_bytes, pushed)
+        pushed += moving if swapped else 0
     floor = profile.static_bytes + profile.outside_working_bytes
-    assert memory.peak_bytes == max(floor, *forward, *backward)
+    assert memory.peak_bytes == max(floor, *memory.forward_levels, *backward)
     largest = simulator.largest_window(swap, limit, cap)
     if largest is None:
         assert simulator.memory(PlanChoice(swap, 0, limit)).peak_bytes > cap
@@ -265,7 +281,13 @@ def _rebuilt_peak(plan, profile: StepProfile) -> int:
         for layer, origin in zip(step.profile.layers, step.origin, strict=True)
     )
     choice = PlanChoice(swap, plan.prefetch_window_bytes, plan.max_copying_out_bytes)
-    plain = Simulator(step.profile.without_working_bytes(), step.transient_bytes).memory(choice)
+    # without working memory, but with what swapped storages the model's code still holds
+    # (a term of the forward levels that depends on the plan's swaps)
+    layers = tuple(
+        replace(layer, forward_working_bytes=0, backward_working_bytes=0) for layer in step.profile.layers
+    )
+    plain_profile = replace(step.profile, layers=layers, outside_working_bytes=0)
+    plain = Simulator(plain_profile, step.transient_bytes).memory(choice)
     levels = [profile.static_bytes + profile.outside_working_bytes]
     for level, layer in zip(plain.forward_levels, step.profile.layers, strict=True):
         levels.append(level + layer.forward_working_bytes)
@@ -373,3 +395,20 @@ def test_checkpointing_every_block_counts_working_memory():
         checkpoint_blocks_plan(profile.without_working_bytes(), budget_bytes=1_000).predicted_peak_bytes
         == 120
     )
+
+
+def test_a_swapped_storage_the_model_still_holds_is_in_the_forward_levels_after_it():
+    """M = 0, L = 0: a's 100 B are retired once b's copy is out (before F_c); 60 B of them were
+    still held by the model's code at F_c, measured with everything swapped."""
+    layers = (
+        LayerProfile("a", 100, 100),
+        LayerProfile("b", 100, 100),
+        LayerProfile("c", 100, 100, retired_alive_bytes=60),
+    )
+    simulator = Simulator(StepProfile(layers, 0))
+    swapped = simulator.memory(PlanChoice((True, True, False), 0, 0))
+    assert swapped.forward_levels == (100, 200, 100 + 100 + 60)  # b in the FIFO, 60 of a alive
+    only_b = simulator.memory(PlanChoice((False, True, False), 0, 0))
+    assert only_b.forward_levels == (100, 200, 300)  # b still in the FIFO: nothing retired
+    kept = simulator.memory(PlanChoice((False, False, False), 0, 0))
+    assert kept.forward_levels == (100, 200, 300)

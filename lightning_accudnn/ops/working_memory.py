@@ -29,9 +29,12 @@ anywhere:
   first in the order and is read first.)
 * A swapped storage the engine lets go in forward (its copy is out) is still allocated while
   the model's code holds it (a residual block's input until the addition). Until it dies it is
-  taken off the unseen bytes, as the level of a plan that keeps it counts it, and
-  :attr:`LayerProfile.retired_alive_bytes` is the most of those at a forward level, which a plan
-  that swaps adds there (up to what it swapped before that layer).
+  taken off the unseen bytes of the forward's readings, as the level of a plan that keeps it
+  counts it, and :attr:`LayerProfile.retired_alive_bytes` is the most of those at a forward
+  level, which a plan that swaps adds there (up to what it swapped before that layer). In
+  backward they stay working memory (the batch, which the model's code holds all step): a plan
+  is charged the most of every pass (see the session), so a plan that keeps the batch is charged
+  it twice there, a safe excess where the batch is small next to the activations.
 * Between passes (the optimizer's step) the allocator's peak less model state is
   :attr:`WorkingMemory.outside_bytes` (never below 0).
 
@@ -199,7 +202,7 @@ class WorkingMemoryMeter:
         save)."""
         self.changing(ledger_bytes)
         self._in_backward = True
-        self._retired = []
+        self._retired = []  # in backward they are working memory (planned for as it is measured)
         self._profile_position = {layer: position for position, layer in enumerate(layers)}
         self._layers = tuple(layers)
         highest = self._highest_unread(len(layers) - 1)

@@ -1,0 +1,215 @@
+"""Predicted against measured peaks, plan by plan: how close a training session's memory model is.
+
+    python -m bench.peak_prediction --workload tiny [--fractions 0.9,0.8,0.7,0.6] [--policies auto,recompute]
+    python -m bench.peak_prediction --workload gpt --param layers=4 --param d_model=128 --param vocab=8000
+
+First the workload trains with everything kept (an ample budget) for its peak of allocated
+bytes. Then, for each fraction of that peak as the budget and each policy, an
+:class:`~lightning_accudnn.OffloadSession` (reserve 0, plans made inline) trains ``--steps``
+steps, and every planned step's peak of allocated bytes is set against the peak its plan
+predicted (:attr:`~lightning_accudnn.session.OffloadStats.predicted_peak_bytes`). On CUDA the
+allocator is CUDA's; on CPU it is :class:`~lightning_accudnn.testing.OpBytesAllocator` (the tensors
+the step's ops create; no kernel workspaces), which the session measures working memory against
+as it does on a GPU. A prediction below the measured peak is a broken promise; one far above
+leaves memory unused.
+
+The record (JSON and a Markdown table) goes to ``--results-dir``/<device>/<date>-<name>.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.environment import REPO_ROOT, resolve_device
+from bench.report import fmt_bytes, write_result
+from bench.run import add_workload_arguments, parse_fraction, workload_from_args
+from bench.runner import autocast_for, batch_on
+from bench.workloads import Workload
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.planner import BudgetTooSmallError
+from lightning_accudnn.session.allocator import AllocatorControl
+from lightning_accudnn.testing import OpBytesAllocator
+
+POLICIES = ("auto", "swap", "recompute", "selective")
+
+
+def _allocator(model: torch.nn.Module, device: torch.device) -> OpBytesAllocator | None:
+    """CPU: the ops' tensors as the allocator's count (the engine's host buffers, ``uint8``, are
+    host memory on a GPU); CUDA: ``None``, the session reads CUDA's."""
+    if device.type == "cuda":
+        return None
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    return OpBytesAllocator(parameters, host=lambda tensor: tensor.dtype == torch.uint8)
+
+
+def session_peaks(
+    workload: Workload, device: torch.device, budget: int | str, policy: str, steps: int
+) -> dict[str, Any]:
+    """``steps`` steps of ``workload`` under ``budget`` and ``policy``: per planned step its
+    allocated and predicted peaks, and the last plan's choices (or the refusal)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = workload.build()
+    optimizer = workload.optimizer(model)
+    allocator = _allocator(model, device)
+    counting = allocator.counting if allocator is not None else None
+    control: AllocatorControl | None = allocator
+    min_swap = 0 if workload.min_swap_bytes is None else workload.min_swap_bytes
+    config = OffloadConfig(
+        budget=budget, min_swap_bytes=min_swap, plan_in_background=False, policy=policy, reserve_bytes=0
+    )
+    session = OffloadSession(config, device, allocator=control)
+    steps_seen: list[dict[str, Any]] = []
+    try:
+        for index in range(steps):
+            with counting() if counting is not None else _nothing():
+                batch = batch_on(workload.make_batch(index % 2), device)
+                with session.step(model, [optimizer]), autocast_for(workload, device):
+                    loss = workload.loss(model, batch)
+                loss.backward()
+                del loss, batch
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            stats = session.stats
+            if stats is not None and stats.predicted_peak_bytes is not None:
+                steps_seen.append(
+                    {
+                        "source": None if stats.plan_source is None else stats.plan_source.value,
+                        "peak_bytes": stats.peak_device_bytes,
+                        "predicted_peak_bytes": stats.predicted_peak_bytes,
+                        "reserve_bytes": session.reserve_bytes,
+                    }
+                )
+    except BudgetTooSmallError as error:
+        return {"budget": budget, "policy": policy, "refused": str(error)}
+    finally:
+        session.close()
+    plan = session.plan
+    return {
+        "budget": budget,
+        "policy": policy,
+        "steps": steps_seen,
+        "recomputed_segments": 0 if plan is None else len(plan.recomputed),
+        "swapped_bytes": 0 if plan is None else plan.swapped_bytes,
+    }
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The last planned step's peaks and their ratio, and the most any step's fell short
+    (measured over predicted, above 1 when a prediction was below the peak).
+
+    Example:
+        >>> steps = [
+        ...     {"peak_bytes": 90, "predicted_peak_bytes": 100},
+        ...     {"peak_bytes": 98, "predicted_peak_bytes": 100},
+        ... ]
+        >>> summary({"steps": steps})["over"], summary({"steps": steps})["worst"]
+        (0.0204, 0.98)
+    """
+    steps = run.get("steps") or []
+    if not steps:
+        return {}
+    last = steps[-1]
+    return {
+        "peak_bytes": last["peak_bytes"],
+        "predicted_peak_bytes": last["predicted_peak_bytes"],
+        "over": round(last["predicted_peak_bytes"] / last["peak_bytes"] - 1, 4),
+        "worst": round(max(step["peak_bytes"] / step["predicted_peak_bytes"] for step in steps), 4),
+    }
+
+
+def markdown(record: dict[str, Any]) -> str:
+    lines = [
+        f"# Predicted against measured peaks: {record['workload']} {record['params']} on {record['device']}",
+        "",
+        f"Allocator: {record['allocator']}. With everything kept the step allocated "
+        f"{fmt_bytes(record['kept_peak_bytes'])} at its peak; each budget is a fraction of that "
+        "(reserve 0). Per run: the last planned step's measured and predicted peaks, the prediction "
+        "over the measured, and the largest measured over predicted of any planned step (above 1: a "
+        "prediction fell short).",
+        "",
+        "| fraction | policy | budget | recomputed | swapped | measured peak | predicted peak | over "
+        "| worst |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in record["runs"]:
+        if "refused" in run:
+            lines.append(
+                f"| {run['fraction']} | {run['policy']} | {fmt_bytes(run['budget'])} | refused: "
+                f"{run['refused'][:120]} |||||"
+            )
+            continue
+        cells = summary(run)
+        lines.append(
+            f"| {run['fraction']} | {run['policy']} | {fmt_bytes(run['budget'])} "
+            f"| {run['recomputed_segments']} | {fmt_bytes(run['swapped_bytes'])} "
+            f"| {fmt_bytes(cells.get('peak_bytes'))} | {fmt_bytes(cells.get('predicted_peak_bytes'))} "
+            f"| {cells.get('over', 0):+.1%} | {cells.get('worst', 0):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.peak_prediction", description=__doc__.splitlines()[0]
+    )
+    add_workload_arguments(parser)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--fractions", default="0.9,0.8,0.7,0.6", help="of the kept peak, as budgets")
+    parser.add_argument("--policies", default="auto,recompute", help=f"of {', '.join(POLICIES)}")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    workload = workload_from_args(args)
+    device = resolve_device(args.device)
+    policies = [policy.strip() for policy in args.policies.split(",") if policy.strip()]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        raise SystemExit(f"--policies: unknown {unknown}; choose from {', '.join(POLICIES)}")
+    fractions = [text.strip() for text in args.fractions.split(",") if text.strip()]
+    kept = session_peaks(workload, device, "100%" if device.type == "cpu" else "90%", "auto", args.steps)
+    kept_peak = kept["steps"][-1]["peak_bytes"]
+    runs = []
+    for text in fractions:
+        for policy in policies:
+            run = session_peaks(workload, device, int(parse_fraction(text) * kept_peak), policy, args.steps)
+            runs.append({"fraction": text, **run})
+            cells = summary(run)
+            print(f"{text} {policy}: " + (run["refused"][:100] if "refused" in run else str(cells)))
+    record = {
+        "workload": workload.name,
+        "params": workload.params,
+        "device": str(device),
+        "allocator": "CUDA's caching allocator"
+        if device.type == "cuda"
+        else "OpBytesAllocator (the ops' tensors)",
+        "kept": kept,
+        "kept_peak_bytes": kept_peak,
+        "runs": runs,
+        "argv": list(argv) if argv is not None else None,
+    }
+    name = args.name or f"peak-prediction-{workload.name}"
+    write_result(args.results_dir, device, name, record, markdown(record))
+    return record
+
+
+if __name__ == "__main__":
+    main()

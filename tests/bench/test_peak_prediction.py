@@ -1,0 +1,48 @@
+"""bench.peak_prediction end to end on the CPU: every planned step's peak against its plan's."""
+
+import json
+
+from bench import peak_prediction
+
+
+def test_peak_prediction_sets_each_planned_step_against_its_plan(tmp_path):
+    record = peak_prediction.main(
+        [
+            "--workload",
+            "gpt",
+            "--param",
+            "layers=2",
+            "--param",
+            "d_model=64",
+            "--param",
+            "heads=4",
+            "--param",
+            "seq_len=64",
+            "--param",
+            "vocab=2000",
+            "--param",
+            "batch_size=4",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--fractions",
+            "0.9",
+            "--policies",
+            "auto",
+            "--steps",
+            "4",
+            "--results-dir",
+            str(tmp_path),
+        ]
+    )
+    assert record["allocator"].startswith("OpBytesAllocator")
+    (run,) = record["runs"]
+    assert run["budget"] == int(0.9 * record["kept_peak_bytes"])
+    assert run["steps"], run.get("refused")
+    for step in run["steps"]:
+        assert step["peak_bytes"] <= step["predicted_peak_bytes"]  # never a prediction below
+        assert step["peak_bytes"] <= run["budget"]
+    (written,) = (tmp_path / "cpu").glob("*-peak-prediction-gpt.json")
+    assert json.loads(written.read_text())["runs"][0]["policy"] == "auto"
+    assert "| 0.9 | auto |" in written.with_suffix(".md").read_text()

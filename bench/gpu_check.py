@@ -112,6 +112,10 @@ GPT2_MEDIUM_BF16 = ["--workload", "gpt", "--param", "precision=bf16"]
 #: recomputations in the passes after its first, and may plan once more from them.
 CALIBRATION_WARMUP = ["--warmup", "10"]
 
+#: The budgets of the peak predictions, as fractions of the kept peak: about the headline's half
+#: of the activations, and half of the kept peak (the issue's "no more than half") and below.
+PEAK_PREDICTION = ["--fractions", "0.66,0.56,0.5,0.4", "--policies", "auto", "--steps", "8"]
+
 #: CPU sizes for the quick run of a headline command: every row, in seconds, no GPU.
 QUICK_CPU = ["--device", "cpu", "--min-swap-bytes", "0", "--warmup", "3", "--steps", "1", "--no-plot"]
 
@@ -165,6 +169,16 @@ STEPS = (
         ["-m", "bench.trace_check", "--case", "resnet152-bf16"],
         timeout_seconds=TRACE_CHECK_SECONDS,
         quick=TRACE_CHECK_QUICK,
+    ),
+    Step(
+        "peak-prediction-resnet152-bf16",
+        ["-m", "bench.peak_prediction", *RESNET152_B64_BF16, *PEAK_PREDICTION],
+        timeout_seconds=600,
+    ),
+    Step(
+        "peak-prediction-gpt2-medium-bf16",
+        ["-m", "bench.peak_prediction", *GPT2_MEDIUM_BF16, *PEAK_PREDICTION],
+        timeout_seconds=600,
     ),
     Step(
         "cuda-tests-sanitizer",

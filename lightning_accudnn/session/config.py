@@ -37,9 +37,11 @@ class OffloadConfig:
       model is refused before training. A single string is one pattern.
     * ``host_memory_limit``: cap on pinned host memory (the same forms as ``budget``,
       against system RAM); ``None`` is half of system RAM.
-    * ``reserve_bytes``: kept free under the budget for fragmentation and workspaces (the only
-      reserve: ``"auto"`` keeps no other); ``None`` is the larger of 256 MiB and 5% of the
-      budget on CUDA, 0 on CPU. It grows when a planned pass goes past its room.
+    * ``reserve_bytes``: kept free under the budget for the allocator's fragmentation and what
+      the plans' model of the step misses (the only reserve: ``"auto"`` keeps no other; the
+      working memory the hooked passes measure, workspaces included, the plans count);
+      ``None`` is the larger of 256 MiB and 5% of the budget on CUDA, 0 on CPU. It grows when a
+      planned pass goes past its room.
     * ``policy``: what a plan may do with a segment besides keeping it: ``"auto"`` (swap or
       recompute, whichever is fastest), ``"swap"`` (swap only), ``"recompute"``
       (recompute only) or ``"selective"`` (recompute selectively only: keep what matrix
@@ -169,8 +171,8 @@ plan_in_background, whole_model_compile, whole_model_backend
 
 def default_reserve_bytes(budget_bytes: int, device_type: str) -> int:
     """The reserve kept under ``budget_bytes`` when ``OffloadConfig.reserve_bytes`` is ``None``:
-    on CUDA the larger of 256 MiB and 5% of the budget (workspaces such as cuBLAS's, and the
-    caching allocator's fragmentation), elsewhere nothing.
+    on CUDA the larger of 256 MiB and 5% of the budget (the caching allocator's fragmentation,
+    and what the plans' model of the step misses), elsewhere nothing.
 
     Example:
         >>> default_reserve_bytes(8 * 10**9, "cuda"), default_reserve_bytes(10**9, "cuda") == 2**28

@@ -42,6 +42,7 @@ from lightning_accudnn.session.planning import SessionPlanning
 from lightning_accudnn.session.recompute_failures import RecomputeFailures
 from lightning_accudnn.session.recompute_pass import profile_to_plan_from, recomputable_segments
 from lightning_accudnn.session.shapes import ShapePlanner
+from lightning_accudnn.session.shortfall import PredictionShortfall
 from lightning_accudnn.session.stats import OffloadStats, measured_stats
 from lightning_accudnn.session.steady_costs import SteadyCosts
 from lightning_accudnn.session.transfers import swapped_buffer_sizes
@@ -139,9 +140,8 @@ class PassRunner:
         #: Reads the allocator's peaks in hooked passes, which then measure their working memory
         #: (``None`` without an allocator that can: plans count the ledger's bytes only).
         self.allocated_peak = allocator.allocated_peak_reader()
-        #: The most the allocator held above what plans predicted (without working memory measured,
-        #: above the ledger), in any pass so far: added to the next predictions.
-        self.shortfall_bytes = 0
+        #: What the allocator held above the plans' predictions, added to the next ones.
+        self.shortfall = PredictionShortfall(measured=self.allocated_peak is not None)
         self._planning_seconds = 0.0  # spent making plans at the end of the pass concluding now
         self._background_seconds = 0.0  # the thread's time making the plan the current pass adopted
         self._adopted_seconds: dict[PassKey, float] = {}  # adopted before a pass: its thread's time
@@ -259,9 +259,12 @@ class PassRunner:
         profiling = current.plan is None
         self.out_of_memory_retries.reset()
         peaks = self.allocator.peaks()
-        stats = self.stats = measured_stats(step, peaks, current.plan, current.source, self.shortfall_bytes)
-        if peaks is not None:  # predictions from now on count what this pass held beyond its own
-            self.shortfall_bytes = max(self.shortfall_bytes, self._shortfall(step, current.plan, peaks[0]))
+        shortfall = self.shortfall.for_plan(current.plan)
+        stats = self.stats = measured_stats(step, peaks, current.plan, current.source, shortfall)
+        if peaks is not None:  # later predictions count what this pass held beyond its own
+            self.shortfall.note(
+                current.plan, ledger_peak_bytes=step.ledger_peak_bytes, allocated_peak_bytes=peaks[0]
+            )
         copies = self.engine.weight_copies.take()
         static_bytes = self.records.record(key, step, current.plan, copies, self.engine.ledger.static_bytes)
         known = self.book.plan(key)
@@ -331,14 +334,6 @@ class PassRunner:
         if self.on_stats is not None:
             self.on_stats(stats)
         return stats
-
-    def _shortfall(self, step: StepStats, plan: Plan | None, allocated_peak_bytes: int) -> int:
-        """What the allocator held above the prediction of ``plan`` for ``step``: above the plan's
-        peak, or, in a profiling pass (no plan), above the ledger where working memory is not
-        measured (the plans made from it do not count it) and nothing where it is."""
-        if plan is not None:
-            return allocated_peak_bytes - plan.predicted_peak_bytes
-        return 0 if self.allocated_peak is not None else allocated_peak_bytes - step.ledger_peak_bytes
 
     def _profile_to_plan(
         self, step: StepStats, key: PassKey, static_bytes: int, plan: Plan | None, known: Plan | None

@@ -26,7 +26,8 @@ class OffloadStats:
     ``predicted_*`` figures are the plan's for this step (``None`` in a profiling step; on
     CUDA the peak counts, at each level of the plan, the memory no layer saves that the hooked
     passes measured there, such as a loss's working memory or kernel workspaces, and the most
-    the allocator held above the predictions of any earlier pass)
+    the allocator held above the plan's predictions in its earlier passes:
+    :class:`~lightning_accudnn.session.shortfall.PredictionShortfall`)
     and the ``*_error`` figures are measured over predicted, less one. ``plan_source`` says
     how the pass was planned (:class:`~lightning_accudnn.session.plan_book.PlanSource`:
     ``profiling`` for a profiling step, else ``profiled``, ``scaled`` from another batch
@@ -136,8 +137,8 @@ def measured_stats(
     """The figures of the pass ``step`` measured under ``plan`` (``None``: a profiling pass);
     ``peaks`` are the allocator's (peak allocated, peak reserved), or ``None`` where there is
     no allocator (the engine's ledger stands in). The predicted peak is the plan's (its
-    ledger's and the working memory measured at each of its levels) plus ``shortfall_bytes``:
-    the most the allocator held above the predictions of earlier passes."""
+    ledger's and the working memory measured at each of its levels) plus ``shortfall_bytes``
+    (:class:`~lightning_accudnn.session.shortfall.PredictionShortfall`)."""
     peak, reserved = (step.ledger_peak_bytes, step.ledger_peak_bytes) if peaks is None else peaks
     return OffloadStats(
         bytes_swapped_out=step.bytes_swapped_out,

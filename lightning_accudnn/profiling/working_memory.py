@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from functools import partial
 
 import torch
@@ -50,7 +50,10 @@ class StorageLog:
         (True, True, 256)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[int], None] | None = None) -> None:
+        #: Told of every change of the bytes counted: ``+bytes`` when a storage is counted,
+        #: ``-bytes`` when it is freed (a running count, for a log read while it grows).
+        self.on_change = on_change
         self._events: list[tuple[int, int]] = []  # (serial, +bytes when created, -bytes when freed)
         self._live: dict[int, int] = {}  # address -> serial of the storage living there
         self._refs: list[weakref.ref[torch.UntypedStorage]] = []  # per serial, a weak reference
@@ -89,7 +92,7 @@ class StorageLog:
             nbytes = tensor.untyped_storage().nbytes()
             if nbytes:
                 self._counted[serial] = nbytes
-                self._events.append((serial, nbytes))
+                self._event(serial, nbytes)
 
     def _serial(self, tensor: torch.Tensor, *, counted: bool) -> int | None:
         try:
@@ -104,7 +107,7 @@ class StorageLog:
         nbytes = storage.nbytes() if counted else 0
         if nbytes:
             self._counted[serial] = nbytes
-            self._events.append((serial, nbytes))
+            self._event(serial, nbytes)
         self._refs.append(weakref.ref(storage, partial(self._freed, address, serial)))
         return serial
 
@@ -113,7 +116,12 @@ class StorageLog:
             del self._live[address]
         nbytes = self._counted.pop(serial, 0)
         if nbytes:
-            self._events.append((serial, -nbytes))
+            self._event(serial, -nbytes)
+
+    def _event(self, serial: int, change: int) -> None:
+        self._events.append((serial, change))
+        if self.on_change is not None:
+            self.on_change(change)
 
     def peak_bytes(self, leave_out: Collection[int] = ()) -> int:
         """The most bytes alive at once, the storages whose serials are in ``leave_out`` left out."""

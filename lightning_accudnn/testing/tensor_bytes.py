@@ -15,16 +15,15 @@ does not count: ``host`` tells them apart (the engine's pool makes them ``uint8`
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from lightning_accudnn.profiling.working_memory import StorageLog
 
 __all__ = ["OpBytesAllocator"]
 
@@ -55,7 +54,7 @@ class OpBytesAllocator:
         self.allocated_bytes = base_bytes
         self._read_peak = base_bytes  # the most since the last reading
         self._pass_peak = base_bytes  # the most since the last peaks()
-        self._alive: dict[int, weakref.ref[torch.UntypedStorage]] = {}  # address -> storage
+        self._storages = StorageLog(on_change=self._changed)  # what the ops created, and when it died
 
     # -- AllocatorControl ------------------------------------------------------------------
 
@@ -85,52 +84,39 @@ class OpBytesAllocator:
     @contextmanager
     def counting(self) -> Iterator[None]:
         """Count the storages the ops run inside create (until they are released)."""
-        with _CreatedStorages(self._created):
+        with _CreatedStorages(self._storages, self._host):
             yield
 
-    def _created(self, tensor: torch.Tensor) -> None:
-        if self._host is not None and self._host(tensor):
-            return
-        storage = tensor.untyped_storage()
-        address = int(StorageWeakRef(storage).cdata)
-        known = self._alive.get(address)
-        if known is not None and known() is not None:
-            return  # a view of a storage counted already
-        nbytes = storage.nbytes()
-        self._alive[address] = weakref.ref(storage, partial(self._released, address, nbytes))
+    def _changed(self, nbytes: int) -> None:
         self.allocated_bytes += nbytes
         if self.allocated_bytes > self._read_peak:
             self._read_peak = self.allocated_bytes
 
-    def _released(self, address: int, nbytes: int, reference: object) -> None:
-        if self._alive.get(address) is reference:
-            del self._alive[address]
-        self.allocated_bytes -= nbytes
-
 
 class _CreatedStorages(TorchDispatchMode):
-    """Tells ``created`` of the storage of every dense tensor an op returns that none of its
-    inputs holds (a view or an in-place result holds an input's: the op created nothing)."""
+    """Logs the storage of every dense tensor an op returns that none of its inputs holds (a
+    view or an in-place result holds an input's: the op created nothing), but host memory's."""
 
-    def __init__(self, created: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, storages: StorageLog, host: Callable[[torch.Tensor], bool] | None) -> None:
         super().__init__()
-        self._created_storage = created
+        self._storages = storages
+        self._host = host
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        inputs = {_address(leaf) for leaf in tree_leaves((args, kwargs)) if _dense(leaf)}
+        storages = self._storages
+        for leaf in tree_leaves((args, kwargs)):
+            if _dense(leaf):
+                storages.key(leaf)  # known from now on: not the op's creation, nothing counted
         result = func(*args, **kwargs)
-        for leaf in tree_leaves(result):
-            if _dense(leaf) and _address(leaf) not in inputs:
-                self._created_storage(leaf)
+        host = self._host
+        storages.created(
+            leaf for leaf in tree_leaves(result) if _dense(leaf) and (host is None or not host(leaf))
+        )
         return result
 
 
 def _dense(leaf: object) -> bool:
     return isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided
-
-
-def _address(tensor: torch.Tensor) -> int:
-    return int(StorageWeakRef(tensor.untyped_storage()).cdata)

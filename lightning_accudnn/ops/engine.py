@@ -40,6 +40,7 @@ from lightning_accudnn.ops.pack import CHANGED_GRAPH_LAYER, SaveHooks, keep_on_d
 from lightning_accudnn.ops.recording import ReplayedLayers, StepStats, layer_usage
 from lightning_accudnn.ops.replay import ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
+from lightning_accudnn.ops.saves import StepState
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.ops.transfers import COPY_GROUP_BYTES, COPY_GROUP_STORAGES
 from lightning_accudnn.ops.working_memory import WorkingMemory, WorkingMemoryMeter
@@ -246,7 +247,7 @@ class OffloadEngine(SaveHooks):
             return None
         self._in_forward = False
         self.timer.end_backward()
-        working = self._stop_measuring(tuple(step.layer_saved))
+        working = self._stop_measuring(step)
         while step.copying_out:
             self._retire(step, step.copying_out.popleft())
         if step.held_records:
@@ -321,17 +322,18 @@ class OffloadEngine(SaveHooks):
         self.pool.trim()
         self._storages_model = None
 
-    def _stop_measuring(self, layers: tuple[str, ...] | None) -> WorkingMemory | None:
-        """The working memory the pass measured at the levels of ``layers`` (its saving layers,
-        in order; ``None``: the pass was aborted), ``None`` when it measured none; the ledger is
-        no longer observed."""
-        meter, self._meter = self._meter, None
-        ledger = self.ledger
-        if isinstance(ledger, ObservedLedger):
-            self.ledger = ledger.unobserved()
-        if meter is None or layers is None:
+    def _stop_measuring(self, step: StepState | None) -> WorkingMemory | None:
+        """The working memory the pass measured at the levels of ``step``'s saving layers
+        (``None``: the pass was aborted), ``None`` when it measured none; the ledger is no longer
+        observed."""
+        meter = self._meter
+        if meter is None:
             return None
-        return meter.end(ledger.current_bytes, layers)
+        self._meter = None
+        ledger = self.ledger
+        assert isinstance(ledger, ObservedLedger)
+        self.ledger = ledger.unobserved()
+        return None if step is None else meter.end(ledger.current_bytes, tuple(step.layer_saved))
 
     def _observed_peak(self, route: ReplayRoute) -> int | None:
         """The activation peak of the last observed pass, if it was replayed on ``route``

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,6 @@ from bench.runner import autocast_for, batch_on
 from bench.workloads import Workload
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import BudgetTooSmallError
-from lightning_accudnn.session.allocator import AllocatorControl
 from lightning_accudnn.testing import OpBytesAllocator
 
 POLICIES = ("auto", "swap", "recompute", "selective")
@@ -57,17 +57,15 @@ def session_peaks(
         model = workload.build()
     optimizer = workload.optimizer(model)
     allocator = _allocator(model, device)
-    counting = allocator.counting if allocator is not None else None
-    control: AllocatorControl | None = allocator
     min_swap = 0 if workload.min_swap_bytes is None else workload.min_swap_bytes
     config = OffloadConfig(
         budget=budget, min_swap_bytes=min_swap, plan_in_background=False, policy=policy, reserve_bytes=0
     )
-    session = OffloadSession(config, device, allocator=control)
+    session = OffloadSession(config, device, allocator=allocator)
     steps_seen: list[dict[str, Any]] = []
     try:
         for index in range(steps):
-            with counting() if counting is not None else _nothing():
+            with allocator.counting() if allocator is not None else nullcontext():
                 batch = batch_on(workload.make_batch(index % 2), device)
                 with session.step(model, [optimizer]), autocast_for(workload, device):
                     loss = workload.loss(model, batch)
@@ -97,14 +95,6 @@ def session_peaks(
         "recomputed_segments": 0 if plan is None else len(plan.recomputed),
         "swapped_bytes": 0 if plan is None else plan.swapped_bytes,
     }
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def summary(run: dict[str, Any]) -> dict[str, Any]:

@@ -224,12 +224,16 @@ class OffloadEngine(SaveHooks):
         self._in_forward = False
         self.runtime.begin_pass()
         self._issue_copies_out()
+        step = self._step
+        held: set[object] = set()
+        held_bytes = 0
+        if step is not None and self._recording is not None:
+            held, held_bytes = self._keep_held_storages(step, self._recording)
         if self._meter is not None:
-            layers = () if self._step is None else tuple(self._step.layer_saved)
-            self._meter.begin_backward(self.ledger.current_bytes, layers)
+            layers = () if step is None else tuple(step.layer_saved)
+            self._meter.begin_backward(self.ledger.current_bytes, layers, held, held_bytes)
         self.timer.end_forward()
         self.pass_timer.end_forward()
-        step = self._step
         if step is not None:
             step.swapped.sort(key=lambda record: record.last_save)
             step.next_prefetch = len(step.swapped) - 1

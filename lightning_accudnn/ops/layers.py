@@ -36,8 +36,11 @@ SWAPPABLE = 1
 SMALL = 2
 #: or opened a record that may not move (excluded, ``keep_on_device``, empty);
 PINNED = 3
-#: or was no activation (a parameter, a tensor subclass, another device: left to autograd).
+#: or was no activation (a parameter, a tensor subclass, another device: left to autograd);
 FILTERED = 4
+#: or opened a record of a storage the model's code holds beyond the forward (the batch): a
+#: swap of it frees nothing, so it stays on the device (:attr:`.SwapSchedule.resident_saves`).
+HELD = 5
 
 
 @dataclass
@@ -183,8 +186,9 @@ class SaveSequence:
     ``groups[i]`` is the ordinal of the first save of the same storage in the step,
     ``record_bytes[i]`` the bytes of the record the save opened (``kinds[i]`` is
     :data:`REUSED` when it reused an earlier one), ``kinds[i]`` whether that record was
-    swappable (:data:`SWAPPABLE`), kept for its size only (:data:`SMALL`) or not allowed
-    to move (:data:`PINNED`), and ``record_of[i]`` the ordinal that opened the record used.
+    swappable (:data:`SWAPPABLE`), kept for its size only (:data:`SMALL`), not allowed
+    to move (:data:`PINNED`) or held by the model's code beyond the forward (:data:`HELD`), and
+    ``record_of[i]`` the ordinal that opened the record used.
 
     Example:
         >>> sequence = SaveSequence()

@@ -25,6 +25,7 @@ from lightning_accudnn.ops._torch_internals import StorageWeakReference
 from lightning_accudnn.ops.errors import StaleSavedTensorError
 from lightning_accudnn.ops.layers import (
     FILTERED,
+    HELD,
     PINNED,
     REUSED,
     SMALL,
@@ -224,7 +225,8 @@ class SaveRecords(CopyTraffic):
     ) -> StorageRecord:
         start, end = record_extent(root, tensor, storage_nbytes, extent)
         nbytes = end - start
-        allowed = nbytes > 0 and not excluded and _keep_on_device_depth.get() == 0
+        held = ordinal in self._schedule.resident_saves
+        allowed = nbytes > 0 and not excluded and not held and _keep_on_device_depth.get() == 0
         swappable = allowed and nbytes >= self.min_swap_bytes
         step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
         if swappable:
@@ -232,7 +234,7 @@ class SaveRecords(CopyTraffic):
         elif allowed:
             step.layer_small.setdefault(layer, []).append(nbytes)
         swap = swappable and self._schedule.swaps(layer) and self._host_can_hold(nbytes)
-        kind = SWAPPABLE if swappable else SMALL if allowed else PINNED
+        kind = SWAPPABLE if swappable else SMALL if allowed else HELD if held else PINNED
         block = entry.block
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
         return StorageRecord(layer, start, end, ordinal + 1, swap, swappable, root, block, ordinal, kind)
@@ -266,6 +268,30 @@ class SaveRecords(CopyTraffic):
             if record.swappable:  # (a record swapped whole in a replayed pass is counted by its route)
                 layer = record.layer
                 step.layer_swappable[layer] = step.layer_swappable.get(layer, 0) - record.nbytes
+
+    def _keep_held_storages(self, step: StepState, recording: SaveSequence) -> tuple[set[object], int]:
+        """The forward of a hooked pass is over: a swapped storage the engine let go whole that is
+        still alive is held by the model's code beyond the forward (the batch). Its swap freed
+        nothing, and its copy brought back would sit beside it: its records become :data:`HELD`
+        in the pass's sequence and are reported as not swappable, so that the plans made from the
+        pass keep it, and so do the passes their schedules run
+        (:attr:`.SwapSchedule.resident_saves`). Returns those storages' blocks and the bytes of
+        their records."""
+        blocks: set[object] = set()
+        nbytes = 0
+        for entry in step.by_storage.values():
+            if entry.block.holders or entry.storage.expired():
+                continue  # still the engine's (its copy out in flight, or kept), or freed
+            for record in entry.records:
+                if record.swap and record.kind == SWAPPABLE and not record.read_in_forward:
+                    record.kind, record.swappable = HELD, False
+                    recording.kinds[record.ordinal] = HELD
+                    step.layer_swappable[record.layer] -= record.nbytes
+                    step.resaved_from.pop(record, None)  # resaves count swappable bytes only
+                    step.resaved_module.pop(record, None)
+                    nbytes += record.nbytes
+                    blocks.add(entry.block)
+        return blocks, nbytes
 
     # -- filter and records -----------------------------------------------------------
 

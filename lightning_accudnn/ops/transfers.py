@@ -20,6 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from lightning_accudnn.ops._torch_internals import StorageWeakReference
+from lightning_accudnn.ops.layers import HELD
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
 from lightning_accudnn.ops.runtime import Runtime, StreamEvent
@@ -136,6 +137,9 @@ class CopyTraffic:
         if record.swap:
             if record.source_storage is not None:
                 self._retire(step, record)
+            if record.kind == HELD and not record.released and self._meter is not None:
+                copy = record.fetched_copy
+                self._meter.held_read(record.nbytes, None if copy is None else copy.storage)
             if record.fetched is not None:  # the engine's reference to the bytes goes (views keep theirs)
                 if record.fetched_ready is not None:  # never read: still order the free after the copy
                     self._wait_once(record.fetched_ready)
@@ -271,7 +275,7 @@ class CopyTraffic:
                 self._free_block(block)
                 meter = self._meter
                 if meter is not None and self._in_forward:  # the model's code may still hold it
-                    meter.retired(block.nbytes, StorageWeakReference(storage))
+                    meter.retired(block.nbytes, StorageWeakReference(storage), block)
 
     def _settle_copy_out(self, step: StepState | None, record: StorageRecord) -> None:
         """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""

@@ -31,10 +31,13 @@ anywhere:
   the model's code holds it (a residual block's input until the addition). Until it dies it is
   taken off the unseen bytes of the forward's readings, as the level of a plan that keeps it
   counts it, and :attr:`LayerProfile.retired_alive_bytes` is the most of those at a forward
-  level, which a plan that swaps adds there (up to what it swapped before that layer). In
-  backward they stay working memory (the batch, which the model's code holds all step): a plan
-  is charged the most of every pass (see the session), so a plan that keeps the batch is charged
-  it twice there, a safe excess where the batch is small next to the activations.
+  level, which a plan that swaps adds there (up to what it swapped before that layer).
+* One still alive when the forward ends is held by the model's code beyond it (the batch):
+  the engine keeps such storages on the device in the plans made from the pass
+  (:data:`~lightning_accudnn.ops.layers.HELD`), so they are left out of
+  :attr:`LayerProfile.retired_alive_bytes`, and in backward they are taken off the unseen
+  bytes until the engine has read them (:meth:`WorkingMemoryMeter.held_read`), as the level of
+  a plan that keeps them counts them until then.
 * Between passes (the optimizer's step) the allocator's peak less model state is
   :attr:`WorkingMemory.outside_bytes` (never below 0).
 
@@ -66,7 +69,7 @@ was ``a``, whose level does not count ``b``'s saves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
@@ -107,7 +110,8 @@ class WorkingMemoryMeter:
     The engine calls :meth:`changing` before each change of its ledger (with the ledger's bytes
     then), :meth:`acquired` after a growth, :meth:`released` after a fall, :meth:`allocating`
     before it allocates a block it is to count, :meth:`retired` after it let a swapped storage go
-    in forward, :meth:`saved` and :meth:`read` for each save autograd
+    in forward, :meth:`held_read` once it read one the model's code held beyond the forward for
+    the last time, :meth:`saved` and :meth:`read` for each save autograd
     holds and reads, and :meth:`start`, :meth:`begin_backward`, :meth:`end` at the pass's steps.
 
     Example:
@@ -134,8 +138,13 @@ class WorkingMemoryMeter:
         self._reading = -1  # in backward: the highest position with a save not read
         self._let_go = 0  # bytes the ledger let go since that position's backward began
         self._allocated_for_ledger = False  # see allocating()
-        self._retired: list[tuple[int, _Expiring]] = []  # swapped storages let go in forward
-        self._retired_top: dict[int, int] = {}  # per position: the most of them still alive
+        self._retired: list[tuple[int, _Expiring]] = []  # swapped storages let go in forward, alive
+        self._retired_log: list[tuple[int, object]] = []  # every one let go in forward: bytes, token
+        # Per forward reading while some were alive: position, their bytes, how many were let go.
+        self._retired_readings: list[tuple[int, int, int]] = []
+        self._retired_top: dict[int, int] | None = None  # per position: the most of them alive
+        self._held_unread = 0  # in backward: bytes held beyond the forward, not read yet
+        self._held_copies: list[tuple[int, _Expiring]] = []  # read, their copies still alive
 
     def start(self, ledger_bytes: int) -> None:
         """The pass starts, with ``ledger_bytes`` (model state) on the ledger: the allocator's
@@ -149,15 +158,18 @@ class WorkingMemoryMeter:
             self._allocated_for_ledger = False
             return
         if self._in_backward:
-            position, level, tops = self._reading, unseen - self._let_go, self._backward_top
+            if self._held_copies:
+                self._settle_held_copies()
+            position, tops = self._reading, self._backward_top
+            level = unseen - self._let_go - self._held_unread
         else:
             position = len(self._order) - 1
             if self._retired:  # still alive now: alive since the last reading, and not working memory
                 self._retired = [entry for entry in self._retired if not entry[1].expired()]
                 alive = sum(nbytes for nbytes, _ in self._retired)
                 unseen -= alive
-                if alive > self._retired_top.get(position, 0):
-                    self._retired_top[position] = alive
+                if alive:
+                    self._retired_readings.append((position, alive, len(self._retired_log)))
             level, tops = unseen + self._saved_so_far, self._forward_top
         if level > tops.get(position, level - 1):
             tops[position] = level
@@ -181,12 +193,23 @@ class WorkingMemoryMeter:
         self.changing(ledger_bytes)
         self._allocated_for_ledger = True
 
-    def retired(self, nbytes: int, storage: _Expiring) -> None:
+    def retired(self, nbytes: int, storage: _Expiring, token: object = None) -> None:
         """In forward the engine let go of ``nbytes`` of a swapped ``storage`` (its copy is out):
         while the model's code still holds it, the planner's levels count it (as a plan that
         keeps it does) and :attr:`WorkingMemory.retired_alive_bytes` says how much of it there
-        was, which a plan that swaps adds."""
+        was, which a plan that swaps adds. ``token`` names it to :meth:`begin_backward`."""
         self._retired.append((nbytes, storage))
+        self._retired_log.append((nbytes, token))
+
+    def held_read(self, nbytes: int, copy: _Expiring | None) -> None:
+        """In backward the engine read for the last time ``nbytes`` of a storage the model's code
+        held beyond the forward (see :meth:`begin_backward`), from the ``copy`` it brought back
+        (``None``: none is left). A plan that keeps the storage lets it go from its level now,
+        while the model's code holds it: the copy, until it dies, stands for it."""
+        if copy is None or copy.expired():
+            self._held_unread -= nbytes
+        else:
+            self._held_copies.append((nbytes, copy))
 
     def released(self, nbytes: int) -> None:
         """The ledger fell by ``nbytes``."""
@@ -197,12 +220,23 @@ class WorkingMemoryMeter:
         """Autograd holds one more save of ``layer``'s, to be read in backward."""
         self._unread[layer] = self._unread.get(layer, 0) + 1
 
-    def begin_backward(self, ledger_bytes: int, layers: Sequence[str]) -> None:
+    def begin_backward(
+        self,
+        ledger_bytes: int,
+        layers: Sequence[str],
+        held: Collection[object] = (),
+        held_bytes: int = 0,
+    ) -> None:
         """The forward is over; ``layers`` are the profile's, in its order (of their first
-        save)."""
+        save). ``held`` names (by their :meth:`retired` tokens) the swapped storages the model's
+        code holds beyond the forward, which plans keep: ``held_bytes`` of them, taken off the
+        unseen bytes in backward until :meth:`held_read`, and left out of
+        :attr:`WorkingMemory.retired_alive_bytes`."""
         self.changing(ledger_bytes)
+        self._settle_retired(held)
         self._in_backward = True
-        self._retired = []  # in backward they are working memory (planned for as it is measured)
+        self._held_unread = held_bytes
+        self._retired = []  # the others alive are working memory in backward (as it is measured)
         self._profile_position = {layer: position for position, layer in enumerate(layers)}
         self._layers = tuple(layers)
         highest = self._highest_unread(len(layers) - 1)
@@ -228,6 +262,31 @@ class WorkingMemoryMeter:
                 self._let_go = 0
         self._unread[layer] = self._unread.get(layer, 0) - 1
 
+    def _settle_held_copies(self) -> None:
+        """The held storages read whose copies died since the last reading: off the count."""
+        alive = []
+        for nbytes, copy in self._held_copies:
+            if copy.expired():
+                self._held_unread -= nbytes
+            else:
+                alive.append((nbytes, copy))
+        self._held_copies = alive
+
+    def _settle_retired(self, held: Collection[object]) -> None:
+        """Per forward position, the most bytes of swapped storages let go and still alive that
+        a plan swaps (``held`` left out: alive at every reading after they were let go)."""
+        if self._retired_top is not None:
+            return
+        held_before = [0]
+        for nbytes, token in self._retired_log:
+            held_before.append(held_before[-1] + (nbytes if token is not None and token in held else 0))
+        tops: dict[int, int] = {}
+        for position, alive, count in self._retired_readings:
+            swapped = alive - held_before[count]
+            if swapped > tops.get(position, 0):
+                tops[position] = swapped
+        self._retired_top = tops
+
     def _highest_unread(self, start: int) -> int | None:
         """The highest position at or below ``start`` whose layer has a save not read yet."""
         for position in range(start, -1, -1):
@@ -243,6 +302,8 @@ class WorkingMemoryMeter:
         that had saved: a layer's first save may be one of an earlier layer's storages (no
         growth of the ledger), so the order of first growths can differ."""
         self.changing(ledger_bytes)
+        self._settle_retired(())
+        assert self._retired_top is not None
         profile_position = {layer: position for position, layer in enumerate(layers)}
         saved_at = [0] * len(layers)
         for layer, nbytes in zip(self._order, self._saved, strict=True):

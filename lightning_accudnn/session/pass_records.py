@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops import StepStats, SwapSchedule
-from lightning_accudnn.ops.layers import SaveSequence
+from lightning_accudnn.ops.layers import HELD, SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
 from lightning_accudnn.profiling.static_memory import model_state_bytes
@@ -49,6 +49,7 @@ class PassRecords:
         self.observe_every = observe_every
         self.steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
         self._sequences: dict[PassKey, SaveSequence] = {}
+        self._resident: dict[PassKey, tuple[SaveSequence, frozenset[int]]] = {}  # per sequence
         self._recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each sequence ran under
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
@@ -82,7 +83,20 @@ class PassRecords:
             return SwapSchedule.swap_everything(
                 max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
             )
-        return self.steady.schedule(key, plan)
+        return self.steady.schedule(key, plan, self._resident_saves(key, plan))
+
+    def _resident_saves(self, key: PassKey, plan: Plan) -> frozenset[int]:
+        """The ordinals of the saves whose storages ``key``'s last hooked pass found held beyond
+        the forward (:data:`~lightning_accudnn.ops.layers.HELD`), when that pass ran the
+        segments ``plan`` recomputes (else its ordinals are another graph's: none)."""
+        sequence = self._sequences.get(key)
+        if sequence is None or self._recomputed.get(key) != plan.recomputed:
+            return frozenset()
+        found = self._resident.get(key)
+        if found is None or found[0] is not sequence:
+            ordinals = frozenset(ordinal for ordinal, kind in enumerate(sequence.kinds) if kind == HELD)
+            found = self._resident[key] = (sequence, ordinals)
+        return found[1]
 
     def observation_due(self, key: PassKey) -> bool:
         """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in
@@ -131,6 +145,7 @@ class PassRecords:
     def forget_sequence(self, key: PassKey) -> None:
         """``key``'s graph departed from its sequence: its next pass runs hooked."""
         self._sequences.pop(key, None)
+        self._resident.pop(key, None)
 
     def link(self, key: PassKey) -> HostLink | None:
         """The host link's rates at ``key``'s transfer sizes, once a profile was made for it."""

@@ -58,15 +58,20 @@ class SteadyMemo:
     """
 
     def __init__(self) -> None:
-        self._schedules: dict[Hashable, tuple[Plan, SwapSchedule]] = {}
+        self._schedules: dict[Hashable, tuple[Plan, frozenset[int], SwapSchedule]] = {}
         self._conclusions: dict[Hashable, _Conclusion] = {}
 
-    def schedule(self, key: Hashable, plan: Plan) -> SwapSchedule:
-        """:func:`schedule_for` ``plan``, made once per plan of the pass kind ``key``."""
+    def schedule(self, key: Hashable, plan: Plan, resident: frozenset[int] = frozenset()) -> SwapSchedule:
+        """:func:`schedule_for` ``plan``, keeping the storages the saves at the ordinals
+        ``resident`` open on the device, made once per plan and ``resident`` of the pass kind
+        ``key``."""
         made = self._schedules.get(key)
-        if made is None or made[0] is not plan:
-            made = self._schedules[key] = (plan, schedule_for(plan))
-        return made[1]
+        if made is None or made[0] is not plan or made[1] is not resident:
+            schedule = schedule_for(plan)
+            if resident:
+                schedule = schedule.with_resident_saves(resident)
+            made = self._schedules[key] = (plan, resident, schedule)
+        return made[2]
 
     def conclusion(
         self, key: Hashable, layers: tuple[LayerProfile, ...], static_bytes: int, sources: tuple[object, ...]

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.ddp]
 
 def _budget():
     static, saved = memory_need("cnn", batch_size=4)
-    return static + saved // 2
+    return static + 3 * saved // 5  # the least plan keeps the batch: a little over half
 
 
 class FailingOnRankOne(Classifier):

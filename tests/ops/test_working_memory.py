@@ -187,3 +187,55 @@ def test_an_aborted_pass_stops_observing_the_ledger():
         raise RuntimeError("boom")
     assert not isinstance(engine.ledger, ObservedLedger)
     engine.close()
+
+
+class _Storage:
+    """A stand-in for the engine's weak reference to a storage."""
+
+    def __init__(self) -> None:
+        self.alive = True
+
+    def expired(self) -> bool:
+        return not self.alive
+
+
+def test_a_storage_held_beyond_the_forward_is_a_kept_save_not_working_memory():
+    """``a``'s 100 swapped bytes stay alive (held: the batch), ``b``'s 50 die in backward. Plans
+    keep ``a``: it is no retired-alive memory of a plan that swaps, and in backward it is off the
+    unseen bytes until the copy brought back, read for the last time, dies."""
+    from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
+
+    readings = iter([0, 0, 100, 150, 150, 180, 140, 200, 210, 260, 100, 100])
+    layer = ["a"]
+    meter = WorkingMemoryMeter(lambda: next(readings), lambda: layer[0])
+    held, dying, copy = _Storage(), _Storage(), _Storage()
+    meter.start(0)
+    meter.changing(0)
+    meter.acquired(100)
+    meter.saved("a")
+    meter.changing(100)  # a's copy is out: the engine lets it go, the caller holds it
+    meter.released(100)
+    meter.retired(100, held, "held")
+    layer[0] = "b"
+    meter.changing(0)  # b's output, 50 bytes, before b saves it
+    meter.acquired(50)
+    meter.saved("b")
+    meter.changing(50)
+    meter.released(50)
+    meter.retired(50, dying, "dying")
+    meter.begin_backward(0, ["a", "b"], {"held"}, 100)  # 30 bytes of the loss's beyond them
+    dying.alive = False
+    meter.read("b", 0)
+    meter.allocating(0)  # 40 bytes of b's gradient beside the held 100
+    meter.acquired(100)
+    meter.changing(100)  # the copy of a, allocated: the ledger's
+    meter.read("a", 100)  # b's backward is over: 10 bytes beyond the original and the copy
+    meter.held_read(100, copy)
+    meter.changing(100)  # a's backward: 60 bytes of gradient; the copy stands for the original
+    copy.alive = False
+    meter.changing(100)  # the copy died: the original alone, as a plan keeping it lets it go
+    meter.released(100)
+    memory = meter.end(0, ["a", "b"])
+    assert memory.retired_alive_bytes == {"b": 50}  # the held 100 left out
+    assert memory.forward_bytes == {"a": 50, "b": 30}
+    assert memory.backward_bytes == {"a": 60, "b": 40}

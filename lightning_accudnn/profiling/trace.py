@@ -616,6 +616,18 @@ def trace_step(
                 recorder.param_storages.add(key)
         batch = torch.zeros(input_shape, dtype=input_dtype)
         recorder.storages.held(batch)  # on the device before the step
+        # The cuBLAS workspaces of the forward's thread and of autograd's, made by the first step
+        # and held from then on (left out below for a pass that multiplies no matrices).
+        threads = (
+            {}
+            if gpu is None
+            else {
+                backward: torch.empty(blas_workspace_bytes(gpu.compute_capability, 1), dtype=torch.uint8)
+                for backward in (False, True)
+            }
+        )
+        for workspace in threads.values():
+            recorder.storages.held(workspace)
         with (
             segments.attached(model),
             tracker.attached(model),
@@ -633,13 +645,15 @@ def trace_step(
         for p in params
         if p.grad is not None and (key := recorder.key(p.grad)) is not None
     }
-    # Model state the step makes (gradients set to None before it: bytes as the planner counts
-    # them) or holds all step (left out of the log's count).
-    made, held = (sum(grads.values()), set()) if set_grads_to_none else (0, set(grads))
-    # The cuBLAS workspaces of the threads that multiplied matrices, held all step from the second
-    # step on (none without a target GPU).
-    workspaces = 0 if gpu is None else blas_workspace_bytes(gpu.compute_capability, len(recorder.blas_passes))
-    working_bytes = recorder.storages.peak_bytes(set(grads) | set(recorder.seen_storages)) + workspaces
+    # Model state the step makes (the gradients, set to None before it: their bytes as the
+    # planner counts them) or holds all step (left out of the log's count, as is the workspace of
+    # a thread that multiplied no matrices).
+    made = sum(grads.values()) if set_grads_to_none else 0
+    held: set[int] = set() if set_grads_to_none else set(grads)
+    for backward, workspace in threads.items():
+        if backward not in recorder.blas_passes and (key := recorder.key(workspace)) is not None:
+            held.add(key)
+    working_bytes = recorder.storages.peak_bytes(held | set(grads) | set(recorder.seen_storages))
     names = sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
     levels = (
         None if meter is None else recorder.ledger.working_memory(meter, held, names, made_state_bytes=made)
@@ -655,8 +669,8 @@ def trace_step(
             resaved=tuple(resaved.get(name, ())),
             resaved_modules=tuple(modules.get(name, ())),
             float32_bytes=recorder.float32_saved[name],
-            forward_working_bytes=0 if levels is None else levels.forward_bytes.get(name, 0) + workspaces,
-            backward_working_bytes=0 if levels is None else levels.backward_bytes.get(name, 0) + workspaces,
+            forward_working_bytes=0 if levels is None else levels.forward_bytes.get(name, 0),
+            backward_working_bytes=0 if levels is None else levels.backward_bytes.get(name, 0),
         )
         for name in names
     )
@@ -672,5 +686,5 @@ def trace_step(
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
         resaves_listed=True,
         working_bytes=working_bytes,
-        allocated_peak_bytes=recorder.storages.peak_bytes(held) - made + workspaces,
+        allocated_peak_bytes=recorder.storages.peak_bytes(held) - made,
     )

@@ -31,7 +31,8 @@ def _trace(build, gpu: str, shape=(64, 64)):
 
 def test_the_workspaces_of_both_threads_are_held_all_step_by_a_step_that_multiplies_matrices():
     """Forward and backward multiply matrices: two threads' cuBLAS and cuBLASLt workspaces, 32 MiB
-    and 1 MiB each on a Hopper GPU, 8 MiB + 128 KiB and 1 MiB on an Ampere one, beyond every level."""
+    and 1 MiB each on a Hopper GPU, 8 MiB + 128 KiB and 1 MiB on an Ampere one, held at every
+    moment of the step, so beyond every level the step's readings go to."""
     assert blas_workspace_bytes((9, 0), threads=2) == 2 * (32 * MIB + MIB)
     assert blas_workspace_bytes((8, 0), threads=2) == 2 * (8 * MIB + 128 * 2**10 + MIB)
     build = lambda: nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))  # noqa: E731
@@ -39,7 +40,9 @@ def test_the_workspaces_of_both_threads_are_held_all_step_by_a_step_that_multipl
     more = 2 * (32 * MIB - 8 * MIB - 128 * 2**10)
     assert hopper.allocated_peak_bytes - ampere.allocated_peak_bytes == more
     assert hopper.working_bytes - ampere.working_bytes == more
-    for h, a in zip(hopper.layers, ampere.layers, strict=True):
+    saving = [(h, a) for h, a in zip(hopper.layers, ampere.layers, strict=True) if h.saved]
+    assert [h.name for h, _ in saving] == ["0", "1"]  # the levels the step's readings go to
+    for h, a in saving:
         assert h.forward_working_bytes - a.forward_working_bytes == more
         assert h.backward_working_bytes - a.backward_working_bytes == more
 

@@ -60,6 +60,8 @@ tensors without a GPU). What departs from a real CUDA step:
   lists each such call under ``multi_head_attention_forward``.
 * times come from a roofline per kernel (:meth:`.roofline.StepTrace.to_profile`), with no
   launch overhead and no overlap between kernels.
+* cuDNN's workspaces (convolutions) and the caching allocator's blocks handed out whole (a
+  cached block up to 1 MiB larger than asked) are not counted.
 
 Example:
     >>> import torch

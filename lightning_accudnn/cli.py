@@ -44,6 +44,9 @@ EXIT_OK = 0
 EXIT_INFEASIBLE = 1
 EXIT_USAGE = 2
 
+#: How the step finds the parameters' gradients (``--grads``): set to ``None``, or held all step.
+GRADS = ("set-to-none", "held")
+
 #: Input shape (without the batch dimension) used for torchvision models by default.
 DEFAULT_IMAGE_SHAPE = (3, 224, 224)
 
@@ -211,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the first (logits, classes last: what a classifier or a language model holds for its loss)",
     )
     plan.add_argument(
+        "--grads",
+        choices=GRADS,
+        default="set-to-none",
+        help="set-to-none: the step starts with the gradients set to None (zero_grad()'s default, and "
+        "Lightning's), so backward makes each; held: they are held all step (zeroed in place, or "
+        "accumulated over several batches)",
+    )
+    plan.add_argument(
         "--optimizer",
         choices=sorted(NAMED_OPTIMIZERS),
         default="adam",
@@ -303,6 +314,7 @@ def plan_command(args: argparse.Namespace) -> int:
             gpu=gpu,
             loss=args.loss,
             meter=WorkingMemoryMeter,
+            set_grads_to_none=args.grads == "set-to-none",
         )
     except Exception as error:  # a model that cannot be traced: say which and why
         batch_shape = (args.batch_size, *shape)
@@ -329,6 +341,7 @@ def plan_command(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "optimizer": args.optimizer,
         "loss": args.loss,
+        "grads": args.grads,
         "budget": str(budget),
         "budget_bytes": budget_bytes,
         "reserve_bytes": reserve,
@@ -379,6 +392,9 @@ def plan_command(args: argparse.Namespace) -> int:
     else:
         print(_text_report(plan, report, gpu, trace))
     return EXIT_OK
+
+
+_GRADS_TEXT = {"set-to-none": "each gradient counted from its making in backward", "held": "held all step"}
 
 
 def _unconstrained_peak_bytes(profile: StepProfile) -> int:
@@ -457,7 +473,11 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         ("gpu", f"{gpu.name} ({gpu.memory_bytes / 2**30:g} GiB)"),
         ("host link", f"{format_bytes(gpu.host_link_bytes_per_second)}/s per direction (pinned PCIe)"),
         ("budget", f"{report['budget']} = {gb('budget_bytes')}"),
-        ("static memory", f"{gb('static_bytes')} (parameters, gradients, optimizer state, buffers)"),
+        (
+            "static memory",
+            f"{gb('static_bytes')} (parameters, gradients, optimizer state, buffers; --grads "
+            f"{report['grads']}: {_GRADS_TEXT[report['grads']]})",
+        ),
         ("saved activations", f"{gb('saved_bytes')} ({gb('swappable_bytes')} swappable)"),
         *_float32_rows(report),
         (

@@ -136,9 +136,10 @@ class StepTrace:
     (:attr:`.StepProfile.resaves_listed`). ``working_bytes`` is the most the step held at once
     besides the model's state and its saved activations (outputs nothing saves, the loss and
     its gradient, the activations' gradients in backward: :mod:`.working_memory`), and
-    ``allocated_peak_bytes`` the most it held at once besides the model's state, saves
-    included (what a device's allocator would count at its peak, less model state); 0 when not
-    traced. The layers' working bytes say where the working memory was held.
+    ``allocated_peak_bytes`` the most it held at once, saves included, less the model's state
+    as the planner counts it, the parameters' gradients included all step (what a device's
+    allocator would count at its peak less the static memory); 0 when not traced. The layers'
+    working bytes say where the working memory was held.
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,

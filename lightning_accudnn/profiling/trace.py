@@ -16,7 +16,8 @@ storages but no data) and runs one forward and backward. Three observers watch i
   ``resaves_listed``. The bytes of float32 storages are counted apart
   (:attr:`.LayerTrace.float32_bytes`): what a 16-bit step still saves in float32.
 * a dispatch mode records every kernel: the storages it creates, and when each is freed
-  (:mod:`.working_memory`: what the step holds besides its saves,
+  (for a target ``gpu``, as CUDA's caching allocator counts them, with the cuBLAS workspaces:
+  :mod:`.cuda_allocations`; :mod:`.working_memory`: what the step holds besides its saves,
   :attr:`StepTrace.working_bytes`; beside the saves on the engine's ledger, which the hooks
   follow until autograd reads them, what it holds beyond each layer's levels:
   :mod:`.traced_ledger`, :attr:`.LayerTrace.forward_working_bytes`), FLOPs (from
@@ -59,6 +60,8 @@ tensors without a GPU). What departs from a real CUDA step:
   lists each such call under ``multi_head_attention_forward``.
 * times come from a roofline per kernel (:meth:`.roofline.StepTrace.to_profile`), with no
   launch overhead and no overlap between kernels.
+* cuDNN's workspaces (convolutions) and the caching allocator's blocks handed out whole (a
+  cached block up to 1 MiB larger than asked) are not counted.
 
 Example:
     >>> import torch
@@ -95,6 +98,7 @@ from torch.utils._pytree import tree_flatten
 
 from lightning_accudnn.profile import ROOT_LAYER, SELECTIVE_KEPT_OPS, SegmentProfile
 from lightning_accudnn.profiling.attention import attention_kernel, run_attention
+from lightning_accudnn.profiling.cuda_allocations import CUDA_BLOCK_BYTES, blas_workspace_bytes, runs_blas
 from lightning_accudnn.profiling.cuda_autocast import cuda_autocast_args
 from lightning_accudnn.profiling.fake_model import build_fake, cast_floating
 from lightning_accudnn.profiling.gpus import GpuSpec
@@ -167,6 +171,7 @@ class _Recorder:
     resaves: ResaveLog = field(default_factory=ResaveLog)  # storages saved again, by key
     read_in_forward: set[int] = field(default_factory=set)  # storages unpacked during the forward
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
+    blas_passes: set[bool] = field(default_factory=set)  # the passes (backward or not) that ran cuBLAS ops
     # Every storage the step's kernels create, and each storage's key (a serial number: unique
     # for the whole step, where an address may be reused once its storage is freed).
     storages: StorageLog = field(default_factory=StorageLog)
@@ -238,6 +243,8 @@ class _Recorder:
             self.selective.writes(func, args, kwargs)
         if func in FREE_OPS or func.is_view:
             return
+        if runs_blas(func):
+            self.blas_passes.add(self.backward)
         if self.backward:
             node = torch._C._current_autograd_node()
             layer = self.node_layer.get(node, ROOT_LAYER) if node is not None else ROOT_LAYER
@@ -541,6 +548,7 @@ def trace_step(
     gpu: GpuSpec | None = None,
     loss: str = "mean",
     meter: MeterFactory | None = None,
+    set_grads_to_none: bool = True,
 ) -> StepTrace:
     """Trace one training step of ``build()`` on a batch of shape ``input_shape``.
 
@@ -565,6 +573,13 @@ def trace_step(
     ``lightning_accudnn.ops.working_memory.WorkingMemoryMeter``; :mod:`.traced_ledger`): without
     one the layers' working bytes are 0.
 
+    The step drops the model's output once its loss is computed, as a training step that returns
+    its loss does (autograd holds what it saved). ``set_grads_to_none``: the step starts with the
+    parameters' gradients set to ``None`` (``zero_grad()``'s default, and Lightning's), so its
+    backward makes each: a level before a gradient exists holds less than the model state counts
+    (negative working memory). ``False`` (gradients zeroed in place, or accumulated over several
+    batches): they are held all step.
+
     Example:
         >>> from lightning_accudnn.ops.layers import LayerTracker
         >>> def build():
@@ -581,7 +596,11 @@ def trace_step(
         raise ValueError(f"unknown loss {loss!r}: one of {', '.join(LOSSES)}")
     loss_of = LOSSES[loss]
     fake_mode = FakeTensorMode()
-    recorder = _Recorder(tracker=tracker, capability=None if gpu is None else gpu.compute_capability)
+    recorder = _Recorder(
+        tracker=tracker,
+        capability=None if gpu is None else gpu.compute_capability,
+        storages=StorageLog(block_bytes=1 if gpu is None else CUDA_BLOCK_BYTES),
+    )
     segments = _Segments(recorder=recorder)
     model = build_fake(build, fake_mode)
     with fake_mode:
@@ -599,6 +618,18 @@ def trace_step(
                 recorder.param_storages.add(key)
         batch = torch.zeros(input_shape, dtype=input_dtype)
         recorder.storages.held(batch)  # on the device before the step
+        # The cuBLAS workspaces of the forward's thread and of autograd's, made by the first step
+        # and held from then on (left out below for a pass that multiplies no matrices).
+        threads = (
+            {}
+            if gpu is None
+            else {
+                backward: torch.empty(blas_workspace_bytes(gpu.compute_capability, 1), dtype=torch.uint8)
+                for backward in (False, True)
+            }
+        )
+        for workspace in threads.values():
+            recorder.storages.held(workspace)
         with (
             segments.attached(model),
             tracker.attached(model),
@@ -607,15 +638,28 @@ def trace_step(
             _FunctionMode(recorder),
         ):
             with precision(dtype):
-                output = model(batch)
-                total = loss_of(output)
+                total = loss_of(model(batch))  # the output dies here, as in a step returning its loss
             recorder.backward = True
             recorder.ledger.begin_backward()
             total.backward()  # type: ignore[no-untyped-call]
-    state = {key for p in params if p.grad is not None and (key := recorder.key(p.grad)) is not None}
-    working_bytes = recorder.storages.peak_bytes(state | set(recorder.seen_storages))
+    grads = {
+        key: p.grad.untyped_storage().nbytes()
+        for p in params
+        if p.grad is not None and (key := recorder.key(p.grad)) is not None
+    }
+    # Model state the step makes (the gradients, set to None before it: their bytes as the
+    # planner counts them) or holds all step (left out of the log's count, as is the workspace of
+    # a thread that multiplied no matrices).
+    made = sum(grads.values()) if set_grads_to_none else 0
+    held: set[int] = set() if set_grads_to_none else set(grads)
+    for backward, workspace in threads.items():
+        if backward not in recorder.blas_passes and (key := recorder.key(workspace)) is not None:
+            held.add(key)
+    working_bytes = recorder.storages.peak_bytes(held | set(grads) | set(recorder.seen_storages))
     names = sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
-    levels = None if meter is None else recorder.ledger.working_memory(meter, state, names)
+    levels = (
+        None if meter is None else recorder.ledger.working_memory(meter, held, names, made_state_bytes=made)
+    )
     trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
     resaved, modules = recorder.resaved()
     layers = tuple(
@@ -644,5 +688,5 @@ def trace_step(
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
         resaves_listed=True,
         working_bytes=working_bytes,
-        allocated_peak_bytes=recorder.storages.peak_bytes(state),
+        allocated_peak_bytes=recorder.storages.peak_bytes(held) - made,
     )

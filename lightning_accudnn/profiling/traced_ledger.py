@@ -6,7 +6,9 @@ device allocator's peak at every change of the engine's ledger (a meter such as
 levels). A traced step has no allocator, but its :class:`~.working_memory.StorageLog` counts
 the same bytes: every storage the step's kernels create, from its creation until it is freed.
 :class:`TracedLedger` keeps the ledger the engine would keep beside it, model state left out (it
-is constant, and the parameters' gradients, model state, are left out of the log's count too):
+is constant; the parameters' gradients, model state, are either left out of the log's count too,
+or, for a step that sets them to ``None``, counted by the ledger from the start and by the log from
+their creation in backward, so that a level before a gradient exists holds less than it counts):
 
 * a saved storage counts from its first save (deduplicated by storage, as the engine does);
 * in backward it is let go when autograd has read each of its saves once (the engine lets a
@@ -149,15 +151,41 @@ class TracedLedger:
             self._change(_RELEASE, "", self._sizes.pop(storage))
 
     def working_memory(
-        self, meter_of: MeterFactory, leave_out: Collection[int], layers: Sequence[str]
+        self,
+        meter_of: MeterFactory,
+        leave_out: Collection[int],
+        layers: Sequence[str],
+        *,
+        made_state_bytes: int = 0,
     ) -> LevelWorkingMemory:
         """What the step held beyond each level of ``layers`` (the profile's, in its order),
-        charged by a meter from ``meter_of``; the log's storages in ``leave_out`` (model state)
-        are not counted as the allocator's."""
+        charged by a meter from ``meter_of``; the log's storages in ``leave_out`` (model state
+        held all step) are not counted as the allocator's. ``made_state_bytes`` are model state
+        that the log counts from its creation in the step (the parameters' gradients, when the
+        step sets them to ``None``): they are on the ledger from the start, as the planner counts
+        model state all step, so that before they exist a level holds less than it counts (its
+        working memory is negative by the bytes not made yet).
+
+        Example:
+            >>> import torch
+            >>> from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
+            >>> log = StorageLog()
+            >>> ledger = TracedLedger(log)
+            >>> x, y = torch.ones(64), torch.ones(64); log.created([x, y])  # 256 bytes each
+            >>> a = ledger.saved(log.key(x), 256, "a", resaved=False)
+            >>> b = ledger.saved(log.key(y), 256, "b", resaved=False)
+            >>> ledger.begin_backward()
+            >>> ledger.unpacked(b); del y  # the backward of "b" makes no gradient...
+            >>> ledger.unpacked(a)
+            >>> grad = torch.ones(32); log.created([grad]); del x  # ... that of "a" a parameter's (128 bytes)
+            >>> memory = ledger.working_memory(WorkingMemoryMeter, set(), ["a", "b"], made_state_bytes=128)
+            >>> memory.backward_bytes  # "b" ran before the gradient existed: 128 bytes less than counted
+            {'b': -128, 'a': 0}
+        """
         readings = _Readings(self._log.alive_bytes(leave_out), self._start)
         meter = meter_of(readings.peak, lambda: readings.layer)
-        meter.start(0)
-        ledger = 0
+        ledger = made_state_bytes
+        meter.start(ledger)
         for readings.now, kind, readings.layer, nbytes in self._events:
             if kind == _ACQUIRE:
                 meter.changing(ledger)

@@ -50,7 +50,10 @@ class StorageLog:
         (True, True, 256)
     """
 
-    def __init__(self, on_change: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_change: Callable[[int], None] | None = None, *, block_bytes: int = 1) -> None:
+        #: Each storage is counted as an allocator counts it that rounds its size up to a
+        #: multiple of ``block_bytes`` (CUDA's caching allocator: 512).
+        self.block_bytes = block_bytes
         #: Told of every change of the bytes counted: ``+bytes`` when a storage is counted,
         #: ``-bytes`` when it is freed (a running count, for a log read while it grows).
         self.on_change = on_change
@@ -89,7 +92,7 @@ class StorageLog:
         """
         serial = self._serial(tensor, counted=False)
         if serial is not None and serial not in self._counted:
-            nbytes = tensor.untyped_storage().nbytes()
+            nbytes = self._rounded(tensor.untyped_storage().nbytes())
             if nbytes:
                 self._counted[serial] = nbytes
                 self._event(serial, nbytes)
@@ -104,12 +107,15 @@ class StorageLog:
         if serial is not None:
             return serial
         serial = self._live[address] = len(self._refs)
-        nbytes = storage.nbytes() if counted else 0
+        nbytes = self._rounded(storage.nbytes()) if counted else 0
         if nbytes:
             self._counted[serial] = nbytes
             self._event(serial, nbytes)
         self._refs.append(weakref.ref(storage, partial(self._freed, address, serial)))
         return serial
+
+    def _rounded(self, nbytes: int) -> int:
+        return -(-nbytes // self.block_bytes) * self.block_bytes
 
     def _freed(self, address: int, serial: int, _: object) -> None:
         if self._live.get(address) == serial:

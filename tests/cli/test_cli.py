@@ -214,6 +214,7 @@ def test_help_lists_the_options(capsys) -> None:
         "--gpu",
         "--input-shape",
         "--dtype",
+        "--grads",
         "--json",
         "--plot",
         "80%",
@@ -254,3 +255,30 @@ def test_a_cross_entropy_loss_saves_its_float32_log_softmax_and_holds_more(capsy
     assert cross_entropy["float32_saved_bytes"] >= mean["float32_saved_bytes"] + log_softmax
     assert main([*args[:-1], "--loss", "cross-entropy"]) == 0
     assert "--loss cross-entropy" in capsys.readouterr().out
+
+
+def test_gradients_set_to_none_are_made_in_backward_and_held_ones_counted_all_step(capsys) -> None:
+    """TinyGPT's step peaks in its loss's backward, before any parameter's gradient is made: a
+    step that sets them to None (the default) holds less there than one that holds them."""
+    args = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
+    args += ["--batch-size", "4", "--budget", "1GB", "--gpu", "h100", "--dtype", "bf16"]
+    args += ["--loss", "cross-entropy", "--json"]
+    reports = {}
+    for grads in ("set-to-none", "held"):
+        assert main([*args, "--grads", grads]) == 0
+        reports[grads] = json.loads(capsys.readouterr().out)
+        check_plan_json(reports[grads], 10**9)
+        assert reports[grads]["grads"] == grads
+    to_none, held = reports["set-to-none"], reports["held"]
+    assert to_none["static_bytes"] == held["static_bytes"]  # the model state counts them all step
+    assert to_none["unconstrained_peak_bytes"] < held["unconstrained_peak_bytes"]
+    # In forward no gradient is made yet: a level holds all of them less (a layer with no
+    # reading of its own lists the workspaces alone either way).
+    grads = held["static_bytes"] // 4  # parameters, gradients, two Adam moments: all float32
+    less = {
+        h["forward_working_bytes"] - n["forward_working_bytes"]
+        for n, h in zip(to_none["layers"], held["layers"], strict=True)
+    }
+    assert grads in less and less <= {0, grads}
+    assert main(args[:-1]) == 0
+    assert "--grads set-to-none: each gradient counted from its making in backward" in capsys.readouterr().out

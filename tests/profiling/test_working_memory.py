@@ -59,11 +59,11 @@ def _working(*modules: nn.Module, shape: tuple[int, ...] = (1024, 1024)) -> tupl
 
 
 def test_outputs_nothing_saves_and_the_activation_gradients_count_at_their_most():
-    """Nothing saves the products: forward holds two at a time; backward holds the output (the
-    loss is its mean) and the gradients of the two products at once."""
+    """Nothing saves the products: forward holds two at a time; backward the gradients of two
+    at once, the output (the loss is its mean) let go once its loss was computed."""
     working, saved = _working(nn.Linear(1024, 1024), _Scale(2.0), _Scale(3.0))
     assert saved == MIB4  # the batch, saved by the linear layer
-    assert 3 * MIB4 <= working <= 3 * MIB4 + SCALARS
+    assert 2 * MIB4 <= working <= 2 * MIB4 + SCALARS
 
 
 def test_saved_activations_are_left_out():
@@ -74,9 +74,9 @@ def test_saved_activations_are_left_out():
 
 
 def test_the_parameters_gradients_are_left_out():
-    """The weight's gradient (64 MiB) is model state; the 16 KiB output and its gradient are not."""
+    """The weight's gradient (64 MiB) is model state; the 16 KiB output, then its gradient, are not."""
     working, _ = _working(nn.Linear(4096, 4096, bias=False), shape=(1, 4096))
-    assert 2 * 16 * 2**10 <= working <= 2 * 16 * 2**10 + SCALARS
+    assert 16 * 2**10 <= working <= 16 * 2**10 + SCALARS
 
 
 def test_an_address_used_again_is_another_storage():
@@ -110,6 +110,8 @@ def test_a_cross_entropy_needs_logits_with_a_class_dimension():
 
 LOGITS = 256 * 8192 * 4  # a batch of 256 over 8192 classes, float32: 8 MiB
 SMALL = 4096  # the targets (2 KiB), the loss, its gradient
+FIRST_GRADS = (64 * 256 + 256) * 4  # the gradients of the classifier's first Linear
+GRADS = FIRST_GRADS + (256 * 8192 + 8192) * 4  # and of its last: 8.1 MiB
 
 
 class _ForwardScratch(nn.Module):
@@ -156,17 +158,19 @@ def test_the_logits_are_at_the_last_saving_layers_forward_and_their_gradients_at
     layers = {layer.name: layer for layer in trace.layers}
     assert [name for name, layer in layers.items() if layer.saved] == ["0", "1", ROOT_LAYER]
     # The last Linear saves the ReLU's output again, nothing of its own: the ReLU is the last to
-    # have saved when the logits and their log-softmax (before the loss saves it) are held.
-    assert abs(layers["1"].forward_working_bytes - 2 * LOGITS) <= SMALL
+    # have saved when the logits and their log-softmax (before the loss saves it) are held; the
+    # parameters' gradients, which the level counts as model state, are not made yet.
+    assert abs(layers["1"].forward_working_bytes - (2 * LOGITS - GRADS)) <= SMALL
     assert layers["2"].forward_working_bytes == 0
-    # The loss's backward: the logits (the step's output), the log-softmax's gradient and the
-    # logits' gradient, beyond every save (its level, the last).
-    assert abs(layers[ROOT_LAYER].backward_working_bytes - 3 * LOGITS) <= SMALL
-    # The last Linear's backward, at the ReLU's level (it saved nothing of its own): the logits,
-    # their gradient and its input's; the first Linear's: the logits and the ReLU's gradient.
+    # The loss's backward: the log-softmax's gradient and the logits' gradient beyond every save
+    # (its level, the last), the logits let go with the loss computed, no gradient made yet.
+    assert abs(layers[ROOT_LAYER].backward_working_bytes - (2 * LOGITS - GRADS)) <= SMALL
+    # The last Linear's backward, at the ReLU's level (it saved nothing of its own): the logits'
+    # gradient, its input's, and its own parameters' (the first Linear's not made yet); the first
+    # Linear's: the ReLU's gradient, every parameter's gradient made.
     hidden = 256 * 256 * 4
-    assert abs(layers["1"].backward_working_bytes - (2 * LOGITS + hidden)) <= SMALL
-    assert abs(layers["0"].backward_working_bytes - (LOGITS + hidden)) <= SMALL
+    assert abs(layers["1"].backward_working_bytes - (LOGITS + hidden - FIRST_GRADS)) <= SMALL
+    assert abs(layers["0"].backward_working_bytes - hidden) <= SMALL
     profile = trace.to_profile(get_gpu("h100"), optimizer="sgd")
     assert [(layer.forward_working_bytes, layer.backward_working_bytes) for layer in profile.layers] == [
         (layer.forward_working_bytes, layer.backward_working_bytes) for layer in trace.layers
@@ -204,19 +208,80 @@ def test_without_a_meter_no_layer_lists_working_memory():
 
 def test_the_batch_is_held_from_the_start_of_the_step():
     """Nothing saves the batch here (adding a bias saves nothing): on a device it is held all the
-    same, beside the sum, when the ReLU saves its output."""
+    same, beside the sum, when the ReLU saves its output (the bias's gradient not made yet)."""
     trace = _levels(lambda: nn.Sequential(_Shift(1024), nn.ReLU()), shape=(1024, 1024), loss="mean")
     relu = trace.layers[1]
     assert relu.name == "1" and relu.saved_bytes == MIB4
-    assert 2 * MIB4 <= relu.forward_working_bytes <= 2 * MIB4 + SCALARS
+    bias_grad = 1024 * 4
+    assert 2 * MIB4 - bias_grad <= relu.forward_working_bytes <= 2 * MIB4 - bias_grad + SCALARS
     assert trace.allocated_peak_bytes <= _planned_peak(trace) <= trace.allocated_peak_bytes + SCALARS
 
 
 def test_a_save_the_step_did_not_create_is_held_from_its_save():
     """The constant is on the ledger from its save, and on the device as the ledger says: the
-    backward holds it, the batch, the product (the step's output) and two gradients."""
+    backward holds it, the batch and two gradients, the bias's not made yet (the product, the
+    step's output, let go once its loss was computed)."""
     trace = _levels(
         lambda: nn.Sequential(_Shift(1024), _TimesConstant(1024)), shape=(1024, 1024), loss="mean"
     )
     assert trace.layers[1].saved_bytes == MIB4  # the constant; the sum is its input, saved first by "1"
-    assert 5 * MIB4 <= trace.allocated_peak_bytes <= _planned_peak(trace) <= 5 * MIB4 + SCALARS
+    most = 4 * MIB4 - 1024 * 4
+    assert most <= trace.allocated_peak_bytes <= _planned_peak(trace) <= most + SCALARS
+
+
+# -- what a training step lets go and makes ---------------------------------------------------
+
+
+def test_the_output_is_let_go_once_its_loss_is_computed():
+    """A 8 MiB output next to a 64 KiB save (the batch, for the weight's gradient): backward
+    holds the output's gradient, not the output too, as a step returning its loss does."""
+    trace = trace_step(
+        lambda: nn.Sequential(nn.Linear(64, 8192)),
+        (256, 64),
+        tracker=LayerTracker(),
+        loss="mean",
+        meter=WorkingMemoryMeter,
+        set_grads_to_none=False,  # the gradients held all step: the output alone is looked at
+    )
+    (linear, _root) = trace.layers
+    assert linear.saved_bytes == 256 * 64 * 4
+    assert abs(linear.forward_working_bytes - LOGITS) <= SMALL  # the output, before the loss
+    assert abs(linear.backward_working_bytes - LOGITS) <= SMALL  # its gradient alone
+    assert trace.allocated_peak_bytes <= _planned_peak(trace) <= trace.allocated_peak_bytes + SMALL
+
+
+WEIGHT_GRAD = 2048 * 2048 * 4  # 16 MiB...
+ACTIVATIONS = 2 * 8 * 2048 * 4  # ... against two activations (or their gradients) of 64 KiB
+
+
+def _two_linears(set_grads_to_none: bool):
+    return trace_step(
+        lambda: nn.Sequential(nn.Linear(2048, 2048, bias=False), nn.Linear(2048, 2048, bias=False)),
+        (8, 2048),
+        tracker=LayerTracker(),
+        loss="mean",
+        meter=WorkingMemoryMeter,
+        set_grads_to_none=set_grads_to_none,
+    )
+
+
+def test_a_gradient_set_to_none_is_counted_from_its_making_in_backward():
+    """The model state counts both weights' gradients all step; a step that sets them to None
+    makes the last layer's in its backward, the first layer's in the first layer's: until then a
+    level holds that much less than it counts."""
+    trace = _two_linears(set_grads_to_none=True)
+    first, last = trace.layers[:2]
+    assert (first.name, last.name) == ("0", "1")
+    for layer in (first, last):
+        assert -2 * WEIGHT_GRAD < layer.forward_working_bytes <= -2 * WEIGHT_GRAD + ACTIVATIONS + SMALL
+    assert -WEIGHT_GRAD < last.backward_working_bytes <= -WEIGHT_GRAD + ACTIVATIONS + SMALL
+    assert 0 < first.backward_working_bytes <= ACTIVATIONS + SMALL  # every gradient made
+    assert trace.allocated_peak_bytes <= _planned_peak(trace) <= trace.allocated_peak_bytes + SMALL
+
+
+def test_gradients_held_all_step_are_model_state_the_whole_step():
+    trace = _two_linears(set_grads_to_none=False)
+    for layer in trace.layers[:2]:
+        assert 0 < layer.forward_working_bytes <= ACTIVATIONS + SMALL
+        assert 0 < layer.backward_working_bytes <= ACTIVATIONS + SMALL
+    assert trace.allocated_peak_bytes <= _planned_peak(trace) <= trace.allocated_peak_bytes + SMALL

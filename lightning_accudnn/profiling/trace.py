@@ -159,7 +159,9 @@ class _Recorder:
     min_key_bytes: int = 0
     backward: bool = False
     node_layer: dict[object, str] = field(default_factory=dict)
-    first_seen: dict[str, int] = field(default_factory=dict)
+    first_seen: dict[str, int] = field(default_factory=dict)  # layer -> the event it first ran an op or saved
+    first_saved: dict[str, int] = field(default_factory=dict)  # layer -> the event of its first own save
+    events: int = 0  # ops run and tensors saved so far
     saved: dict[str, list[int]] = field(default_factory=dict)
     float32_saved: Counter[str] = field(default_factory=Counter)  # per layer, its float32 storages' bytes
     flops: dict[str, list[int]] = field(default_factory=dict)
@@ -187,10 +189,18 @@ class _Recorder:
         return self.storages.key(tensor)
 
     def _touch(self, layer: str) -> None:
+        self.events += 1
         if layer not in self.first_seen:
-            self.first_seen[layer] = len(self.first_seen)
+            self.first_seen[layer] = self.events
             self.saved[layer] = []
             self.flops[layer] = [0, 0]
+
+    def layer_order(self) -> list[str]:
+        """The layers in the engine's order: each at its first own save (the step's own code,
+        which runs ops before the first module but saves for its loss at the end, comes where
+        its saves do, so that the planner brings them back first in backward), a layer that saves
+        nothing where it first ran an op."""
+        return sorted(self.first_seen, key=lambda layer: self.first_saved.get(layer, self.first_seen[layer]))
 
     # -- saved_tensors_hooks ------------------------------------------------------------
     def pack(self, tensor: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, int]:
@@ -205,6 +215,7 @@ class _Recorder:
             return tensor, self.ledger.saved(key, 0, layer, resaved=True)
         self._touch(layer)
         self.saving.setdefault(layer, None)
+        self.first_saved.setdefault(layer, self.events)
         if key is None:
             size = tensor_bytes(tensor)
         else:
@@ -656,7 +667,7 @@ def trace_step(
         if backward not in recorder.blas_passes and (key := recorder.key(workspace)) is not None:
             held.add(key)
     working_bytes = recorder.storages.peak_bytes(held | set(grads) | set(recorder.seen_storages))
-    names = sorted(recorder.first_seen, key=recorder.first_seen.__getitem__)
+    names = recorder.layer_order()
     levels = (
         None if meter is None else recorder.ledger.working_memory(meter, held, names, made_state_bytes=made)
     )

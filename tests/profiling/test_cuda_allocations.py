@@ -69,3 +69,34 @@ def test_only_the_threads_that_multiply_matrices_hold_a_workspace():
     assert hopper.allocated_peak_bytes - ampere.allocated_peak_bytes == 32 * MIB - 8 * MIB - 128 * 2**10
     no_blas = lambda: nn.Sequential(_Shift(), nn.ReLU())  # noqa: E731
     assert _trace(no_blas, "h100").allocated_peak_bytes == _trace(no_blas, "a100").allocated_peak_bytes < MIB
+
+
+class _ScaledClassifier(nn.Module):
+    """Runs an op of its own before its first layer, saves nothing there, and ends with many
+    classes: the loss's saves and their gradients dwarf the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4096))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x * 2.0)
+
+
+def test_the_step_s_own_code_is_ordered_at_its_loss_whose_saves_come_back_first():
+    """The engine orders layers by their first own save: the step's own code, which saved nothing
+    before the first layer, comes after the last one, so that swapping everything brings the
+    loss's log-probabilities back at the start of the backward, beside their two float32
+    gradients, and the least budget counts them there."""
+    from lightning_accudnn.planner.plan import swap_everything_peak_bytes
+    from lightning_accudnn.profile import ROOT_LAYER
+
+    trace = trace_step(
+        _ScaledClassifier, (256, 64), tracker=LayerTracker(), loss="cross-entropy", meter=WorkingMemoryMeter
+    )
+    names = [layer.name for layer in trace.layers if layer.saved]
+    assert names[0] == "body.0" and names[-1] == ROOT_LAYER
+    profile = trace.to_profile(get_gpu("h100"), optimizer="sgd", min_swap_bytes=0)
+    log_probabilities = 256 * 4096 * 4
+    gradients = sum(parameter.numel() * 4 for parameter in _ScaledClassifier().parameters())  # not made yet
+    assert swap_everything_peak_bytes(profile) >= profile.static_bytes - gradients + 3 * log_probabilities

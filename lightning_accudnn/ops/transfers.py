@@ -137,7 +137,7 @@ class CopyTraffic:
         if record.swap:
             if record.source_storage is not None:
                 self._retire(step, record)
-            if record.kind == HELD and not record.released and self._meter is not None:
+            if self._meter is not None and record.kind == HELD and not record.released:
                 copy = record.fetched_copy
                 self._meter.held_read(record.nbytes, None if copy is None else copy.storage)
             if record.fetched is not None:  # the engine's reference to the bytes goes (views keep theirs)

@@ -67,7 +67,9 @@ class LayerTrace:
     ``resaved_modules`` lists, per storage of ``resaved`` whose last re-save was by a layer that
     saves nothing of its own, ``(that layer, storage bytes)``
     (:attr:`.LayerProfile.resaved_by_module`). ``float32_bytes`` is the part of ``saved`` in
-    float32 storages. ``forward_working_bytes`` and ``backward_working_bytes`` are what the step
+    float32 storages. ``held`` lists the storages of ``saved`` the step holds throughout (the
+    batch), which the engine keeps on the device (a swap would free nothing): not swappable.
+    ``forward_working_bytes`` and ``backward_working_bytes`` are what the step
     held beyond the planner's forward and backward levels of the layer
     (:attr:`.LayerProfile.forward_working_bytes`, :mod:`.traced_ledger`).
 
@@ -90,14 +92,22 @@ class LayerTrace:
     float32_bytes: int = 0
     forward_working_bytes: int = 0
     backward_working_bytes: int = 0
+    held: tuple[int, ...] = ()
 
     @property
     def saved_bytes(self) -> int:
         return sum(self.saved)
 
     def swappable_bytes(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> int:
-        """Bytes in storages large enough for the engine to swap."""
-        return sum(size for size in self.saved if size >= min_swap_bytes)
+        """Bytes in storages large enough for the engine to swap, the ones held throughout left out.
+
+        Example:
+            >>> LayerTrace("conv1", saved=(4_000_000, 2_000_000), forward_flops=0, backward_flops=0,
+            ...            held=(2_000_000,)).swappable_bytes(min_swap_bytes=2**20)
+            4000000
+        """
+        large = sum(size for size in self.saved if size >= min_swap_bytes)
+        return large - sum(size for size in self.held if size >= min_swap_bytes)
 
     def small_storages(self, min_swap_bytes: int = DEFAULT_MIN_SWAP_BYTES) -> tuple[int, ...]:
         """Sizes of the (non-empty) storages too small for the engine to swap."""
@@ -124,22 +134,22 @@ class StepTrace:
     """A traced training step, independent of any GPU: turn it into a profile with
     :meth:`to_profile`.
 
-    Layers are in forward order of their first kernel (a container's own work, such as a
-    residual add, comes after its children's). ``segments`` are the module invocations a
-    plan may recompute (see :class:`~lightning_accudnn.profile.SegmentProfile`). ``kernels``
-    lists the kernels the trace assumed where the CPU's would save other tensors than the
-    GPU's: ``(op, kernel, calls)``, e.g. ``("scaled_dot_product_attention", "flash", 24)``.
-    ``segment_ops`` gives each segment's forward kernels as ``(name, first, end)`` indices into
-    ``ops``: what times a segment's selective recomputation (its kernels not ``kept``).
-    ``resaves_listed`` says that the layers' ``resaved`` list every storage saved again by a
-    later layer (a trace of :func:`~.trace.trace_step`): the profile then says so too
-    (:attr:`.StepProfile.resaves_listed`). ``working_bytes`` is the most the step held at once
-    besides the model's state and its saved activations (outputs nothing saves, the loss and
-    its gradient, the activations' gradients in backward: :mod:`.working_memory`), and
-    ``allocated_peak_bytes`` the most it held at once, saves included, less the model's state
-    as the planner counts it, the parameters' gradients included all step (what a device's
-    allocator would count at its peak less the static memory); 0 when not traced. The layers'
-    working bytes say where the working memory was held.
+    Layers are in the engine's order: each at its first own save, one that saves nothing at its
+    first kernel (a container's own work, such as a residual add, comes after its children's).
+    ``segments`` are the module invocations a plan may recompute (see
+    :class:`~lightning_accudnn.profile.SegmentProfile`). ``kernels`` lists the kernels the trace
+    assumed where the CPU's would save other tensors than the GPU's: ``(op, kernel, calls)``, e.g.
+    ``("scaled_dot_product_attention", "flash", 24)``. ``segment_ops`` gives each segment's forward
+    kernels as ``(name, first, end)`` indices into ``ops``: what times a segment's selective
+    recomputation (its kernels not ``kept``). ``resaves_listed`` says that the layers' ``resaved``
+    list every storage saved again by a later layer (a trace of :func:`~.trace.trace_step`): the
+    profile then says so too (:attr:`.StepProfile.resaves_listed`). ``working_bytes`` is the most
+    the step held at once besides the model's state and its saved activations (outputs nothing
+    saves, the loss and its gradient, the activations' gradients in backward:
+    :mod:`.working_memory`), and ``allocated_peak_bytes`` the most it held at once, saves included,
+    less the model's state as the planner counts it, the parameters' gradients included all step
+    (what a device's allocator would count at its peak less the static memory); 0 when not traced.
+    The layers' working bytes say where the working memory was held.
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,

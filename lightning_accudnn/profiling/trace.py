@@ -172,6 +172,8 @@ class _Recorder:
     saving: dict[str, None] = field(default_factory=dict)  # layers in order of their first own save
     resaves: ResaveLog = field(default_factory=ResaveLog)  # storages saved again, by key
     read_in_forward: set[int] = field(default_factory=set)  # storages unpacked during the forward
+    step_held: set[int] = field(default_factory=set)  # storages the step holds throughout (the batch)
+    held_saved: dict[str, list[int]] = field(default_factory=dict)  # per layer, those it saved first
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
     blas_passes: set[bool] = field(default_factory=set)  # the passes (backward or not) that ran cuBLAS ops
     # Every storage the step's kernels create, and each storage's key (a serial number: unique
@@ -225,6 +227,8 @@ class _Recorder:
             if not self.backward:
                 self.selective.saved(key, size)
         self.saved[layer].append(size)
+        if key is not None and key in self.step_held:  # kept on the device: a swap frees nothing
+            self.held_saved.setdefault(layer, []).append(size)
         if tensor.dtype == torch.float32:
             self.float32_saved[layer] += size
         self.storages.held(tensor)  # a save the step did not create (the batch) is held from now
@@ -244,7 +248,9 @@ class _Recorder:
         """Per layer, its storages saved again (:attr:`.LayerTrace.resaved`) and, of those, the
         ones saved again last by a layer that saves nothing of its own (``resaved_modules``)."""
         sizes = {key: self.seen_storages[key] for key in self.resaves.resaved_from}
-        return self.resaves.listed(self.first_layer, sizes, self.saving, self.read_in_forward)
+        return self.resaves.listed(
+            self.first_layer, sizes, self.saving, self.read_in_forward | self.step_held
+        )
 
     # -- kernels ------------------------------------------------------------------------
     def record_op(
@@ -629,6 +635,8 @@ def trace_step(
                 recorder.param_storages.add(key)
         batch = torch.zeros(input_shape, dtype=input_dtype)
         recorder.storages.held(batch)  # on the device before the step
+        if (batch_key := recorder.key(batch)) is not None:  # and after it: the engine keeps its saves
+            recorder.step_held.add(batch_key)
         # The cuBLAS workspaces of the forward's thread and of autograd's, made by the first step
         # and held from then on (left out below for a pass that multiplies no matrices).
         threads = (
@@ -682,6 +690,7 @@ def trace_step(
             resaved=tuple(resaved.get(name, ())),
             resaved_modules=tuple(modules.get(name, ())),
             float32_bytes=recorder.float32_saved[name],
+            held=tuple(recorder.held_saved.get(name, ())),
             forward_working_bytes=0 if levels is None else levels.forward_bytes.get(name, 0),
             backward_working_bytes=0 if levels is None else levels.backward_bytes.get(name, 0),
         )

@@ -21,7 +21,7 @@ from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
 from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session.plan_book import PassKey
-from lightning_accudnn.session.steady_memo import SteadyMemo
+from lightning_accudnn.session.steady_memo import ResidentSaves, SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
 
 __all__ = ["SMALLEST_COPY_OUT_LIMIT", "PassRecords"]
@@ -49,7 +49,10 @@ class PassRecords:
         self.observe_every = observe_every
         self.steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
         self._sequences: dict[PassKey, SaveSequence] = {}
-        self._resident: dict[PassKey, tuple[SaveSequence, frozenset[int]]] = {}  # per sequence
+        # Per pass kind, the segments its sequence ran recomputed and the ordinals of the saves
+        # whose storages it found held beyond the forward (``HELD``): a schedule under a plan
+        # recomputing those segments keeps them (:attr:`SwapSchedule.resident_saves`).
+        self._resident: dict[PassKey, ResidentSaves] = {}
         self._recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each sequence ran under
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
@@ -83,20 +86,7 @@ class PassRecords:
             return SwapSchedule.swap_everything(
                 max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
             )
-        return self.steady.schedule(key, plan, self._resident_saves(key, plan))
-
-    def _resident_saves(self, key: PassKey, plan: Plan) -> frozenset[int]:
-        """The ordinals of the saves whose storages ``key``'s last hooked pass found held beyond
-        the forward (:data:`~lightning_accudnn.ops.layers.HELD`), when that pass ran the
-        segments ``plan`` recomputes (else its ordinals are another graph's: none)."""
-        sequence = self._sequences.get(key)
-        if sequence is None or self._recomputed.get(key) != plan.recomputed:
-            return frozenset()
-        found = self._resident.get(key)
-        if found is None or found[0] is not sequence:
-            ordinals = frozenset(ordinal for ordinal, kind in enumerate(sequence.kinds) if kind == HELD)
-            found = self._resident[key] = (sequence, ordinals)
-        return found[1]
+        return self.steady.schedule(key, plan, self._resident.get(key))
 
     def observation_due(self, key: PassKey) -> bool:
         """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in
@@ -134,7 +124,9 @@ class PassRecords:
         count stands."""
         if step.sequence is not None:
             self._sequences[key] = step.sequence
-            self._recomputed[key] = () if plan is None else plan.recomputed
+            recomputed = self._recomputed[key] = () if plan is None else plan.recomputed
+            held = frozenset(ordinal for ordinal, kind in enumerate(step.sequence.kinds) if kind == HELD)
+            self._resident[key] = (recomputed, held)
             self._links.pop(key, None)
         else:
             copies = self.weight_copy_bytes(key)

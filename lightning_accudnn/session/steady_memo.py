@@ -19,7 +19,11 @@ from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.recompute_pass import schedule_for
 
-__all__ = ["SteadyMemo"]
+__all__ = ["ResidentSaves", "SteadyMemo"]
+
+#: The segments a pass kind's sequence ran recomputed, and the ordinals of its saves whose
+#: storages the step held beyond the forward.
+ResidentSaves = tuple[tuple[str, ...], frozenset[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +62,19 @@ class SteadyMemo:
     """
 
     def __init__(self) -> None:
-        self._schedules: dict[Hashable, tuple[Plan, frozenset[int], SwapSchedule]] = {}
+        self._schedules: dict[Hashable, tuple[Plan, ResidentSaves | None, SwapSchedule]] = {}
         self._conclusions: dict[Hashable, _Conclusion] = {}
 
-    def schedule(self, key: Hashable, plan: Plan, resident: frozenset[int] = frozenset()) -> SwapSchedule:
-        """:func:`schedule_for` ``plan``, keeping the storages the saves at the ordinals
-        ``resident`` open on the device, made once per plan and ``resident`` of the pass kind
-        ``key``."""
+    def schedule(self, key: Hashable, plan: Plan, resident: ResidentSaves | None = None) -> SwapSchedule:
+        """:func:`schedule_for` ``plan``, made once per plan and ``resident`` (the same objects) of
+        the pass kind ``key``. ``resident`` is ``(recomputed segments, ordinals)``: the saves at
+        those ordinals keep their storages on the device under a plan recomputing those segments
+        (the ordinals are those of a sequence recorded under them)."""
         made = self._schedules.get(key)
         if made is None or made[0] is not plan or made[1] is not resident:
             schedule = schedule_for(plan)
-            if resident:
-                schedule = schedule.with_resident_saves(resident)
+            if resident is not None and resident[1] and resident[0] == plan.recomputed:
+                schedule = schedule.with_resident_saves(resident[1])
             made = self._schedules[key] = (plan, resident, schedule)
         return made[2]
 

@@ -142,7 +142,8 @@ def test_swappable_threshold_and_static_bytes() -> None:
     )
     profile = trace.to_profile(get_gpu("a100"), optimizer="sgd-momentum", min_swap_bytes=2**20)
     assert [layer.saved_bytes for layer in profile.layers[:2]] == [2**21, 2**21]
-    assert profile.swappable_bytes == 2**22
+    # The Linear saves the batch, which the step holds throughout: the engine keeps it.
+    assert [layer.swappable_bytes for layer in profile.layers[:2]] == [0, 2**21]
     params = (1024 * 1024 + 1024) * 4
     assert profile.static_bytes == 3 * params  # weights, gradients, momentum
     assert trace.to_profile(get_gpu("a100"), min_swap_bytes=2**22).swappable_bytes == 0

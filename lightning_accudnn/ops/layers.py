@@ -3,7 +3,10 @@
 A *layer* is one call of a module, named by its qualified name in the model. A module
 called several times in one forward (torchvision's ``Bottleneck.relu`` is called three
 times) gives ``"layer1.0.relu"``, ``"layer1.0.relu#2"``, ``"layer1.0.relu#3"``. Work done
-outside every submodule (the loss in ``training_step``) belongs to :data:`ROOT_LAYER`.
+outside every submodule (the loss in ``training_step``) belongs to :data:`ROOT_LAYER`; when that
+code saves between submodules too (a functional ``F.relu`` between two layers, then the loss),
+each stretch of it that saves after a submodule ran is a layer of its own, ``"(root)#2"`` and
+on, so that its saves are ordered where they happen (a plan brings the loss's back first).
 The innermost running module owns the tensors saved while it runs. A compiled block
 (regional ``torch.compile``) is one layer: it is observed from outside its compiled region
 and the modules inside it are not hooked (see :mod:`.compiled_blocks`).
@@ -74,6 +77,7 @@ class LayerTracker:
     _stack: list[_Frame] = field(default_factory=list)
     _calls: dict[str, int] = field(default_factory=dict)
     _handles: list[RemovableHandle | CallWrapHandle] = field(default_factory=list)
+    _root_saved = False  # the root's stretch running now has saved (see saving_layer)
 
     def attach(self, model: nn.Module) -> None:
         """Hook every submodule of ``model`` that runs outside compiled code, and start a fresh forward.
@@ -108,10 +112,36 @@ class LayerTracker:
         self._stack = [_Frame(ROOT_LAYER, excluded=False)]
         self._calls = {}
         self.order = [ROOT_LAYER]
+        self._root_saved = False
 
     @property
     def current(self) -> str:
         return self._stack[-1].layer if self._stack else ROOT_LAYER
+
+    def saving_layer(self) -> str:
+        """:attr:`current`, for a save: the layer it is attributed to (a save of the step's own
+        code makes a submodule that runs next start a new stretch of it, see the module
+        docstring).
+
+        Example:
+            >>> import torch
+            >>> class Model(nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.fc1, self.fc2 = nn.Linear(2, 2), nn.Linear(2, 2)
+            ...     def forward(self, x):
+            ...         return self.fc2(torch.relu(self.fc1(x)))
+            >>> model, tracker, seen = Model(), LayerTracker(), []
+            >>> hooks = torch.autograd.graph.saved_tensors_hooks(
+            ...     lambda t: seen.append(tracker.saving_layer()) or t, lambda t: t)
+            >>> with tracker.attached(model), hooks:
+            ...     loss = (model(torch.ones(1, 2)) ** 2).sum()
+            >>> list(dict.fromkeys(seen))
+            ['fc1', '(root)', 'fc2', '(root)#2']
+        """
+        if len(self._stack) == 1:
+            self._root_saved = True
+        return self.current
 
     @property
     def excluded(self) -> bool:
@@ -140,6 +170,12 @@ class LayerTracker:
                     if self.on_exit is not None:
                         self.on_exit(frame.layer)
                     break
+            if len(self._stack) == 1 and self._root_saved:  # the step's own code goes on: a new stretch
+                self._root_saved = False
+                count = self._calls.get(ROOT_LAYER, 1) + 1
+                self._calls[ROOT_LAYER] = count
+                self._stack[0] = _Frame(f"{ROOT_LAYER}#{count}", excluded=False)
+                self.order.append(self._stack[0].layer)
 
         return exit_
 

@@ -320,7 +320,7 @@ class SaveHooks(SaveRecords):
         self._calls = ordinal + 1
         recording = self._recording
         assert recording is not None
-        layer, excluded = self.tracker.current, self.tracker.excluded
+        layer, excluded = self.tracker.saving_layer(), self.tracker.excluded
         found = self._activation_storage(tensor)
         if found is None:
             recording.append(layer, excluded, 0, kind=FILTERED)

@@ -147,6 +147,8 @@ class Tracker(Protocol):
     @property
     def current(self) -> str: ...
 
+    def saving_layer(self) -> str: ...
+
     def attached(self, model: nn.Module) -> contextlib.AbstractContextManager[object]: ...
 
 
@@ -209,7 +211,7 @@ class _Recorder:
         key = self.key(tensor)
         if key is not None and key in self.param_storages:
             return tensor
-        layer = self.tracker.current
+        layer = self.tracker.saving_layer()
         if key is not None and key in self.seen_storages:
             # Saved again: backward needs it from the backward of this layer on (or, if this
             # layer saves nothing of its own, of the next that does), as the engine counts it.

@@ -191,7 +191,7 @@ module the compiled graph saves activations for (those modules and the modules t
     modules = {
         name: {".".join(name.split(".")[:end]) for end in range(1, name.count(".") + 2)}
         for name in layers
-        if name != ROOT_LAYER
+        if name.split("#", 1)[0] != ROOT_LAYER  # the step's own code, in one stretch or several
     }
     kept: set[str] = set()
     for pattern in patterns:

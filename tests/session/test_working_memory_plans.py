@@ -220,3 +220,42 @@ def test_the_batch_the_step_holds_is_kept_on_the_device_and_counted_once():
     assert first.saved_bytes - first.swappable_bytes == batch_bytes
     for step in seen[1:]:
         assert step.predicted is not None and step.peak <= step.predicted < step.peak + batch_bytes // 2
+
+
+class TanhBetween(nn.Module):
+    """Its own code saves between its layers (a functional tanh) and, through the loss, after the
+    last: two stretches of the step's own code, each a layer where it saves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        pairs = [(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(4)]
+        self.first = nn.Sequential(*(module for pair in pairs for module in pair))
+        self.last = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, CLASSES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.tanh(self.first(x)))
+
+
+def test_the_step_s_own_code_saving_between_layers_and_for_the_loss_is_two_layers():
+    """The loss's saves (the log-probabilities, the largest) come last in the order, so a plan
+    that swaps them is predicted to bring them back first in backward, as the engine does: the
+    prediction is never under the allocator's peak."""
+    kept, _ = _run(
+        TanhBetween(), _classes(WIDTH, CLASSES, BATCH), _cross_entropy, 3, budget="100%", min_swap_bytes=0
+    )
+    names = [layer.name for layer in kept[-1].profile.layers]
+    assert [name for name in names if name.startswith("(root)")] == ["(root)", "(root)#2"]
+    assert names.index("(root)") < names.index("last.1") < names.index("(root)#2") == len(names) - 1
+    for fraction in (0.9, 0.8):
+        seen, plan = _run(
+            TanhBetween(),
+            _classes(WIDTH, CLASSES, BATCH),
+            _cross_entropy,
+            5,
+            budget=int(fraction * kept[-1].peak),
+            reserve_bytes=0,
+            min_swap_bytes=0,
+        )
+        planned = [step for step in seen if step.predicted is not None]
+        assert planned and all(step.peak <= step.predicted for step in planned), (fraction, planned)

@@ -58,7 +58,8 @@ class LayerTracker:
 
     ``exclude`` holds qualified-name patterns (``fnmatch``: ``"fc"``, ``"head.*"``); a layer
     under an excluded module reports ``excluded=True``. ``on_enter`` and ``on_exit`` are
-    called with the layer name as each invocation starts and ends (for timing).
+    called with the layer name as each invocation starts and ends (for timing); a new stretch of
+    the step's own code (see :meth:`saving_layer`) is entered, never exited.
 
     Example:
         >>> import torch
@@ -174,8 +175,11 @@ class LayerTracker:
                 self._root_saved = False
                 count = self._calls.get(ROOT_LAYER, 1) + 1
                 self._calls[ROOT_LAYER] = count
-                self._stack[0] = _Frame(f"{ROOT_LAYER}#{count}", excluded=False)
-                self.order.append(self._stack[0].layer)
+                stretch = f"{ROOT_LAYER}#{count}"
+                self._stack[0] = _Frame(stretch, excluded=False)
+                self.order.append(stretch)
+                if self.on_enter is not None:  # its time is its own (it is never exited)
+                    self.on_enter(stretch)
 
         return exit_
 

@@ -4,15 +4,16 @@ A traced step counts its tensors' storages (:mod:`.working_memory`); a CUDA devi
 bytes (``torch.cuda.memory_allocated``) hold more:
 
 * the caching allocator rounds every block up to a multiple of :data:`CUDA_BLOCK_BYTES`;
-* cuBLAS workspaces. PyTorch gives each cuBLAS handle (one per thread) a workspace on each
-  stream it runs on, taken from the caching allocator and kept for the process's life:
-  ``CUBLAS_WORKSPACE_CONFIG``'s default, 32 MiB on compute capability 9.0 (Hopper) and
-  8 MiB + 128 KiB on others; and a cuBLASLt workspace (the matmuls with a bias epilogue) of
-  ``CUBLASLT_WORKSPACE_SIZE``'s default, 1 MiB. A training step's forward runs in the caller's
-  thread and its backward in autograd's device thread: a step that multiplies matrices in both
-  holds two of each from its second step on. (On the H200, PyTorch 2.11, GPT-2 medium's step
-  held 65 MiB besides its weights and batch before its forward: two cuBLAS workspaces and one
-  cuBLASLt workspace.) The environment variables are not read: the defaults are planned for.
+* cuBLAS workspaces. PyTorch gives each cuBLAS handle (one per thread) a workspace on each stream
+  it runs on, taken from the caching allocator and kept for the process's life:
+  ``CUBLAS_WORKSPACE_CONFIG``'s default, 32 MiB on Hopper and Blackwell (compute capability 9 to
+  12) and 8 MiB + 128 KiB on earlier GPUs (PyTorch's ``CublasHandlePool.cpp``); and a cuBLASLt
+  workspace (the matmuls with a bias epilogue) of ``CUBLASLT_WORKSPACE_SIZE``'s default, 1 MiB. A
+  training step's forward runs in the caller's thread and its backward in autograd's device
+  thread: a step that multiplies matrices in both holds two of each from its second step on. (On
+  the H200, PyTorch 2.11, GPT-2 medium's step held 65 MiB besides its weights and batch before its
+  forward: two cuBLAS workspaces and one cuBLASLt workspace.) The environment variables are not
+  read: the defaults are planned for.
 
 Example:
     >>> blas_workspace_bytes((9, 0), threads=2) / 2**20
@@ -70,5 +71,5 @@ def blas_workspace_bytes(capability: tuple[int, int], threads: int) -> int:
         >>> blas_workspace_bytes((9, 0), threads=0)
         0
     """
-    cublas = 32 * _MIB if capability == (9, 0) else 8 * _MIB + 128 * 2**10
+    cublas = 32 * _MIB if 9 <= capability[0] <= 12 else 8 * _MIB + 128 * 2**10
     return threads * (cublas + _CUBLASLT_WORKSPACE_BYTES)

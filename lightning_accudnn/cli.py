@@ -31,6 +31,7 @@ from lightning_accudnn.ops.layers import LayerTracker
 from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
 from lightning_accudnn.planner.budget import ACCEPTED_FORMS, Budget, format_bytes
 from lightning_accudnn.planner.plan import BudgetTooSmallError, Plan, plan_swaps
+from lightning_accudnn.planner.refusals import named_for_reserve
 from lightning_accudnn.planner.search import POLICIES
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline, unconstrained_seconds
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
@@ -39,10 +40,14 @@ from lightning_accudnn.profiling.roofline import StepTrace
 from lightning_accudnn.profiling.static_memory import NAMED_OPTIMIZERS
 from lightning_accudnn.profiling.trace import DTYPES, LOSSES, trace_step
 from lightning_accudnn.session.compiled import route_of, whole_model_form
+from lightning_accudnn.session.config import default_reserve_bytes, smallest_budget_bytes
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
 EXIT_USAGE = 2
+
+#: ``--reserve``'s default: the reserve a training session keeps by default on a GPU.
+AUTO_RESERVE = "auto"
 
 #: How the step finds the parameters' gradients (``--grads``): set to ``None``, or held all step.
 GRADS = ("set-to-none", "held")
@@ -234,7 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="saved tensors smaller than this stay on the device (default 1 MiB, as the engine)",
     )
     plan.add_argument(
-        "--reserve", default="0", help="bytes of the budget kept free for fragmentation (e.g. 500MB)"
+        "--reserve",
+        default="auto",
+        help="bytes of the budget kept free for fragmentation and what the model of the step misses "
+        "(e.g. 500MB, 0); auto: a training session's default on a GPU, the larger of 256 MiB and 5%% "
+        "of the budget, so that the smallest budget named is one a session with its default reserve "
+        "accepts",
     )
     plan.add_argument(
         "--policy",
@@ -262,10 +272,20 @@ def _size_spec(text: str) -> int | str:
     return int(digits) if digits.isdigit() else text
 
 
-def _reserve_bytes(text: str) -> int:
+def _reserve_bytes(text: str, budget_bytes: int) -> int:
+    """``--reserve``: ``auto`` is a training session's default reserve on a GPU for the budget."""
+    if text.strip() == AUTO_RESERVE:
+        return default_reserve_bytes(budget_bytes, "cuda")
     if text.strip() in {"0", ""}:
         return 0
     return Budget.parse(_size_spec(text)).resolve(2**63)
+
+
+def _budget_for(usable_bytes: int, reserve_text: str, reserve_bytes: int) -> int:
+    """The smallest budget whose part left to plans holds ``usable_bytes`` under ``--reserve``."""
+    if reserve_text.strip() == AUTO_RESERVE:
+        return smallest_budget_bytes(usable_bytes, "cuda")
+    return usable_bytes + reserve_bytes
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -282,7 +302,7 @@ def plan_command(args: argparse.Namespace) -> int:
         gpu = get_gpu(args.gpu)
         budget = Budget.parse(_size_spec(args.budget))
         budget_bytes = budget.resolve(gpu.memory_bytes, device_name=gpu.name)
-        reserve = _reserve_bytes(args.reserve)
+        reserve = _reserve_bytes(args.reserve, budget_bytes)
         model = resolve_model(args.model)
     except (ValueError, UsageError) as error:
         return _fail(str(error))
@@ -364,15 +384,17 @@ def plan_command(args: argparse.Namespace) -> int:
     }
     try:
         plan = plan_swaps(profile, budget_bytes, reserve_bytes=reserve, policy=args.policy)
-        plan = dataclasses.replace(plan, route=route_of(built[-1]))
-    except BudgetTooSmallError as error:
-        need = error.min_budget_bytes
+        smallest = _budget_for(plan.min_budget_bytes - reserve, args.reserve, reserve)
+        plan = dataclasses.replace(plan, route=route_of(built[-1]), min_budget_bytes=smallest)
+    except BudgetTooSmallError as refusal:
+        named = named_for_reserve(refusal, lambda usable: _budget_for(usable, args.reserve, reserve))
+        need = named.min_budget_bytes
         if args.json:
             layers = [{**dataclasses.asdict(layer), "swap": None} for layer in profile.layers]
-            smallest = {"min_budget_bytes": need, "profiling_binds": error.profiling_binds}
-            print(json.dumps({**header, "feasible": False, **smallest, "layers": layers}))
+            least = {"min_budget_bytes": need, "profiling_binds": named.profiling_binds}
+            print(json.dumps({**header, "feasible": False, **least, "layers": layers}))
         return _fail(
-            f"{args.model}, batch {args.batch_size}, on {gpu.name}: {error}\n"
+            f"{args.model}, batch {args.batch_size}, on {gpu.name}: {named}\n"
             f"accudnn: the smallest budget that fits is {need} bytes: rerun with --budget {need}",
             EXIT_INFEASIBLE,
         )
@@ -512,8 +534,8 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         ),
         (
             "smallest budget",
-            f"{gb('min_budget_bytes')} (the profiling pass, every activation swapped and none "
-            f"recomputed, peaks at {gb('profiling_peak_bytes')}; no budget below it works)",
+            f"{gb('min_budget_bytes')} (with its reserve; the profiling pass, every activation swapped "
+            f"and none recomputed, peaks at {gb('profiling_peak_bytes')}; no budget below it works)",
         ),
         ("kernels assumed", _kernels_text(report["assumed_kernels"])),
         (

@@ -14,6 +14,7 @@ from lightning_accudnn.planner.plan import (
     plan_swaps,
     swap_everything_peak_bytes,
 )
+from lightning_accudnn.planner.refusals import named_for_reserve
 from lightning_accudnn.planner.scaling import ShapeRatio, fit_growth, plan_covers, scale_profile, shape_ratio
 from lightning_accudnn.planner.timeline import (
     LayerTiming,
@@ -50,6 +51,7 @@ __all__ = [
     "limit_candidates",
     "lower_bound_seconds",
     "min_budget_bytes",
+    "named_for_reserve",
     "plan_covers",
     "plan_swaps",
     "prefetch_window_candidates",

@@ -5,6 +5,7 @@ recomputes finds nothing to recompute. Each error says what to change.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from lightning_accudnn.planner.budget import format_bytes
 from lightning_accudnn.planner.search import KEEP_OR_RECOMPUTE
@@ -14,6 +15,7 @@ __all__ = [
     "BudgetTooSmallError",
     "HostLimitTooSmallError",
     "NothingToRecomputeError",
+    "named_for_reserve",
     "refuse_recompute_without_segments",
 ]
 
@@ -89,6 +91,35 @@ class BudgetTooSmallError(ValueError):
                 f"{_rounded_up(smaller)} ({format_bytes(min_budget_bytes - smaller)} less)."
             )
         super().__init__(message)
+
+
+def named_for_reserve(error: BudgetTooSmallError, budget_for: Callable[[int], int]) -> BudgetTooSmallError:
+    """``error`` with every budget it names made by ``budget_for`` from the bytes a plan may use
+    under it (the budget less the reserve): for a reserve that grows with the budget, a budget
+    named from a fixed reserve would be refused again.
+
+    Example:
+        >>> error = BudgetTooSmallError(1_100, 1_000, 100)  # 1,000 usable and a reserve of 100
+        >>> named = named_for_reserve(error, lambda usable: usable + usable // 5)  # a fifth of it
+        >>> named.min_budget_bytes, named.reserve_bytes
+        (1200, 200)
+        >>> named_for_reserve(error, lambda usable: usable + 100) is error
+        True
+    """
+    usable = error.min_budget_bytes - error.reserve_bytes
+    named = budget_for(usable)
+    if named == error.min_budget_bytes:  # the reserve the planner was given is the named budget's
+        return error
+    smaller = error.smaller_min_swap_bytes
+    host = error.with_host_memory_for_all_bytes
+    return BudgetTooSmallError(
+        named,
+        error.budget_bytes,
+        named - usable,
+        None if smaller is None else (smaller[0], budget_for(smaller[1] - error.reserve_bytes)),
+        profiling_binds=error.profiling_binds,
+        with_host_memory_for_all_bytes=None if host is None else budget_for(host - error.reserve_bytes),
+    )
 
 
 class HostLimitTooSmallError(ValueError):

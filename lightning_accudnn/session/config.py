@@ -11,7 +11,15 @@ from lightning_accudnn.planner.budget import Budget
 from lightning_accudnn.planner.search import check_policy
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
 
-__all__ = ["DEFAULT_HOST_MEMORY_SHARE", "DEFAULT_OBSERVE_EVERY", "OffloadConfig", "default_reserve_bytes"]
+__all__ = [
+    "DEFAULT_HOST_MEMORY_SHARE",
+    "DEFAULT_OBSERVE_EVERY",
+    "RESERVE_DIVISOR",
+    "RESERVE_FLOOR_BYTES",
+    "OffloadConfig",
+    "default_reserve_bytes",
+    "smallest_budget_bytes",
+]
 
 #: Share of system RAM the pinned pool may take unless told otherwise.
 DEFAULT_HOST_MEMORY_SHARE = 0.5
@@ -169,6 +177,12 @@ plan_in_background, whole_model_compile, whole_model_backend
         return base.replace(**options) if options else base
 
 
+#: The default reserve on CUDA: the larger of this many bytes and a :data:`RESERVE_DIVISOR`-th
+#: of the budget.
+RESERVE_FLOOR_BYTES = 256 * 2**20
+RESERVE_DIVISOR = 20
+
+
 def default_reserve_bytes(budget_bytes: int, device_type: str) -> int:
     """The reserve kept under ``budget_bytes`` when ``OffloadConfig.reserve_bytes`` is ``None``:
     on CUDA the larger of 256 MiB and 5% of the budget (the caching allocator's fragmentation,
@@ -180,7 +194,30 @@ def default_reserve_bytes(budget_bytes: int, device_type: str) -> int:
         >>> default_reserve_bytes(8 * 10**9, "cpu")
         0
     """
-    return max(256 * 2**20, budget_bytes // 20) if device_type == "cuda" else 0
+    return max(RESERVE_FLOOR_BYTES, budget_bytes // RESERVE_DIVISOR) if device_type == "cuda" else 0
+
+
+def smallest_budget_bytes(usable_bytes: int, device_type: str) -> int:
+    """The smallest budget whose part left to the plans, the budget less its default reserve
+    (:func:`default_reserve_bytes`, which grows with the budget), is at least ``usable_bytes``:
+    the budget to name when a plan needs that much and the reserve is left to its default.
+
+    Example:
+        >>> budget = smallest_budget_bytes(9 * 10**9, "cuda")
+        >>> budget - default_reserve_bytes(budget, "cuda") >= 9 * 10**9
+        True
+        >>> budget - 1 - default_reserve_bytes(budget - 1, "cuda") < 9 * 10**9
+        True
+        >>> smallest_budget_bytes(10**9, "cuda") - 10**9 == RESERVE_FLOOR_BYTES
+        True
+        >>> smallest_budget_bytes(5, "cpu")
+        5
+    """
+    if device_type != "cuda":
+        return usable_bytes
+    # budget - budget // D >= usable  <=>  budget >= (D * (usable - 1)) // (D - 1) + 1
+    share = RESERVE_DIVISOR * (usable_bytes - 1) // (RESERVE_DIVISOR - 1) + 1
+    return max(usable_bytes + RESERVE_FLOOR_BYTES, share)
 
 
 def check_whole_model_compile(config: OffloadConfig) -> None:

@@ -15,9 +15,10 @@ from dataclasses import replace
 
 from lightning_accudnn.ops import HostMemoryExceeded, OffloadEngine
 from lightning_accudnn.ops.layers import SaveSequence
-from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes
+from lightning_accudnn.planner import BudgetTooSmallError, Plan, StepProfile, format_bytes, named_for_reserve
 from lightning_accudnn.planner.headroom import Headroom
 from lightning_accudnn.planner.plan import HostLimitTooSmallError, plan_swaps
+from lightning_accudnn.session.config import smallest_budget_bytes
 from lightning_accudnn.session.plan_book import PassKey
 from lightning_accudnn.session.recompute_failures import RecomputeFailures
 from lightning_accudnn.session.shapes import same_pass_other_shape
@@ -53,8 +54,13 @@ class SessionPlanning:
         policy: str,
         min_swap_bytes: int,
         report: Callable[[str], None],
+        reserve_rule: str | None = None,
     ) -> None:
         self.headroom = headroom
+        # The device type whose default reserve the budget keeps (OffloadConfig.reserve_bytes left
+        # to None: it grows with the budget), and what was raised on top of it since.
+        self.reserve_rule = reserve_rule
+        self._raised_reserve = 0
         self.engine = engine  # its host pool: what swapped activations may pin
         self.policy = policy
         self.min_swap_bytes = min_swap_bytes
@@ -67,6 +73,7 @@ class SessionPlanning:
     def raise_reserve(self, nbytes: int, why: str) -> None:
         """Grow the reserve by ``nbytes`` (logged as a warning saying ``why``)."""
         self.headroom = self.headroom.raised(nbytes)
+        self._raised_reserve += nbytes
         log.warning(
             "accudnn: %s; reserve raised by %s to %s (%s usable), re-planned",
             why,
@@ -132,6 +139,7 @@ class SessionPlanning:
         capacity = pool.capacity_bytes
         host_bytes = layer_host_bytes(profile, sequence, self.min_swap_bytes, pool.host_bytes)
         profiling_peak = self._profiling_peak(key, profile.static_bytes)
+        named = self._named_budgets()
 
         def make() -> Plan:
             try:
@@ -146,14 +154,42 @@ class SessionPlanning:
                 )
             except HostLimitTooSmallError as error:
                 raise HostMemoryExceeded(str(error)) from error
-            except BudgetTooSmallError as error:
-                enough = error.with_host_memory_for_all_bytes
+            except BudgetTooSmallError as refusal:
+                named_refusal = named(refusal)
+                enough = named_refusal.with_host_memory_for_all_bytes
                 if enough is None or budget < enough:
-                    raise
-                raise HostMemoryExceeded(host_limit_message(capacity, host_bytes, error, budget)) from error
+                    if named_refusal is refusal:
+                        raise
+                    raise named_refusal from None  # the same refusal, its budgets named for the reserve
+                message = host_limit_message(capacity, host_bytes, named_refusal, budget)
+                raise HostMemoryExceeded(message) from named_refusal
             return plan if route is None else replace(plan, route=route)
 
         return make
+
+    def _named_budgets(self) -> Callable[[BudgetTooSmallError], BudgetTooSmallError]:
+        """What a refusal names as budgets: with the default reserve, which grows with the
+        budget, the smallest budgets whose usable part (less that reserve and any raised on top
+        of it) holds what the plan needs; with a reserve given, the refusal as the planner made it.
+
+        Example:
+            >>> import torch
+            >>> from lightning_accudnn.session.config import default_reserve_bytes
+            >>> engine = OffloadEngine(torch.device("cpu"))
+            >>> planning = SessionPlanning(Headroom(10**9, 2**28), engine, policy="swap", min_swap_bytes=0,
+            ...                            report=lambda line: None, reserve_rule="cuda")
+            >>> error = planning._named_budgets()(BudgetTooSmallError(9 * 10**9 + 2**28, 10**9, 2**28))
+            >>> error.min_budget_bytes - default_reserve_bytes(error.min_budget_bytes, "cuda") >= 9 * 10**9
+            True
+        """
+        rule, raised = self.reserve_rule, self._raised_reserve
+        if rule is None:
+            return lambda error: error
+
+        def budget_for(usable: int) -> int:
+            return smallest_budget_bytes(usable + raised, rule)
+
+        return lambda error: named_for_reserve(error, budget_for)
 
     def report_plan(self, plan: Plan, key: PassKey) -> None:
         """Report ``plan``, made for ``key``, in one line."""

@@ -188,6 +188,7 @@ class OffloadSession:
                 policy=config.policy,
                 min_swap_bytes=config.min_swap_bytes,
                 report=self.report,
+                reserve_rule=self.device.type if config.reserve_bytes is None else None,
             ),
             PlanAgreement(coordinator if coordinator is not None else RankCoordinator()),
             self.allocator,

@@ -9,6 +9,7 @@ import pytest
 
 from lightning_accudnn.cli import main
 from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.session.config import default_reserve_bytes
 from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, run_cli
 
 SMALL = ["tests.models:SmallResNet", "--input-shape", "3,32,32", "--batch-size", "8", "--gpu", "l4"]
@@ -59,21 +60,40 @@ def test_no_policy_names_a_budget_below_the_profiling_pass(capsys) -> None:
     the profiling pass (every activation swapped, none recomputed) keeps everything, so every
     policy names the same smallest budget, says when that pass is what binds, and plans at it."""
     named = set()
+    small = [*SMALL, "--reserve", "0"]  # the budget is the plans' own: no reserve under it
     for policy in ("swap", "auto", "recompute"):
-        assert main(["plan", *SMALL, "--budget", "1000", "--policy", policy, "--json"]) == 1
+        assert main(["plan", *small, "--budget", "1000", "--policy", policy, "--json"]) == 1
         captured = capsys.readouterr()
         report = json.loads(captured.out)
         assert report["profiling_binds"] is (policy != "swap")
         assert ("first pass of a new batch shape" in captured.err) is (policy != "swap")
         named.add(report["min_budget_bytes"])
         need = report["min_budget_bytes"]
-        assert main(["plan", *SMALL, "--budget", str(need), "--policy", policy, "--json"]) == 0
+        assert main(["plan", *small, "--budget", str(need), "--policy", policy, "--json"]) == 0
         plan = json.loads(capsys.readouterr().out)
         check_plan_json(plan, need)
         assert plan["profiling_peak_bytes"] == plan["min_budget_bytes"] == need
     assert named == {report["unconstrained_peak_bytes"]}
-    assert main(["plan", *SMALL, "--budget", str(need)]) == 0
+    assert main(["plan", *small, "--budget", str(need)]) == 0
     assert "the profiling pass, every activation swapped and none recomputed" in capsys.readouterr().out
+
+
+def test_the_smallest_budget_named_holds_the_default_reserve_of_a_session_on_a_gpu(capsys) -> None:
+    """By default the plans keep a training session's reserve on a GPU (the larger of 256 MiB and
+    5 % of the budget, growing with it): the smallest budget named plans, and a byte less is
+    refused, each with the reserve of its own budget."""
+    gpt = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
+    gpt += ["--batch-size", "4", "--gpu", "h100", "--dtype", "bf16", "--json"]
+    assert main([*gpt, "--budget", "40GB"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["reserve_bytes"] == 2 * 10**9  # 5 % of 40 GB
+    need = report["min_budget_bytes"]
+    assert need - default_reserve_bytes(need, "cuda") == report["profiling_peak_bytes"]
+    assert main([*gpt, "--budget", str(need)]) == 0
+    capsys.readouterr()
+    assert main([*gpt, "--budget", str(need - 1)]) == 1
+    refused = json.loads(capsys.readouterr().out)
+    assert refused["min_budget_bytes"] == need
 
 
 def test_small_model_is_told_that_min_swap_bytes_limits_the_smallest_budget(capsys) -> None:

@@ -139,7 +139,7 @@ class SessionPlanning:
         capacity = pool.capacity_bytes
         host_bytes = layer_host_bytes(profile, sequence, self.min_swap_bytes, pool.host_bytes)
         profiling_peak = self._profiling_peak(key, profile.static_bytes)
-        named = self._named_budgets()
+        budget_for = self._budget_for()
 
         def make() -> Plan:
             try:
@@ -153,9 +153,13 @@ class SessionPlanning:
                     profiling_peak_bytes=profiling_peak,
                 )
             except HostLimitTooSmallError as error:
-                raise HostMemoryExceeded(str(error)) from error
+                nothing_swapped = budget_for(error.nothing_swapped_budget_bytes - reserve)
+                named_error = HostLimitTooSmallError(
+                    error.host_limit_bytes, error.host_bytes_needed, error.budget_bytes, nothing_swapped
+                )
+                raise HostMemoryExceeded(str(named_error)) from named_error
             except BudgetTooSmallError as refusal:
-                named_refusal = named(refusal)
+                named_refusal = named_for_reserve(refusal, budget_for)
                 enough = named_refusal.with_host_memory_for_all_bytes
                 if enough is None or budget < enough:
                     if named_refusal is refusal:
@@ -167,10 +171,10 @@ class SessionPlanning:
 
         return make
 
-    def _named_budgets(self) -> Callable[[BudgetTooSmallError], BudgetTooSmallError]:
-        """What a refusal names as budgets: with the default reserve, which grows with the
-        budget, the smallest budgets whose usable part (less that reserve and any raised on top
-        of it) holds what the plan needs; with a reserve given, the refusal as the planner made it.
+    def _budget_for(self) -> Callable[[int], int]:
+        """The smallest budget whose part left to plans holds a number of bytes, as errors name
+        it: with the default reserve, which grows with the budget, less that reserve and any
+        raised on top of it; with a reserve given, less that reserve.
 
         Example:
             >>> import torch
@@ -178,18 +182,14 @@ class SessionPlanning:
             >>> engine = OffloadEngine(torch.device("cpu"))
             >>> planning = SessionPlanning(Headroom(10**9, 2**28), engine, policy="swap", min_swap_bytes=0,
             ...                            report=lambda line: None, reserve_rule="cuda")
-            >>> error = planning._named_budgets()(BudgetTooSmallError(9 * 10**9 + 2**28, 10**9, 2**28))
-            >>> error.min_budget_bytes - default_reserve_bytes(error.min_budget_bytes, "cuda") >= 9 * 10**9
+            >>> budget = planning._budget_for()(9 * 10**9)
+            >>> budget - default_reserve_bytes(budget, "cuda") >= 9 * 10**9
             True
         """
-        rule, raised = self.reserve_rule, self._raised_reserve
+        rule, raised, reserve = self.reserve_rule, self._raised_reserve, self.headroom.reserve_bytes
         if rule is None:
-            return lambda error: error
-
-        def budget_for(usable: int) -> int:
-            return smallest_budget_bytes(usable + raised, rule)
-
-        return lambda error: named_for_reserve(error, budget_for)
+            return lambda usable: usable + reserve
+        return lambda usable: smallest_budget_bytes(usable + raised, rule)
 
     def report_plan(self, plan: Plan, key: PassKey) -> None:
         """Report ``plan``, made for ``key``, in one line."""

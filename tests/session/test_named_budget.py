@@ -52,3 +52,21 @@ def test_a_budget_named_from_the_reserve_of_the_budget_refused_would_be_refused_
     assert named < _named("cuda")
     with pytest.raises(BudgetTooSmallError):
         _planning(named, "cuda").make_plan(PROFILE, KEY)
+
+
+def test_the_budget_at_which_nothing_is_swapped_is_named_with_its_own_reserve():
+    """The host pool holds too little for any plan the budget allows: the error names the budget
+    at which nothing is swapped, and its usable part holds everything, its own reserve taken."""
+    from lightning_accudnn.ops import HostMemoryExceeded
+
+    engine = OffloadEngine(torch.device("cpu"), host_memory_limit=GB // 2)
+    budget = 10 * GB
+    room = Headroom(budget, default_reserve_bytes(budget, "cuda"))
+    planning = SessionPlanning(
+        room, engine, policy="swap", min_swap_bytes=0, report=lambda line: None, reserve_rule="cuda"
+    )
+    with pytest.raises(HostMemoryExceeded) as raised:
+        planning.make_plan(PROFILE, KEY)
+    nothing_swapped = raised.value.__cause__.nothing_swapped_budget_bytes
+    everything = PROFILE.static_bytes + PROFILE.saved_bytes
+    assert nothing_swapped - default_reserve_bytes(nothing_swapped, "cuda") >= everything

@@ -224,14 +224,14 @@ class OffloadEngine(SaveHooks):
         self._in_forward = False
         self.runtime.begin_pass()
         self._issue_copies_out()
-        step = self._step
-        held: set[object] = set()
-        held_bytes = 0
-        if step is not None and self._recording is not None:
-            held, held_bytes = self._keep_held_storages(step, self._recording)
-        if self._meter is not None:
-            layers = () if step is None else tuple(step.layer_saved)
-            self._meter.begin_backward(self.ledger.current_bytes, layers, held, held_bytes)
+        step, recording = self._step, self._recording
+        if recording is not None and step is not None:  # a hooked pass: what it swapped and the model holds
+            held, held_bytes = self._keep_held_storages(step, recording)
+            if self._meter is not None:
+                layers = tuple(step.layer_saved)
+                self._meter.begin_backward(self.ledger.current_bytes, layers, held, held_bytes)
+        elif self._meter is not None:  # a hooked pass that saved nothing
+            self._meter.begin_backward(self.ledger.current_bytes, ())
         self.timer.end_forward()
         self.pass_timer.end_forward()
         if step is not None:

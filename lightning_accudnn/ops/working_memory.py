@@ -206,9 +206,9 @@ class WorkingMemoryMeter:
         held beyond the forward (see :meth:`begin_backward`), from the ``copy`` it brought back
         (``None``: none is left). A plan that keeps the storage lets it go from its level now,
         while the model's code holds it: the copy, until it dies, stands for it."""
-        if copy is None or copy.expired():
+        if copy is None:
             self._held_unread -= nbytes
-        else:
+        else:  # off the count at the first reading that finds it dead
             self._held_copies.append((nbytes, copy))
 
     def released(self, nbytes: int) -> None:

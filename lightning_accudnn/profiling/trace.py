@@ -672,14 +672,16 @@ def trace_step(
     # planner counts them) or holds all step (left out of the log's count, as is the workspace of
     # a thread that multiplied no matrices).
     made = sum(grads.values()) if set_grads_to_none else 0
-    held: set[int] = set() if set_grads_to_none else set(grads)
+    left_out: set[int] = set() if set_grads_to_none else set(grads)
     for backward, workspace in threads.items():
         if backward not in recorder.blas_passes and (key := recorder.key(workspace)) is not None:
-            held.add(key)
-    working_bytes = recorder.storages.peak_bytes(held | set(grads) | set(recorder.seen_storages))
+            left_out.add(key)
+    working_bytes = recorder.storages.peak_bytes(left_out | set(grads) | set(recorder.seen_storages))
     names = recorder.layer_order()
     levels = (
-        None if meter is None else recorder.ledger.working_memory(meter, held, names, made_state_bytes=made)
+        None
+        if meter is None
+        else recorder.ledger.working_memory(meter, left_out, names, made_state_bytes=made)
     )
     trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
     resaved, modules = recorder.resaved()
@@ -710,5 +712,5 @@ def trace_step(
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
         resaves_listed=True,
         working_bytes=working_bytes,
-        allocated_peak_bytes=recorder.storages.peak_bytes(held) - made,
+        allocated_peak_bytes=recorder.storages.peak_bytes(left_out) - made,
     )

@@ -13,6 +13,9 @@ from lightning_accudnn.session.config import default_reserve_bytes
 from tests.cli.helpers import HAS_MATPLOTLIB, check_plan_json, run_cli
 
 SMALL = ["tests.models:SmallResNet", "--input-shape", "3,32,32", "--batch-size", "8", "--gpu", "l4"]
+#: TinyGPT's 4 x 16 tokens in bf16 for an H100.
+TINY_GPT = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
+TINY_GPT += ["--batch-size", "4", "--gpu", "h100", "--dtype", "bf16"]
 
 
 @pytest.mark.parametrize(
@@ -82,8 +85,7 @@ def test_the_smallest_budget_named_holds_the_default_reserve_of_a_session_on_a_g
     """By default the plans keep a training session's reserve on a GPU (the larger of 256 MiB and
     5 % of the budget, growing with it): the smallest budget named plans, and a byte less is
     refused, each with the reserve of its own budget."""
-    gpt = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
-    gpt += ["--batch-size", "4", "--gpu", "h100", "--dtype", "bf16", "--json"]
+    gpt = [*TINY_GPT, "--json"]
     assert main([*gpt, "--budget", "40GB"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["reserve_bytes"] == 2 * 10**9  # 5 % of 40 GB
@@ -258,37 +260,36 @@ def test_the_process_entry_point_prints_what_main_prints_and_exits_with_its_stat
     assert run_cli("plan", *SMALL, "--budget", "1000").returncode == 1
 
 
+def _reports_by(capsys, args: list[str], option: str, values: tuple[str, ...]) -> dict[str, dict]:
+    """The JSON report of ``accudnn plan`` ``args`` with ``--option`` at each of ``values``, by
+    value; each checked, and saying the value it ran with."""
+    reports = {}
+    for value in values:
+        assert main([*args, f"--{option}", value, "--json"]) == 0
+        reports[value] = json.loads(capsys.readouterr().out)
+        check_plan_json(reports[value], 10**9)
+        assert reports[value][option] == value
+    return reports
+
+
 def test_a_cross_entropy_loss_saves_its_float32_log_softmax_and_holds_more(capsys) -> None:
     """TinyGPT's 4 x 16 x 50 bf16 logits: under CUDA autocast the cross-entropy runs in float32,
     and its log-softmax saves a float32 copy of them for backward."""
-    args = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
-    args += ["--batch-size", "4", "--budget", "1GB", "--gpu", "h100", "--dtype", "bf16", "--json"]
-    reports = {}
-    for loss in ("mean", "cross-entropy"):
-        assert main([*args, "--loss", loss]) == 0
-        reports[loss] = json.loads(capsys.readouterr().out)
-        check_plan_json(reports[loss], 10**9)
-        assert reports[loss]["loss"] == loss
+    args = [*TINY_GPT, "--budget", "1GB"]
+    reports = _reports_by(capsys, args, "loss", ("mean", "cross-entropy"))
     mean, cross_entropy = reports["mean"], reports["cross-entropy"]
     log_softmax = 4 * 16 * 50 * 4
     assert cross_entropy["saved_bytes"] >= mean["saved_bytes"] + log_softmax
     assert cross_entropy["float32_saved_bytes"] >= mean["float32_saved_bytes"] + log_softmax
-    assert main([*args[:-1], "--loss", "cross-entropy"]) == 0
+    assert main([*args, "--loss", "cross-entropy"]) == 0
     assert "--loss cross-entropy" in capsys.readouterr().out
 
 
 def test_gradients_set_to_none_are_made_in_backward_and_held_ones_counted_all_step(capsys) -> None:
     """TinyGPT's step peaks in its loss's backward, before any parameter's gradient is made: a
     step that sets them to None (the default) holds less there than one that holds them."""
-    args = ["plan", "tests.models:TinyGPT", "--input-shape", "16", "--input-dtype", "long"]
-    args += ["--batch-size", "4", "--budget", "1GB", "--gpu", "h100", "--dtype", "bf16"]
-    args += ["--loss", "cross-entropy", "--json"]
-    reports = {}
-    for grads in ("set-to-none", "held"):
-        assert main([*args, "--grads", grads]) == 0
-        reports[grads] = json.loads(capsys.readouterr().out)
-        check_plan_json(reports[grads], 10**9)
-        assert reports[grads]["grads"] == grads
+    args = [*TINY_GPT, "--budget", "1GB", "--loss", "cross-entropy"]
+    reports = _reports_by(capsys, args, "grads", ("set-to-none", "held"))
     to_none, held = reports["set-to-none"], reports["held"]
     assert to_none["static_bytes"] == held["static_bytes"]  # the model state counts them all step
     assert to_none["unconstrained_peak_bytes"] < held["unconstrained_peak_bytes"]
@@ -300,5 +301,5 @@ def test_gradients_set_to_none_are_made_in_backward_and_held_ones_counted_all_st
         for n, h in zip(to_none["layers"], held["layers"], strict=True)
     }
     assert grads in less and less <= {0, grads}
-    assert main(args[:-1]) == 0
+    assert main(args) == 0
     assert "--grads set-to-none: each gradient counted from its making in backward" in capsys.readouterr().out

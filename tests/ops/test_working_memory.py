@@ -89,15 +89,18 @@ def _working(stats):
     return {layer.name: (layer.forward_working_bytes, layer.backward_working_bytes) for layer in stats.layers}
 
 
+def _others(working, layer: str):
+    """``working`` (see :func:`_working`) of every layer but ``layer``."""
+    return {name: value for name, value in working.items() if name != layer}
+
+
 def test_a_temporary_in_forward_is_charged_to_the_level_it_falls_in_and_no_other():
     plain = _working(_measured_pass(_model()))
     with_scratch = _working(_measured_pass(_model(forward_scratch=SCRATCH)))
     # The scratch module saves nothing: the last layer to have saved before it is the ReLU. Its
     # level's working memory is the most of its readings, the one with the scratch among them.
     assert SCRATCH <= with_scratch["1"][0] <= plain["1"][0] + SCRATCH
-    assert {name: value for name, value in with_scratch.items() if name != "1"} == {
-        name: value for name, value in plain.items() if name != "1"
-    }
+    assert _others(with_scratch, "1") == _others(plain, "1")
     assert with_scratch["1"][1] == plain["1"][1]
 
 
@@ -106,9 +109,7 @@ def test_a_temporary_in_backward_is_charged_to_the_backward_running_then():
     with_scratch = _working(_measured_pass(_model(backward_scratch=SCRATCH)))
     # It runs after the second Linear's backward read that layer's saves, before the ReLU's.
     assert SCRATCH <= with_scratch["4"][1] <= plain["4"][1] + SCRATCH
-    assert {name: value for name, value in with_scratch.items() if name != "4"} == {
-        name: value for name, value in plain.items() if name != "4"
-    }
+    assert _others(with_scratch, "4") == _others(plain, "4")
 
 
 def test_what_is_held_between_passes_is_the_outside_working_memory():

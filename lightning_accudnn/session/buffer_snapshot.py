@@ -36,10 +36,18 @@ class BufferSnapshot:
         self._cpu_rng = torch.get_rng_state()
         self._cuda_rng: list[torch.Tensor] = []
 
-    @property
-    def nbytes(self) -> int:
-        """Device bytes the copy holds."""
-        return sum(copy.untyped_storage().nbytes() for copy in self.copies)
+    def bytes_on(self, device: torch.device) -> int:
+        """Bytes the copy holds on ``device`` (its type and index; no index: the current one).
+
+        Example:
+            >>> BufferSnapshot(nn.BatchNorm1d(4)).bytes_on(torch.device("cpu"))
+            40
+        """
+        return sum(
+            copy.untyped_storage().nbytes()
+            for copy in self.copies
+            if copy.device.type == device.type and (device.index is None or copy.device.index == device.index)
+        )
 
     def take(self) -> None:
         with torch.no_grad():

@@ -134,6 +134,7 @@ class PassRunner:
         self.plan: Plan | None = None
         self.stats: OffloadStats | None = None
         self.gradient_bucket_bytes = 0  # DDP's buckets, counted as model state
+        self.buffer_snapshot_bytes = 0  # the copy of the buffers a retry starts from, likewise
         self.current: RunningPass | None = None
         self.last_entered: RunningPass | None = None  # the pass that ran last (what an OOM hit)
         self.out_of_memory_retries = OutOfMemoryRetries()
@@ -162,8 +163,10 @@ class PassRunner:
     def model_state_bytes(
         self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], *, refresh: bool
     ) -> int:
-        """The model's state (:meth:`PassRecords.model_state_bytes`) and DDP's gradient buckets."""
-        return self.records.model_state_bytes(model, optimizers, refresh=refresh) + self.gradient_bucket_bytes
+        """The model's state (:meth:`PassRecords.model_state_bytes`), DDP's gradient buckets and
+        the copy of the buffers a retried step starts from."""
+        state = self.records.model_state_bytes(model, optimizers, refresh=refresh)
+        return state + self.gradient_bucket_bytes + self.buffer_snapshot_bytes
 
     # -- a pass ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from lightning_accudnn.profiling.bandwidth import probe_host_link
 from lightning_accudnn.session.agreement import PlanAgreement
 from lightning_accudnn.session.allocator import AllocatorControl, allocator_control_for
 from lightning_accudnn.session.backward_end import BackwardEnd
+from lightning_accudnn.session.buffer_snapshot import BufferSnapshot
 from lightning_accudnn.session.collector_pause import CollectorPause
 from lightning_accudnn.session.compiled import (
     CompiledModelError,
@@ -282,6 +283,29 @@ class OffloadSession:
         what is counted; the figure is added to every pass's static memory from now on.
         """
         self._passes.gradient_bucket_bytes = gradient_bucket_bytes(wrapper)
+
+    def snapshot_buffers(self, model: nn.Module) -> BufferSnapshot:
+        """A :class:`~lightning_accudnn.session.buffer_snapshot.BufferSnapshot` of ``model``, for
+        a caller that retries steps after :meth:`recover_from_out_of_memory`: take it before each
+        step, restore it before running a step again. Its copy of the buffers stays on their
+        device all training, so its bytes there are counted as model state in every pass from
+        now on (the last snapshot's, when several are made).
+
+        Example:
+            >>> session = OffloadSession(OffloadConfig(budget="1GB"), "cpu")
+            >>> snapshot = session.snapshot_buffers(nn.BatchNorm1d(4))
+            >>> session.buffer_snapshot_bytes  # two running statistics of 4 floats, a counter
+            40
+            >>> session.close()
+        """
+        snapshot = BufferSnapshot(model)
+        self._passes.buffer_snapshot_bytes = snapshot.bytes_on(self.device)
+        return snapshot
+
+    @property
+    def buffer_snapshot_bytes(self) -> int:
+        """Device bytes of the buffer copy counted as model state (:meth:`snapshot_buffers`)."""
+        return self._passes.buffer_snapshot_bytes
 
     def recover_from_out_of_memory(self, error: BaseException | None = None) -> bool:
         """A pass ran out of device memory (``error``): abort it and re-plan with a larger reserve.

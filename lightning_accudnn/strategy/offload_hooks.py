@@ -96,7 +96,7 @@ class OffloadHooks:
         self.offload.check_model(module, compiled_form=form)
         super().setup(trainer)  # type: ignore[misc]
         # Taken before each step, put back before a retry (buffers on their device by now).
-        self._buffers = BufferSnapshot(module) if self.retries_out_of_memory else None
+        self._buffers = self.offload.snapshot_buffers(module) if self.retries_out_of_memory else None
         self._rerunning = False
 
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:

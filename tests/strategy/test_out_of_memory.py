@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_accudnn.ops import HostCopyRuntime
+from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session.out_of_memory import (
     MAX_OUT_OF_MEMORY_RETRIES,
     OutOfMemoryAfterRetriesError,
@@ -153,3 +154,17 @@ def test_a_retried_step_starts_without_what_the_failed_pass_left_in_reference_cy
     batches = [batch_idx for batch_idx, _ in module.calls]
     assert batches == [0, 1, 2, 3, 3, 4]
     assert module.calls[4] == (3, False), "the failed pass's stem output outlived it into the retry"
+
+
+def test_the_buffer_copy_a_retry_starts_from_is_counted_as_model_state():
+    model = copies("cnn")[0]
+    strategy = swapping_strategy("cnn", share_of_activations=0.8, policy="swap")
+    recorder = StatsRecorder()
+    trainer = trainer_for(strategy, max_steps=3, callbacks=[recorder])
+    trainer.fit(model, loader("cnn", batches=3))
+
+    buffers = sum(buffer.untyped_storage().nbytes() for buffer in model.buffers())
+    assert buffers > 0, "the model needs BatchNorm buffers for this test to say anything"
+    assert strategy.offload.buffer_snapshot_bytes == buffers
+    state = model_state_bytes(model, trainer.optimizers)
+    assert recorder.plans[-1].profile.static_bytes == state + buffers

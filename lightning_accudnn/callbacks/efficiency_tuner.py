@@ -355,6 +355,7 @@ class EfficiencyTuner(Callback):
                     view.reserve_bytes,
                     add_largest=self.batch_sizes is None,
                     policy=plan.policy,
+                    budget_for=view.smallest_budget_bytes,
                 )
             return agreement.from_rank_zero(local)
 

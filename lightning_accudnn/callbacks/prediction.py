@@ -10,13 +10,14 @@ plan fits the budget and what its step would cost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lightning_accudnn.callbacks.batch_search import Prediction
 from lightning_accudnn.planner import (
     BudgetTooSmallError,
     StepProfile,
     format_bytes,
+    named_for_reserve,
     plan_swaps,
     scale_profile,
 )
@@ -34,13 +35,18 @@ def predict_batch_sizes(
     *,
     add_largest: bool = False,
     policy: str = "auto",
+    budget_for: Callable[[int], int] | None = None,
 ) -> dict[int, Prediction]:
     """Feasibility, predicted time per batch and predicted peak for each of ``sizes``.
 
     ``profile`` was measured at ``measured_batch_size``, where one training batch took
     ``measured_seconds_per_batch`` in all (``None``: no overhead is added). With
     ``add_largest``, when some of ``sizes`` fit and a larger one does not, the largest size
-    in between that fits (see :func:`largest_feasible_batch_size`) is predicted too.
+    in between that fits (see :func:`largest_feasible_batch_size`) is predicted too. A size
+    that does not fit names the budget it needs: ``budget_for`` the bytes its plans need
+    (the session's :meth:`~lightning_accudnn.session.OffloadSession.smallest_budget_bytes`,
+    whose default reserve grows with the budget); without it, those bytes and
+    ``reserve_bytes``.
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile
@@ -65,11 +71,12 @@ def predict_batch_sizes(
         try:
             plan = plan_swaps(scaled, budget_bytes, reserve_bytes, policy=policy)
         except BudgetTooSmallError as error:
+            named = error if budget_for is None else named_for_reserve(error, budget_for)
             predictions[size] = Prediction(
                 size,
                 feasible=False,
                 peak_bytes=error.min_budget_bytes - reserve_bytes,
-                reason=f"needs a budget of {format_bytes(error.min_budget_bytes)}, "
+                reason=f"needs a budget of {format_bytes(named.min_budget_bytes)}, "
                 f"has {format_bytes(budget_bytes)}",
             )
             continue
@@ -97,6 +104,7 @@ def predict_batch_sizes(
                         budget_bytes,
                         reserve_bytes,
                         policy=policy,
+                        budget_for=budget_for,
                     )
                 )
     return dict(sorted(predictions.items()))

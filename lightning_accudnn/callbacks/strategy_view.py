@@ -79,6 +79,13 @@ class StrategyView:
         session = self.session
         return 0 if session is None else session.reserve_bytes
 
+    def smallest_budget_bytes(self, usable_bytes: int) -> int:
+        """The budget the strategy would need for plans using ``usable_bytes`` (its session's
+        :meth:`~lightning_accudnn.session.OffloadSession.smallest_budget_bytes`; without a
+        session, ``usable_bytes`` and no reserve)."""
+        session = self.session
+        return usable_bytes if session is None else session.smallest_budget_bytes(usable_bytes)
+
     @property
     def plan(self) -> Plan | None:
         session = self.session

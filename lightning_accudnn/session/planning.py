@@ -139,7 +139,7 @@ class SessionPlanning:
         capacity = pool.capacity_bytes
         host_bytes = layer_host_bytes(profile, sequence, self.min_swap_bytes, pool.host_bytes)
         profiling_peak = self._profiling_peak(key, profile.static_bytes)
-        budget_for = self._budget_for()
+        budget_for = self.budget_for()
 
         def make() -> Plan:
             try:
@@ -171,7 +171,7 @@ class SessionPlanning:
 
         return make
 
-    def _budget_for(self) -> Callable[[int], int]:
+    def budget_for(self) -> Callable[[int], int]:
         """The smallest budget whose part left to plans holds a number of bytes, as errors name
         it: with the default reserve, which grows with the budget, less that reserve and any
         raised on top of it; with a reserve given, less that reserve.
@@ -182,7 +182,7 @@ class SessionPlanning:
             >>> engine = OffloadEngine(torch.device("cpu"))
             >>> planning = SessionPlanning(Headroom(10**9, 2**28), engine, policy="swap", min_swap_bytes=0,
             ...                            report=lambda line: None, reserve_rule="cuda")
-            >>> budget = planning._budget_for()(9 * 10**9)
+            >>> budget = planning.budget_for()(9 * 10**9)
             >>> budget - default_reserve_bytes(budget, "cuda") >= 9 * 10**9
             True
         """

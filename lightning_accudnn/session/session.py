@@ -225,6 +225,20 @@ class OffloadSession:
         """The reserve kept free under the budget, in bytes (it grows when a pass goes past its room)."""
         return self.headroom.reserve_bytes
 
+    def smallest_budget_bytes(self, usable_bytes: int) -> int:
+        """The smallest budget under which a plan may use ``usable_bytes``: with the default
+        reserve, which grows with the budget, less that reserve and any raised on top of it;
+        with ``OffloadConfig.reserve_bytes`` given, less the reserve now. The budget a refusal
+        names is made so.
+
+        Example:
+            >>> session = OffloadSession(OffloadConfig(budget=10**6, reserve_bytes=1_000), "cpu")
+            >>> session.smallest_budget_bytes(5_000)
+            6000
+            >>> session.close()
+        """
+        return self._passes.planning.budget_for()(usable_bytes)
+
     @property
     def plan(self) -> Plan | None:
         """The plan of the last pass entered or planned (``None`` until the first plan)."""

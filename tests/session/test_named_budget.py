@@ -70,3 +70,39 @@ def test_the_budget_at_which_nothing_is_swapped_is_named_with_its_own_reserve():
     nothing_swapped = raised.value.__cause__.nothing_swapped_budget_bytes
     everything = PROFILE.static_bytes + PROFILE.saved_bytes
     assert nothing_swapped - default_reserve_bytes(nothing_swapped, "cuda") >= everything
+
+
+def test_a_batch_size_the_tuner_finds_too_large_names_a_budget_that_plans_it_under_the_default_reserve():
+    from lightning_accudnn.callbacks.prediction import predict_batch_sizes
+    from lightning_accudnn.planner import format_bytes, plan_swaps, scale_profile
+    from lightning_accudnn.session.config import smallest_budget_bytes
+
+    budget = 12 * GB
+    reserve = default_reserve_bytes(budget, "cuda")
+    larger = scale_profile(PROFILE, 4.0)  # batch 32 measured at 8
+
+    def plans(at: int) -> bool:
+        try:
+            plan_swaps(larger, at, default_reserve_bytes(at, "cuda"), policy="swap")
+        except BudgetTooSmallError:
+            return False
+        return True
+
+    def named(**options) -> str:
+        predictions = predict_batch_sizes(
+            PROFILE, 8, None, [8, 32], budget, reserve, policy="swap", **options
+        )
+        assert predictions[8].feasible and not predictions[32].feasible
+        return predictions[32].reason
+
+    with pytest.raises(BudgetTooSmallError) as refused:
+        plan_swaps(larger, budget, reserve, policy="swap")
+    fixed = refused.value.min_budget_bytes  # named from the 12 GB budget's reserve
+    assert f"needs a budget of {format_bytes(fixed)}" in named()
+    assert not plans(fixed), "a budget named from a fixed reserve is refused under its own"
+
+    needed = smallest_budget_bytes(fixed - reserve, "cuda")
+    assert f"needs a budget of {format_bytes(needed)}" in named(
+        budget_for=lambda usable: smallest_budget_bytes(usable, "cuda")
+    )
+    assert plans(needed) and not plans(needed - 1)

@@ -9,9 +9,9 @@ bytes. Then, for each fraction of that peak as the budget and each policy, an
 steps, and every planned step's peak of allocated bytes is set against the peak its plan
 predicted (:attr:`~lightning_accudnn.session.OffloadStats.predicted_peak_bytes`). On CUDA the
 allocator is CUDA's; on CPU it is :class:`~lightning_accudnn.testing.OpBytesAllocator` (the tensors
-the step's ops create; no kernel workspaces), which the session measures working memory against
-as it does on a GPU. A prediction below the measured peak is a broken promise; one far above
-leaves memory unused.
+the step's ops create, the optimizer's step and its state included; no kernel workspaces), which the
+session measures working memory against as it does on a GPU. A prediction below the measured
+peak is a broken promise; one far above leaves memory unused.
 
 The record (JSON and a Markdown table) goes to ``--results-dir``/<device>/<date>-<name>.
 """
@@ -71,8 +71,8 @@ def session_peaks(
                     loss = workload.loss(model, batch)
                 loss.backward()
                 del loss, batch
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                optimizer.step()  # its state and temporaries are the device's, as on a GPU
+                optimizer.zero_grad(set_to_none=True)
             stats = session.stats
             if stats is not None and stats.predicted_peak_bytes is not None:
                 steps_seen.append(

@@ -396,6 +396,51 @@ class StepProfile:
         )
         return replace(self, layers=layers, outside_working_bytes=0)
 
+    def rebased(self, static_bytes: int) -> StepProfile:
+        """This step with ``static_bytes`` of static memory, its working memory measured against
+        the static memory it counts now: bytes that move into the static count (autocast's
+        weight copies, found by the pass that measured the working memory) leave the working
+        memory, which held them, at every level (itself when the static memory is the same).
+
+        Example:
+            >>> layer = LayerProfile("a", 100, 100, forward_working_bytes=30, backward_working_bytes=50)
+            >>> rebased = StepProfile((layer,), 200, outside_working_bytes=20).rebased(240)
+            >>> moved = rebased.layers[0]
+            >>> rebased.static_bytes, moved.forward_working_bytes, moved.backward_working_bytes
+            (240, -10, 10)
+            >>> rebased.outside_working_bytes  # never below 0
+            0
+        """
+        moved = static_bytes - self.static_bytes
+        if moved == 0:
+            return self
+        outside = max(0, self.outside_working_bytes - moved) if self.outside_working_bytes else 0
+        shifted = self.with_working_bytes_added(-moved)
+        return replace(shifted, static_bytes=static_bytes, outside_working_bytes=outside)
+
+    def with_working_bytes_added(self, nbytes: int) -> StepProfile:
+        """This step with ``nbytes`` more working memory at every level of every layer, forward
+        and backward (itself when ``nbytes`` is 0 or no working memory is listed: the ledger's
+        count alone); between the passes as it is.
+
+        Example:
+            >>> layer = LayerProfile("a", 100, 100, forward_working_bytes=-30, backward_working_bytes=5)
+            >>> added = StepProfile((layer,), 0).with_working_bytes_added(40)
+            >>> added.layers[0].forward_working_bytes, added.layers[0].backward_working_bytes
+            (10, 45)
+        """
+        if nbytes == 0 or not self.has_working_bytes:
+            return self
+        layers = tuple(
+            replace(
+                layer,
+                forward_working_bytes=layer.forward_working_bytes + nbytes,
+                backward_working_bytes=layer.backward_working_bytes + nbytes,
+            )
+            for layer in self.layers
+        )
+        return replace(self, layers=layers)
+
     @property
     def unconstrained_peak_bytes(self) -> int:
         """Peak device bytes with nothing swapped: static memory plus every activation."""

@@ -39,14 +39,36 @@ def model_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimiz
         if parameter.requires_grad:
             total += size if parameter.grad is None else once(parameter.grad)
     total += sum(once(buffer) for buffer in model.buffers())
+    optimizers = tuple(optimizers)
     for optimizer in optimizers:
-        copies = expected_state_copies(optimizer)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 state = optimizer.state.get(parameter)
                 if state:
                     total += sum(once(value) for value in state.values() if isinstance(value, torch.Tensor))
-                elif parameter.requires_grad:
+    return total + optimizer_state_to_come_bytes(optimizers)
+
+
+def optimizer_state_to_come_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
+    """Bytes of optimizer state not created yet that :func:`model_state_bytes` counts: what each
+    optimizer will create (:func:`expected_state_copies`) for its trainable parameters without
+    state, at its first step. A step before it holds that much less than its model state counts.
+
+    Example:
+        >>> parameter = torch.zeros(10, requires_grad=True)
+        >>> optimizer = torch.optim.Adam([parameter])
+        >>> optimizer_state_to_come_bytes([optimizer])  # two moments of 10 floats
+        80
+        >>> parameter.grad = torch.ones(10); optimizer.step()
+        >>> optimizer_state_to_come_bytes([optimizer])
+        0
+    """
+    total = 0
+    for optimizer in optimizers:
+        copies = expected_state_copies(optimizer)
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                if parameter.requires_grad and not optimizer.state.get(parameter):
                     total += copies * parameter.nbytes
     return total
 

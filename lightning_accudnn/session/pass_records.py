@@ -19,7 +19,7 @@ from lightning_accudnn.ops import StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import HELD, SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
-from lightning_accudnn.profiling.static_memory import model_state_bytes
+from lightning_accudnn.profiling.static_memory import model_state_bytes, optimizer_state_to_come_bytes
 from lightning_accudnn.session.plan_book import PassKey
 from lightning_accudnn.session.steady_memo import ResidentSaves, SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
@@ -59,6 +59,8 @@ class PassRecords:
         self._unobserved: dict[PassKey, int] = {}  # passes since the last observed one, per pass kind
         self._state_bytes_key: tuple[object, ...] | None = None
         self._state_bytes = 0
+        #: Of those, the optimizers' state not created yet (see :meth:`model_state_bytes`).
+        self.state_to_come_bytes = 0
 
     def sequence(self, key: PassKey) -> SaveSequence | None:
         """The save sequence ``key``'s last hooked pass recorded (``None`` before one, or after
@@ -102,10 +104,12 @@ class PassRecords:
     ) -> int:
         """:func:`~lightning_accudnn.profiling.static_memory.model_state_bytes`, walked again only
         when ``refresh`` (hooked passes) or when the model, the optimizers or their number of
-        states changed (the first optimizer step creates them)."""
+        states changed (the first optimizer step creates them); :attr:`state_to_come_bytes` is
+        the part of it the optimizers have not created yet."""
         key = (id(model), *(id(optimizer) for optimizer in optimizers), *(len(o.state) for o in optimizers))
         if refresh or key != self._state_bytes_key:
             self._state_bytes = model_state_bytes(model, optimizers)
+            self.state_to_come_bytes = optimizer_state_to_come_bytes(optimizers)
             self._state_bytes_key = key
         return self._state_bytes
 
@@ -144,19 +148,35 @@ class PassRecords:
         return self._links.get(key)
 
     def profile_from(
-        self, step: StepStats, key: PassKey, static_bytes: int, probe: Callable[[torch.device], LinkCurve]
+        self,
+        step: StepStats,
+        key: PassKey,
+        static_bytes: int,
+        probe: Callable[[torch.device], LinkCurve],
+        *,
+        measured_against: int,
+        not_allocated: int = 0,
     ) -> StepProfile:
-        """``key``'s pass as a profile, with the host link's rates at the sizes of its swappable
-        storages (``probe``: the device's link, measured once per process)."""
+        """``key``'s pass as a profile of ``static_bytes`` of static memory, with the host link's
+        rates at the sizes of its swappable storages (``probe``: the device's link, measured once
+        per process).
+
+        The pass measured its working memory (the allocator's bytes beyond its ledger) against a
+        ledger of ``measured_against`` static bytes, ``not_allocated`` of which the allocator did
+        not hold yet (the optimizers' state before their first step, held in every pass after):
+        that much is added back to the working memory. A pass that first finds autocast's weight
+        copies counted them as working memory, which the static memory holds from then on
+        (:meth:`~lightning_accudnn.profile.StepProfile.rebased`)."""
         link = self._links.get(key)
         if link is None:
             sizes = transfer_sizes(self._sequences.get(key), self.min_swap_bytes)
             link = self._links[key] = probe(self.device).link_for(sizes)
-        return StepProfile(
+        measured = StepProfile(
             layers=step.layers,
-            static_bytes=static_bytes,
+            static_bytes=measured_against,
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,
             resaves_listed=True,  # the engine lists every re-save of a swappable storage
             outside_working_bytes=step.outside_working_bytes,
         )
+        return measured.with_working_bytes_added(not_allocated).rebased(static_bytes)

@@ -353,16 +353,28 @@ class PassRunner:
                 return reused
         else:
             steady.forget(key)
-        profile = self.records.profile_from(step, key, static_bytes, self.probe)
+        records, measured_against = self.records, self.engine.ledger.static_bytes
+        not_allocated = records.state_to_come_bytes if self.allocated_peak is not None else 0
+        profile = records.profile_from(
+            step,
+            key,
+            static_bytes,
+            self.probe,
+            measured_against=measured_against,
+            not_allocated=not_allocated,
+        )
         if plan is None:
             probe = self.segment_probe
             segments = recomputable_segments(probe.segments(), step.layers_read_in_forward)
             profile = replace(profile, segments=segments, excluded_segments=probe.excluded())
-            # With its working memory measured, the pass needed what the allocator held.
+            # With its working memory measured, the pass needed what the allocator held (autocast's
+            # weight copies among it, which the static memory counts from now on), and the
+            # optimizers' state to come; else what the ledger held, beside its static memory.
             stats = self.stats
             measured = self.allocated_peak is not None and stats is not None
             peak = stats.peak_device_bytes if measured and stats is not None else step.ledger_peak_bytes
-            self.planning.note_profiling_peak(key, peak - self.engine.ledger.static_bytes)
+            held_static = static_bytes - not_allocated if measured else measured_against
+            self.planning.note_profiling_peak(key, peak - held_static)
         profile = profile_to_plan_from(plan, profile, step.graph_changed)
         if step.timed and plan is not None and known is not None:
             # Warm passes are faster: each layer keeps its fastest time (a plan that recomputes

@@ -35,23 +35,42 @@ class _Step:
     swapped: int
 
 
-def _run(model: nn.Module, batch, loss, steps: int, *, momentum: float = 0.0, **config):
-    """``steps`` SGD steps of ``model`` through a session (plans made inline, ``config`` its other
+def _run(
+    model: nn.Module,
+    batch,
+    loss,
+    steps: int,
+    *,
+    momentum: float = 0.0,
+    optimizer=None,
+    counted_optimizer: bool = False,
+    autocast: bool = False,
+    **config,
+):
+    """``steps`` steps of ``model`` through a session (plans made inline, ``config`` its other
     settings), the ops' tensors as the allocator: ``batch(step)`` makes a step's batch, and
-    ``loss(model, batch)`` its loss. The steps' figures, and the last plan."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
+    ``loss(model, batch)`` its loss; SGD unless ``optimizer`` is given. With
+    ``counted_optimizer`` the allocator counts the optimizer's step and its state too (as CUDA's
+    does); with ``autocast`` the forward runs under CPU autocast in bfloat16. The steps' figures,
+    and the last plan."""
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
     # The engine's host buffers (uint8 on CPU) are host memory on a GPU: not the allocator's.
     allocator = OpBytesAllocator(base_bytes=parameters, host=lambda tensor: tensor.dtype == torch.uint8)
     session = OffloadSession(OffloadConfig(plan_in_background=False, **config), "cpu", allocator=allocator)
+    precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
     seen = []
     for step in range(steps):
         with allocator.counting():
             inputs = batch(step)
-            with session.step(model, optimizer):
+            with session.step(model, optimizer), precision:
                 value = loss(model, inputs)
             value.backward()
-        optimizer.step()
+            if counted_optimizer:
+                optimizer.step()
+        if not counted_optimizer:
+            optimizer.step()
         optimizer.zero_grad()  # the gradients go: the next backward makes them again
         stats = session.stats
         seen.append(
@@ -259,3 +278,80 @@ def test_the_step_s_own_code_saving_between_layers_and_for_the_loss_is_two_layer
         )
         planned = [step for step in seen if step.predicted is not None]
         assert planned and all(step.peak <= step.predicted for step in planned), (fraction, planned)
+
+
+def test_a_plan_made_before_the_optimizer_made_its_state_counts_that_state():
+    """The profiling pass runs before the optimizer's first step: its working memory, measured
+    against a model state that counts Adam's moments to come, is that much low. The plans made
+    from it hold them all the same, and no step is above its prediction."""
+    model = _model()
+    seen, plan = _run(
+        model,
+        _classes(WIDTH, CLASSES, BATCH),
+        _cross_entropy,
+        4,
+        optimizer=torch.optim.Adam(model.parameters(), lr=1e-3),
+        counted_optimizer=True,
+        budget="100%",
+        reserve_bytes=0,
+        min_swap_bytes=2**40,
+    )
+    moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    planned = [step for step in seen if step.predicted is not None]
+    assert all(step.peak <= step.predicted for step in planned), [(s.peak, s.predicted) for s in planned]
+    # Over by Adam's step counters alone (a float each, counted as model state).
+    assert planned[-1].predicted - planned[-1].peak < moments // 100
+
+
+def test_autocast_weight_copies_are_counted_once_in_the_model_state():
+    """Under autocast the profiling pass first finds the weight copies, and measured them as
+    working memory; the plans count them as model state from then on, and only there."""
+    model = _model()
+    seen, plan = _run(
+        model,
+        _classes(WIDTH, CLASSES, BATCH),
+        _cross_entropy,
+        4,
+        autocast=True,
+        budget="100%",
+        reserve_bytes=0,
+        min_swap_bytes=2**40,
+    )
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    copies = plan.profile.static_bytes - 2 * parameters  # beside the weights and their gradients
+    assert copies > 0, "the test needs autocast's weight copies in the model state"
+    planned = [step for step in seen if step.predicted is not None]
+    assert all(step.peak <= step.predicted for step in planned)
+    assert planned[-1].predicted - planned[-1].peak < copies, "the copies are counted twice"
+
+
+def test_the_smallest_budget_named_before_the_optimizer_made_its_state_holds_it():
+    """A budget too small is refused, naming the least that works: the profiling pass's peak, in
+    which the momentum buffers were still to come, with them. Training at it never goes past it.
+    (SGD's step makes no temporaries; Adam's would be measured after its first step, which the
+    profiling pass precedes.)"""
+    from lightning_accudnn.planner import BudgetTooSmallError
+
+    def train(budget: int):
+        model = _model()
+        return _run(
+            model,
+            _classes(WIDTH, CLASSES, BATCH),
+            _cross_entropy,
+            5,
+            momentum=0.9,
+            counted_optimizer=True,
+            budget=budget,
+            reserve_bytes=0,
+            min_swap_bytes=0,
+        )
+
+    try:
+        train(10**6)
+    except BudgetTooSmallError as refused:
+        named = refused.min_budget_bytes
+    else:
+        raise AssertionError("a budget of 1 MB should be refused")
+    seen, _ = train(named)
+    assert all(step.reserve == 0 for step in seen), "a pass went past the budget named"
+    assert all(step.peak <= named for step in seen if step.predicted is not None)

@@ -18,6 +18,10 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
    (as run 2's profile counts them). Its plan (recomputed segments, swapped bytes, predicted
    step and peak) against the measured steady step and peak.
 
+On CUDA each run also records where one step's time went on the device, stream by stream
+(``streams``, :mod:`bench.streams`): the plain run from its profiled step, each session from one
+more step after its measured ones (outside their figures).
+
 On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
 ``cudaFree`` calls and full synchronisations in it (``allocator``), and every session step the
 host time it spent planning the passes after it (``planning_seconds``): what makes a step slow
@@ -50,6 +54,14 @@ from bench.measure import median, now, release_memory, synchronize
 from bench.report import fmt_bytes, fmt_ms, write_result
 from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from bench.runner import autocast_for, batch_on
+from bench.streams import (
+    busy_seconds,
+    device_activities,
+    profile_streams,
+    profiled_events,
+    stream_breakdown,
+    where_line,
+)
 from bench.workloads import Batch, Workload
 from lightning_accudnn.planner.search import POLICIES
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
@@ -74,21 +86,6 @@ def _allocator_counts(device: torch.device) -> dict[str, int]:
         return {}
     stats = torch.cuda.memory_stats(device)
     return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
-
-
-def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of ``(start, end)`` intervals.
-
-    Example:
-        >>> _busy_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])
-        4.0
-    """
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy
 
 
 def plain_run(workload: Workload, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
@@ -119,17 +116,24 @@ def _plain_steps(workload: Workload, device: torch.device, warmup: int, steps: i
     times = [step(index) for index in range(warmup + steps)][warmup:]
     result: dict[str, Any] = {"step_seconds": times, "median_step_seconds": median(times)}
     if device.type == "cuda":
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as profiler:
-            wall = step(0)
+        forward_backward: list[float] = []
+
+        def whole_step() -> float:
+            start = now(device)
+            forward_backward.append(step(0))
+            return now(device) - start
+
+        wall, events = profiled_events(whole_step)
         kernels = [
             (event.time_range.start / 1e6, event.time_range.end / 1e6)
-            for event in profiler.events()
+            for event in events
             if event.device_type == torch.autograd.DeviceType.CUDA
         ]
-        result["profiled_step_seconds"] = wall
-        result["gpu_busy_seconds"] = _busy_seconds(kernels)
+        result["profiled_step_seconds"] = forward_backward[0]
+        result["gpu_busy_seconds"] = busy_seconds(kernels)
         result["kernels"] = len(kernels)
+        result["streams"] = stream_breakdown(device_activities(events), wall).as_dict()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         result["blocks"] = block_forward_times(model, workload.blocks(model), lambda: step(1), activities)
     return result
 
@@ -225,24 +229,49 @@ def _session_steps(
     )
     session = OffloadSession(config, device)
     per_step: list[dict[str, Any]] = []
+
+    def one_step(batch: Batch) -> tuple[float, Any]:
+        """One session step: its forward and backward's wall seconds and the session's stats."""
+        start = now(device)
+        with (
+            session.step(model, [optimizer], batch=batch, close_on_backward=False),
+            autocast_for(workload, device),
+        ):
+            loss = workload.loss(model, batch)
+        session.begin_backward()
+        loss.backward()
+        stats = session.end_backward()
+        synchronize(device)
+        wall = now(device) - start
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return wall, stats
+
+    profiled: dict[str, Any] = {}
+
+    def profiled_step() -> float:
+        """One more step (its optimizer step too); what the session did in it, in ``profiled``."""
+        start = now(device)
+        wall, stats = one_step(batches[(warmup + steps) % 2])
+        seconds = now(device) - start
+        profiled["wall_seconds"] = wall
+        if stats is not None:
+            profiled.update(
+                measured_seconds=stats.step_seconds,
+                timed=stats.timed,
+                observed=stats.observed,
+                wait_seconds=stats.wait_seconds,
+                source=None if stats.plan_source is None else stats.plan_source.value,
+                same_plan=session.plan is plan,
+            )
+        return seconds
+
+    streams, streams_error = None, None
     began = now(device)
     try:
         for index in range(warmup + steps):
-            batch = batches[index % 2]
             counts = _allocator_counts(device)
-            start = now(device)
-            with (
-                session.step(model, [optimizer], batch=batch, close_on_backward=False),
-                autocast_for(workload, device),
-            ):
-                loss = workload.loss(model, batch)
-            session.begin_backward()
-            loss.backward()
-            stats = session.end_backward()
-            synchronize(device)
-            wall = now(device) - start
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            wall, stats = one_step(batches[index % 2])
             elapsed = now(device) - began
             after = _allocator_counts(device)
             if index + 1 == warmup:  # the steady steps run the plans made from the warm-up
@@ -269,6 +298,11 @@ def _session_steps(
             )
         plan = session.plan
         measured_ratio = None if session.stats is None else session.stats.recompute_cost_ratio
+        if device.type == "cuda" and steps > 0:  # one more step, after the figures above
+            try:
+                streams = {**profile_streams(profiled_step), "step": profiled}
+            except Exception as error:  # recorded: the steps' figures still count
+                streams_error = f"{type(error).__name__}: {error}"[:500]
     finally:
         session.close()
     steady = per_step[warmup:]
@@ -277,6 +311,8 @@ def _session_steps(
         "median_wall_seconds": median([step["wall_seconds"] for step in steady]),
         "median_measured_seconds": median([step["measured_seconds"] or 0.0 for step in steady]),
         "budget_bytes": budget,
+        "streams": streams,
+        "streams_error": streams_error,
     }
     if plan is not None:
         profile = plan.profile
@@ -377,6 +413,16 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     if working_lines:
         lines += ["", *working_lines]
+    runs = (("plain", plain), ("kept", kept), ("fraction", part))
+    where = [line for name, run in runs for line in where_line(name, run.get("streams"))]
+    if where:
+        lines += [
+            "",
+            "Where the time went: one step under `torch.profiler` (plain: the profiled step above, "
+            "with its optimizer step; the sessions: one more step after their measured ones):",
+            "",
+            *where,
+        ]
     lines += [
         "",
         "Per step (wall ms, measured ms (its forward + backward), predicted ms, plan source, host ms "

@@ -19,8 +19,9 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
    step and peak) against the measured steady step and peak.
 
 On CUDA each run also records where one step's time went on the device, stream by stream
-(``streams``, :mod:`bench.streams`): the plain run from its profiled step, each session from one
-more step after its measured ones (outside their figures).
+(``streams``, :mod:`bench.streams`): one more step under ``torch.profiler``, recording the
+device's activity alone (the profiled step above records the host's operators too, and runs
+slower for it), after the figures above.
 
 On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
 ``cudaFree`` calls and full synchronisations in it (``allocator``), and every session step the
@@ -54,14 +55,7 @@ from bench.measure import median, now, release_memory, synchronize
 from bench.report import fmt_bytes, fmt_ms, write_result
 from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from bench.runner import autocast_for, batch_on
-from bench.streams import (
-    busy_seconds,
-    device_activities,
-    profile_streams,
-    profiled_events,
-    stream_breakdown,
-    where_line,
-)
+from bench.streams import busy_seconds, profile_streams, where_line
 from bench.workloads import Batch, Workload
 from lightning_accudnn.planner.search import POLICIES
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
@@ -116,25 +110,25 @@ def _plain_steps(workload: Workload, device: torch.device, warmup: int, steps: i
     times = [step(index) for index in range(warmup + steps)][warmup:]
     result: dict[str, Any] = {"step_seconds": times, "median_step_seconds": median(times)}
     if device.type == "cuda":
-        forward_backward: list[float] = []
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profiler:
+            wall = step(0)
+        kernels = [
+            (event.time_range.start / 1e6, event.time_range.end / 1e6)
+            for event in profiler.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA
+        ]
+        result["profiled_step_seconds"] = wall
+        result["gpu_busy_seconds"] = busy_seconds(kernels)
+        result["kernels"] = len(kernels)
+        result["blocks"] = block_forward_times(model, workload.blocks(model), lambda: step(1), activities)
 
         def whole_step() -> float:
             start = now(device)
-            forward_backward.append(step(0))
+            step(0)
             return now(device) - start
 
-        wall, events = profiled_events(whole_step)
-        kernels = [
-            (event.time_range.start / 1e6, event.time_range.end / 1e6)
-            for event in events
-            if event.device_type == torch.autograd.DeviceType.CUDA
-        ]
-        result["profiled_step_seconds"] = forward_backward[0]
-        result["gpu_busy_seconds"] = busy_seconds(kernels)
-        result["kernels"] = len(kernels)
-        result["streams"] = stream_breakdown(device_activities(events), wall).as_dict()
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        result["blocks"] = block_forward_times(model, workload.blocks(model), lambda: step(1), activities)
+        result["streams"] = profile_streams(whole_step)
     return result
 
 
@@ -418,8 +412,8 @@ def markdown(record: dict[str, Any]) -> str:
     if where:
         lines += [
             "",
-            "Where the time went: one step under `torch.profiler` (plain: the profiled step above, "
-            "with its optimizer step; the sessions: one more step after their measured ones):",
+            "Where the time went: one more step under `torch.profiler` (the device's activity alone; "
+            "its optimizer step included), after each run's other figures:",
             "",
             *where,
         ]

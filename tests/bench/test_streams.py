@@ -149,7 +149,6 @@ def test_device_activities_reads_kernels_and_copies_with_their_streams() -> None
     ]
 
 
-@pytest.mark.filterwarnings("ignore:CUDA is not available, disabling CUDA profiling")
 def test_profiling_a_step_on_the_cpu_finds_no_device_activity() -> None:
     x = torch.randn(16, 16)
     figures = profile_streams(lambda: float((x @ x).sum()) * 0.0 + 0.25)
@@ -158,7 +157,6 @@ def test_profiling_a_step_on_the_cpu_finds_no_device_activity() -> None:
     assert where_line("oracle", None) == [] and where_line("oracle", {}) == []
 
 
-@pytest.mark.filterwarnings("ignore:CUDA is not available, disabling CUDA profiling")
 def test_a_row_keeps_its_profiled_step_figures_or_a_note_when_it_fails() -> None:
     row = ResultRow("accudnn-2x", "accudnn", status="ok")
 

@@ -18,6 +18,11 @@ For one workload, in one process, three runs of ``--warmup`` + ``--steps`` train
    (as run 2's profile counts them). Its plan (recomputed segments, swapped bytes, predicted
    step and peak) against the measured steady step and peak.
 
+On CUDA each run also records where one step's time went on the device, stream by stream
+(``streams``, :mod:`bench.streams`): one more step under ``torch.profiler``, recording the
+device's activity alone (the profiled step above records the host's operators too, and runs
+slower for it), after the figures above.
+
 On CUDA each session step also records the allocator's retries under the cap, ``cudaMalloc`` and
 ``cudaFree`` calls and full synchronisations in it (``allocator``), and every session step the
 host time it spent planning the passes after it (``planning_seconds``): what makes a step slow
@@ -50,6 +55,7 @@ from bench.measure import median, now, release_memory, synchronize
 from bench.report import fmt_bytes, fmt_ms, write_result
 from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from bench.runner import autocast_for, batch_on
+from bench.streams import busy_seconds, profile_streams, where_line
 from bench.workloads import Batch, Workload
 from lightning_accudnn.planner.search import POLICIES
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
@@ -74,21 +80,6 @@ def _allocator_counts(device: torch.device) -> dict[str, int]:
         return {}
     stats = torch.cuda.memory_stats(device)
     return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
-
-
-def _busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of ``(start, end)`` intervals.
-
-    Example:
-        >>> _busy_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])
-        4.0
-    """
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy
 
 
 def plain_run(workload: Workload, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
@@ -128,9 +119,16 @@ def _plain_steps(workload: Workload, device: torch.device, warmup: int, steps: i
             if event.device_type == torch.autograd.DeviceType.CUDA
         ]
         result["profiled_step_seconds"] = wall
-        result["gpu_busy_seconds"] = _busy_seconds(kernels)
+        result["gpu_busy_seconds"] = busy_seconds(kernels)
         result["kernels"] = len(kernels)
         result["blocks"] = block_forward_times(model, workload.blocks(model), lambda: step(1), activities)
+
+        def whole_step() -> float:
+            start = now(device)
+            step(0)
+            return now(device) - start
+
+        result["streams"] = profile_streams(whole_step)
     return result
 
 
@@ -225,24 +223,49 @@ def _session_steps(
     )
     session = OffloadSession(config, device)
     per_step: list[dict[str, Any]] = []
+
+    def one_step(batch: Batch) -> tuple[float, Any]:
+        """One session step: its forward and backward's wall seconds and the session's stats."""
+        start = now(device)
+        with (
+            session.step(model, [optimizer], batch=batch, close_on_backward=False),
+            autocast_for(workload, device),
+        ):
+            loss = workload.loss(model, batch)
+        session.begin_backward()
+        loss.backward()
+        stats = session.end_backward()
+        synchronize(device)
+        wall = now(device) - start
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return wall, stats
+
+    profiled: dict[str, Any] = {}
+
+    def profiled_step() -> float:
+        """One more step (its optimizer step too); what the session did in it, in ``profiled``."""
+        start = now(device)
+        wall, stats = one_step(batches[(warmup + steps) % 2])
+        seconds = now(device) - start
+        profiled["wall_seconds"] = wall
+        if stats is not None:
+            profiled.update(
+                measured_seconds=stats.step_seconds,
+                timed=stats.timed,
+                observed=stats.observed,
+                wait_seconds=stats.wait_seconds,
+                source=None if stats.plan_source is None else stats.plan_source.value,
+                same_plan=session.plan is plan,
+            )
+        return seconds
+
+    streams, streams_error = None, None
     began = now(device)
     try:
         for index in range(warmup + steps):
-            batch = batches[index % 2]
             counts = _allocator_counts(device)
-            start = now(device)
-            with (
-                session.step(model, [optimizer], batch=batch, close_on_backward=False),
-                autocast_for(workload, device),
-            ):
-                loss = workload.loss(model, batch)
-            session.begin_backward()
-            loss.backward()
-            stats = session.end_backward()
-            synchronize(device)
-            wall = now(device) - start
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            wall, stats = one_step(batches[index % 2])
             elapsed = now(device) - began
             after = _allocator_counts(device)
             if index + 1 == warmup:  # the steady steps run the plans made from the warm-up
@@ -269,6 +292,11 @@ def _session_steps(
             )
         plan = session.plan
         measured_ratio = None if session.stats is None else session.stats.recompute_cost_ratio
+        if device.type == "cuda" and steps > 0:  # one more step, after the figures above
+            try:
+                streams = {**profile_streams(profiled_step), "step": profiled}
+            except Exception as error:  # recorded: the steps' figures still count
+                streams_error = f"{type(error).__name__}: {error}"[:500]
     finally:
         session.close()
     steady = per_step[warmup:]
@@ -277,6 +305,8 @@ def _session_steps(
         "median_wall_seconds": median([step["wall_seconds"] for step in steady]),
         "median_measured_seconds": median([step["measured_seconds"] or 0.0 for step in steady]),
         "budget_bytes": budget,
+        "streams": streams,
+        "streams_error": streams_error,
     }
     if plan is not None:
         profile = plan.profile
@@ -377,6 +407,16 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     if working_lines:
         lines += ["", *working_lines]
+    runs = (("plain", plain), ("kept", kept), ("fraction", part))
+    where = [line for name, run in runs for line in where_line(name, run.get("streams"))]
+    if where:
+        lines += [
+            "",
+            "Where the time went: one more step under `torch.profiler` (the device's activity alone; "
+            "its optimizer step included), after each run's other figures:",
+            "",
+            *where,
+        ]
     lines += [
         "",
         "Per step (wall ms, measured ms (its forward + backward), predicted ms, plan source, host ms "

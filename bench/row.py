@@ -61,6 +61,9 @@ class ResultRow:
     profiling_steps_measured: int | None = None
     replans_during_measurement: int | None = None
     plan: dict[str, Any] | None = None
+    #: Where one more step's time went on the device, stream by stream (CUDA only: one step after
+    #: the measured ones under ``torch.profiler``, :class:`bench.streams.StreamBreakdown`).
+    streams: dict[str, Any] | None = None
     loss_first: float | None = None
     loss_last: float | None = None
     notes: list[str] = field(default_factory=list)

@@ -22,6 +22,7 @@ from bench.measure import PEAK_CUDA, PEAK_LEDGER
 from bench.report import describe, fmt_bytes, markdown_table, output_stem, plot_rows, raw_log, write_json
 from bench.row import ResultRow
 from bench.runner import RunResult, fill_lower_bound, run_strategy
+from bench.streams import where_line
 from bench.workloads import WORKLOADS, Workload, make_workload
 from lightning_accudnn.planner import Budget
 from lightning_accudnn.planner.search import check_policy
@@ -280,6 +281,15 @@ def _markdown(result: dict[str, Any]) -> str:
     ]
     if notes:
         lines += ["Notes and errors:", "", *notes, ""]
+    where = [line for row in result["rows"] for line in where_line(row["name"], row.get("streams"))]
+    if where:
+        lines += [
+            "Where the time went: one more step after the measured ones, under `torch.profiler` "
+            "(its host wall time includes the profiler's own cost; see bench/README.md):",
+            "",
+            *where,
+            "",
+        ]
     plot = result["plot"]
     lines += [
         f"Plot: {plot['path'] if plot['written'] else plot['reason']}. Raw log: {result['files']['log']}. "

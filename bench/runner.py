@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig, StrategySpec
-from bench.measure import PEAK_LEDGER, MemoryMeter, StepMemory, median, now, release_memory
+from bench.measure import PEAK_LEDGER, MemoryMeter, StepMemory, median, now, release_memory, synchronize
 from bench.row import ResultRow
+from bench.streams import profile_streams
 from bench.techniques import AccUDNN, Technique, budget_of, make_technique
 from bench.workloads import Batch, Workload
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
@@ -107,12 +108,15 @@ def run_strategy(workload: Workload, spec: StrategySpec, config: RunConfig) -> R
     meter.start_run()
     holder: dict[str, Technique] = {}
     per_step: list[dict[str, Any]] = []
+    extra: list[Callable[[], dict[str, Any]]] = []
     with _row_errors(row):
-        _train(workload, spec, config, row, meter, holder, per_step)
+        _train(workload, spec, config, row, meter, holder, per_step, extra)
         row.status = "ok"
     technique = holder.get("technique")
     _summarize(row, per_step, config, workload, meter, technique)
     profile = profile_of(technique)
+    if extra:
+        _profile_streams(row, extra.pop(), per_step[-1] if per_step else {})
     if technique is not None:
         with _row_errors(row):
             technique.teardown()
@@ -137,6 +141,44 @@ def _forward_backward(
     return loss.detach(), technique.backward(loss)
 
 
+def _step(
+    technique: Technique,
+    workload: Workload,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    device: torch.device,
+    row: ResultRow,
+    label: str,
+) -> dict[str, Any]:
+    """One training step, timed (the device synchronised at each mark): forward and backward,
+    run again where the technique recovers from its error, then the optimizer step. Its times,
+    loss and the peak measured inside backward (``inner_peak``)."""
+    start = now(device)
+    while True:
+        try:
+            loss, inner_peak = _forward_backward(technique, workload, model, optimizer, batch, device)
+            break
+        except BaseException as error:
+            if not technique.recover(error):
+                raise
+            row.notes.append(f"{label}: {type(error).__name__}, re-planned and run again")
+        # The error and the frames of the failed pass are gone: what only they held can go too.
+        optimizer.zero_grad(set_to_none=True)
+        technique.release_failed_pass()
+    middle = now(device)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    end = now(device)
+    return {
+        "step_seconds": end - start,
+        "fwd_bwd_seconds": middle - start,
+        "optimizer_seconds": end - middle,
+        "loss": float(loss),
+        "inner_peak": inner_peak,
+    }
+
+
 def _train(
     workload: Workload,
     spec: StrategySpec,
@@ -145,8 +187,10 @@ def _train(
     meter: MemoryMeter,
     holder: dict[str, Technique],
     per_step: list[dict[str, Any]],
+    extra: list[Callable[[], dict[str, Any]]],
 ) -> None:
-    """The training loop of one row (its own frame: on a failure the model dies with it)."""
+    """The training loop of one row (its own frame: on a failure the model dies with it). On
+    CUDA it leaves in ``extra`` one more step to profile, run after the row is summarised."""
     device = config.device
     torch.manual_seed(config.seed)
     with torch.device(device):
@@ -164,44 +208,58 @@ def _train(
     while index < warmup + config.steps:
         batch = batch_on(batches[index % len(batches)], device)
         meter.start_step()
-        start = now(device)
-        while True:
-            try:
-                loss, inner_peak = _forward_backward(technique, workload, model, optimizer, batch, device)
-                break
-            except BaseException as error:
-                if not technique.recover(error):
-                    raise
-                row.notes.append(f"step {index}: {type(error).__name__}, re-planned and run again")
-            # The error and the frames of the failed pass are gone: what only they held can go too.
-            optimizer.zero_grad(set_to_none=True)
-            technique.release_failed_pass()
-        middle = now(device)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        end = now(device)
-        memory = meter.end_step(inner_peak)
+        figures = _step(technique, workload, model, optimizer, batch, device, row, f"step {index}")
+        memory = meter.end_step(figures.pop("inner_peak"))
         per_step.append(
             {
-                "step_seconds": end - start,
-                "fwd_bwd_seconds": middle - start,
-                "optimizer_seconds": end - middle,
+                **figures,
                 "allocated": memory.allocated,
                 "reserved": memory.reserved,
-                "loss": float(loss),
                 **technique.step_figures(),
             }
         )
         row.steps_completed = index + 1
-        del loss, batch
+        del batch
         if index + 1 == warmup:
             if technique.settled() or warmup == 2 * config.warmup:
                 row.warmup_steps = warmup
             else:  # a plan still being refined: the measured steps must not include it
                 warmup += 1
         index += 1
+    if device.type == "cuda" and config.steps > 0:
+        batch = batch_on(batches[index % len(batches)], device)
+        synchronize(device)  # the batch's copy is not the profiled step's
+
+        def profiled_step() -> dict[str, Any]:
+            figures = _step(technique, workload, model, optimizer, batch, device, row, "profiled step")
+            figures.pop("inner_peak")
+            return {**figures, **technique.step_figures()}
+
+        extra.append(profiled_step)
     if spec.kind == "oracle" and device.type == "cpu":
         row.ledger_peak_bytes = _ledger_peak(workload, model, optimizer, batches[0], device, config)
+
+
+def _profile_streams(row: ResultRow, step: Callable[[], dict[str, Any]], last: dict[str, Any]) -> None:
+    """``row.streams``: where one more step's time went on the device, stream by stream
+    (:func:`bench.streams.profile_streams`), and that step's own figures (``step``: its times and
+    the technique's, as the measured steps record them; ``same_plan``, for AccUDNN, whether it ran
+    the plan of the ``last`` measured step). It runs after the row's other figures are summarised.
+    A profiled step that fails leaves a note and no figures."""
+    figures: dict[str, Any] = {}
+
+    def run() -> float:
+        figures.update(step())
+        return float(figures["step_seconds"])
+
+    try:
+        streams = profile_streams(run)
+    except Exception as error:
+        row.notes.append(f"profiled step: {type(error).__name__}: {error}"[:500])
+        return
+    if "plan_id" in figures:
+        figures["same_plan"] = figures.pop("plan_id") == last.get("plan_id")
+    row.streams = {**streams, "step": figures}
 
 
 def _ledger_peak(

@@ -102,6 +102,8 @@ class AccUDNN(Technique):
             "engine_peak_bytes": stats.peak_device_bytes,
             "engine_step_seconds": stats.step_seconds,
             "profiling": stats.profiling,
+            "timed": stats.timed,
+            "observed": stats.observed,
             "predicted_peak_bytes": stats.predicted_peak_bytes,
             "predicted_step_seconds": stats.predicted_step_seconds,
             "plan_id": id(self.plan),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bench import calibration, replan
+from bench.streams import DeviceActivity, stream_breakdown
 from bench.workloads import make_workload
 
 
@@ -26,6 +27,8 @@ def test_calibration_writes_the_three_runs(tmp_path):
     )
     assert record["plain"]["median_step_seconds"] > 0
     kept, part = record["kept"], record["fraction"]
+    # Where the time went on the device: CUDA only (one step under torch.profiler).
+    assert "streams" not in record["plain"] and kept["streams"] is None and part["streams"] is None
     assert kept["swapped_bytes"] == 0 and kept["recomputed_segments"] == 0
     assert part["budget_bytes"] == kept["static_bytes"] + kept["saved_bytes"] // 2
     assert part["swapped_bytes"] > 0 or part["recomputed_segments"] > 0
@@ -37,12 +40,13 @@ def test_calibration_writes_the_three_runs(tmp_path):
     assert part["profile"]["static_bytes"] == part["static_bytes"]
     (written,) = (tmp_path / "cpu").glob("*-calibration-tiny.json")
     assert json.loads(written.read_text())["kind"] == "calibration"
-    assert "static + 1/2 act" in written.with_suffix(".md").read_text()
-
-
-def test_busy_time_is_the_union_of_the_intervals():
-    assert calibration._busy_seconds([(0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.1, 3.2)]) == 2.5
-    assert calibration._busy_seconds([]) == 0.0
+    markdown = written.with_suffix(".md").read_text()
+    assert "static + 1/2 act" in markdown and "Where the time went" not in markdown
+    # A session run given a breakdown (as on CUDA) gets its line.
+    copy = DeviceActivity("Memcpy DtoH (Device -> Pinned)", 13, 0.0, 0.002)
+    breakdown = stream_breakdown([DeviceActivity("conv", 7, 0.0, 0.003), copy], wall_seconds=0.004)
+    text = calibration.markdown({**record, "fraction": {**part, "streams": breakdown.as_dict()}})
+    assert "\n- fraction: step 4.0 ms under the profiler; compute stream 7: kernels 3.0 ms" in text
 
 
 def test_a_session_the_budget_refuses_is_recorded_with_its_error():

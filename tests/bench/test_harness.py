@@ -19,6 +19,7 @@ from bench import deepest
 from bench import run as bench_run
 from bench.deepest import search_depth
 from bench.row import ROW_FIELDS
+from bench.streams import DeviceActivity, stream_breakdown
 from bench.workloads import blocks_for_depth, stage_blocks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,7 @@ def test_every_strategy_is_a_row_with_every_field(cpu_run: tuple[dict, Path]) ->
         assert row["strategy"] == EXPECTED_ROWS[name]
         assert set(ROW_FIELDS) <= set(row), f"{name} lacks {set(ROW_FIELDS) - set(row)}"
         assert row["status"] in STATUSES
+        assert row["streams"] is None, name  # the profiled step's breakdown runs on CUDA only
         if row["status"] == "ok":
             for key in MEASURED:
                 assert isinstance(row[key], (int, float)) and row[key] >= 0, (name, key, row[key])
@@ -126,6 +128,7 @@ def test_files_environment_and_label(cpu_run: tuple[dict, Path]) -> None:
     for name in EXPECTED_ROWS:
         assert f"| {name} |" in markdown
     assert "CPU smoke run" in markdown and "CPU smoke run" in data["label"]
+    assert "Where the time went" not in markdown
     assert (folder / files["log"]).read_text().strip()
     plot = data["plot"]
     if plot["written"]:
@@ -136,6 +139,18 @@ def test_files_environment_and_label(cpu_run: tuple[dict, Path]) -> None:
     env = data["environment"]
     assert env["device"] == "cpu" and env["device_slug"] == "cpu" and env["driver"] is None
     assert env["torch"] and "cuda" in env and env["git"]["commit"]
+
+
+def test_a_row_with_a_stream_breakdown_says_where_its_time_went(cpu_run: tuple[dict, Path]) -> None:
+    """The CPU run has no breakdown; a row given one (as a CUDA run fills it) gets its line."""
+    data, _ = cpu_run
+    activities = [DeviceActivity("conv", 7, 0.0, 0.004), DeviceActivity("conv", 7, 0.005, 0.006)]
+    rows = [{**row, "streams": None} for row in data["rows"]]
+    rows[1]["streams"] = stream_breakdown(activities, wall_seconds=0.0065).as_dict()
+    markdown = bench_run._markdown({**data, "rows": rows})
+    section = markdown.split("Where the time went", 1)[1].split("\n\n")[1]
+    (line,) = section.splitlines()  # the other rows have no breakdown
+    assert line.startswith("- accudnn-2x: step 6.5 ms under the profiler; compute stream 7: kernels 5.0 ms")
 
 
 def test_deepest_search_on_cpu(tmp_path: Path) -> None:
@@ -222,6 +237,7 @@ BENCH_MODULES = [
     "overhead.figures",
     "overhead.cuda_calls",
     "calibration",
+    "streams",
     "replan",
     "trace_check",
 ]

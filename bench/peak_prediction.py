@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "device": str(device),
         "allocator": "CUDA's caching allocator"
         if device.type == "cuda"
-        else "OpBytesAllocator (the ops' tensors)",
+        else "OpBytesAllocator (the tensors the step's ops and its optimizer create)",
         "kept": kept,
         "kept_peak_bytes": kept_peak,
         "runs": runs,

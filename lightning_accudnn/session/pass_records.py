@@ -125,7 +125,11 @@ class PassRecords:
         Autocast's weight copies (kept, never swapped) are model state: a hooked pass's own
         count ``copies`` replaces the one its static bytes (``ledger_static``) started from; a
         replayed pass leaves them to autograd unlooked-at, as its profiled pass found them: that
-        count stands."""
+        count stands. A pass that recomputed segments saw none of their layers' copies, which
+        autocast made all the same (its cache holds them to the forward's end, and the
+        recomputation makes them again): the larger count stands."""
+        if plan is not None and plan.recomputed:
+            copies = max(copies, self.weight_copy_bytes(key))
         if step.sequence is not None:
             self._sequences[key] = step.sequence
             recomputed = self._recomputed[key] = () if plan is None else plan.recomputed

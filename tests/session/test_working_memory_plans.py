@@ -355,3 +355,49 @@ def test_the_smallest_budget_named_before_the_optimizer_made_its_state_holds_it(
     seen, _ = train(named)
     assert all(step.reserve == 0 for step in seen), "a pass went past the budget named"
     assert all(step.peak <= named for step in seen if step.predicted is not None)
+
+
+def test_plans_recomputing_under_autocast_count_the_weight_copies_of_the_segments_they_recompute():
+    """Autograd never saves the weight copies of a recomputed segment's layers, but autocast
+    makes them all the same: a pass under a plan that recomputes sees fewer, and the plans made
+    after it still count them all."""
+
+    width, size = 512, 1024  # weights (and their copies) of the size of a block's saves
+
+    def blocks() -> nn.Module:
+        torch.manual_seed(0)
+        stages = [
+            nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh())
+            for _ in range(6)
+        ]
+        return nn.Sequential(*stages, nn.Linear(width, CLASSES))
+
+    def train(budget, steps: int, policy: str):
+        return _run(
+            blocks(),
+            _classes(width, CLASSES, size),
+            _cross_entropy,
+            steps,
+            momentum=0.9,
+            counted_optimizer=True,
+            autocast=True,
+            budget=budget,
+            reserve_bytes=0,
+            min_swap_bytes=0,
+            policy=policy,
+        )
+
+    from lightning_accudnn.planner import BudgetTooSmallError
+
+    kept, _ = train("100%", 3, "auto")
+    try:
+        train(10**6, 2, "recompute")
+    except BudgetTooSmallError as refused:
+        least = refused.min_budget_bytes
+    else:
+        raise AssertionError("a budget of 1 MB should be refused")
+    seen, plan = train((least + kept[-1].peak) // 2, 6, "recompute")
+    assert plan.recomputed, "the test needs a plan that recomputes"
+    planned = [step for step in seen if step.predicted is not None]
+    assert all(step.reserve == 0 for step in seen), "a pass went past its room"
+    assert all(step.peak <= step.predicted for step in planned), [(s.peak, s.predicted) for s in planned]

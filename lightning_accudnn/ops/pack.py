@@ -179,8 +179,11 @@ class SaveRecords(CopyTraffic):
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
                 record.last_save = ordinal + 1
-                if self._recording is not None and record.swappable:
-                    note_resave(step, record, layer)
+                if self._recording is not None:
+                    if record.swappable:
+                        note_resave(step, record, layer)
+                    if layer != record.layer:
+                        step.saved_again_by[len(step.handle_unpacked)] = (layer, len(step.layer_saved))
                 return self._handle(step, record, tensor), record, False
         record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)
         entry.records.append(record)
@@ -583,7 +586,7 @@ class SaveHooks(SaveRecords):
             record.pending_unpacks -= 1
             meter = self._meter
             if meter is not None:
-                meter.read(record.layer, self.ledger.current_bytes)
+                meter.read(record.layer, self.ledger.current_bytes, step.saved_again_by.get(number))
         if record.pending_unpacks == 0 and not record.read_in_forward and not self._in_forward:
             self._release_device(step if step is self._step else None, record)
         return tensor

@@ -115,6 +115,10 @@ class StepState:
         # Of those, the ones whose last re-save was by a layer that saved nothing of its own:
         # that layer (``LayerProfile.resaved_by_module``).
         self.resaved_module: dict[StorageRecord, str] = {}
+        # Hooked pass: per save (by number) of a storage another layer saved first, the layer
+        # saving it again and the index in ``layer_saved`` of the next layer to save first then
+        # (its position, if it saves nothing of its own): what the working-memory meter reads by.
+        self.saved_again_by: dict[int, tuple[str, int]] = {}
 
 
 #: What autograd holds for a save kept on the fast path of a replayed pass:

@@ -243,11 +243,20 @@ class WorkingMemoryMeter:
         self._reading = len(layers) - 1 if highest is None else highest
         self._let_go = 0
 
-    def read(self, layer: str, ledger_bytes: int) -> None:
+    def read(self, layer: str, ledger_bytes: int, saved_again_by: tuple[str, int] | None = None) -> None:
         """Autograd reads a save of ``layer`` (once per save). Once the highest layer with saves
         to read has none left, its backward is over at the next read of another layer's (the op
         that read its last save held it until then); later readings go to the next one down
-        with saves to read (none left: they stay)."""
+        with saves to read (none left: they stay).
+
+        ``saved_again_by`` names, for a save of ``layer``'s storage made again by a later layer,
+        that layer and the position it takes if it is not among the profile's layers (the next
+        layer to save first after it): the op reading it is that layer's backward, so readings
+        go to that layer's position, not below (nor up). A block's first convolution saves the
+        block's input, the previous block's output: its backward (the gradient of that input,
+        and of its weight) runs before the previous block's, and is charged to a level of its
+        own block, not to the previous block's (a recomputed block's level holds its rebuilt
+        saves on top)."""
         reading = self._reading
         if (
             self._in_backward
@@ -256,6 +265,9 @@ class WorkingMemoryMeter:
             and self._profile_position.get(layer) != reading
         ):
             below = self._highest_unread(reading - 1)
+            if saved_again_by is not None:  # that layer's backward: not above it, nor below
+                position = self._profile_position.get(*saved_again_by)
+                below = None if position >= reading else position if below is None else max(below, position)
             if below is not None:
                 self.changing(ledger_bytes)
                 self._reading = below

@@ -79,7 +79,7 @@ class LevelMeter(Protocol):
 
     def begin_backward(self, ledger_bytes: int, layers: Sequence[str]) -> None: ...
 
-    def read(self, layer: str, ledger_bytes: int) -> None: ...
+    def read(self, layer: str, ledger_bytes: int, saved_again_by: tuple[str, int] | None = None) -> None: ...
 
     def end(self, ledger_bytes: int, layers: Sequence[str]) -> LevelWorkingMemory: ...
 
@@ -113,6 +113,11 @@ class TracedLedger:
         self._owner: dict[int, str] = {}  # storage -> the layer that saved it first
         self._pending: dict[int, int] = {}  # storage -> its saves not read yet
         self._handles: list[int | None] = []  # per save: its storage; None once read
+        # Per save of a storage another layer saved first: the layer saving it again, and the
+        # number of layers that had saved first then (its position if it saves nothing itself).
+        self._saved_again_by: dict[int, tuple[str, int]] = {}
+        self._first_savers: dict[str, None] = {}  # layers with a first save, in that order
+        self._read_again_by: dict[int, tuple[str, int]] = {}  # per read event: its save's
         self.held_bytes = 0
 
     def saved(self, storage: int | None, nbytes: int, layer: str, *, resaved: bool) -> int:
@@ -128,7 +133,10 @@ class TracedLedger:
             self._sizes[storage] = nbytes
             self._owner[storage] = layer
             self._pending[storage] = 0
+            self._first_savers[layer] = None
             self._change(_ACQUIRE, layer, nbytes)
+        elif layer != self._owner[storage]:
+            self._saved_again_by[len(self._handles)] = (layer, len(self._first_savers))
         self._pending[storage] += 1
         self._events.append((self._log.position, _SAVED, self._owner[storage], 0))
         self._handles.append(storage)
@@ -144,6 +152,9 @@ class TracedLedger:
         if storage is None:
             return
         self._handles[handle] = None
+        again = self._saved_again_by.get(handle)
+        if again is not None:
+            self._read_again_by[len(self._events)] = again
         self._events.append((self._log.position, _READ, self._owner[storage], 0))
         self._pending[storage] -= 1
         if not self._pending[storage]:  # its last read: off the ledger
@@ -186,7 +197,7 @@ class TracedLedger:
         meter = meter_of(readings.peak, lambda: readings.layer)
         ledger = made_state_bytes
         meter.start(ledger)
-        for readings.now, kind, readings.layer, nbytes in self._events:
+        for index, (readings.now, kind, readings.layer, nbytes) in enumerate(self._events):
             if kind == _ACQUIRE:
                 meter.changing(ledger)
                 meter.acquired(nbytes)
@@ -200,7 +211,7 @@ class TracedLedger:
             elif kind == _SAVED:
                 meter.saved(readings.layer)
             else:
-                meter.read(readings.layer, ledger)
+                meter.read(readings.layer, ledger, self._read_again_by.get(index))
         readings.now = self._log.position
         return meter.end(ledger, layers)
 

@@ -240,3 +240,46 @@ def test_a_storage_held_beyond_the_forward_is_a_kept_save_not_working_memory():
     assert memory.retired_alive_bytes == {"b": 50}  # the held 100 left out
     assert memory.forward_bytes == {"a": 50, "b": 30}
     assert memory.backward_bytes == {"a": 60, "b": 40}
+
+
+class _SavesItsInput(torch.autograd.Function):
+    """Saves its input (another layer's output: a save again of that layer's storage) and holds
+    ``nbytes`` of scratch in its backward."""
+
+    @staticmethod
+    def forward(ctx, x, nbytes):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        ctx.nbytes = nbytes
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        scratch = torch.ones(ctx.nbytes // 4) if ctx.nbytes else torch.zeros(1)
+        return grad * 2.0 + 0.0 * x + scratch[:1], None
+
+
+class SavesItsInput(nn.Module):
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes = nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SavesItsInput.apply(x, self.nbytes)
+
+
+def test_the_backward_of_a_layer_saving_an_earlier_layers_output_is_charged_to_its_own_level():
+    """The middle module saves only the first Tanh's output, again: its backward runs after the
+    second Tanh's and before the first's, and reads that save. It is charged to the level its
+    own saves would fall in (the second Tanh's, the next to save), not to the first Tanh's,
+    whose backward has not begun (a recomputed segment there holds its rebuilt saves then)."""
+
+    def model(nbytes: int) -> nn.Sequential:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), SavesItsInput(nbytes), nn.Tanh(), nn.Linear(64, 1))
+
+    plain = _working(_measured_pass(model(0)))
+    with_scratch = _working(_measured_pass(model(SCRATCH)))
+    assert "2" not in plain, "the middle module saves nothing of its own"
+    assert SCRATCH <= with_scratch["3"][1] <= plain["3"][1] + SCRATCH
+    assert with_scratch["1"] == plain["1"]

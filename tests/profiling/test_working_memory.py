@@ -165,11 +165,13 @@ def test_the_logits_are_at_the_last_saving_layers_forward_and_their_gradients_at
     # The loss's backward: the log-softmax's gradient and the logits' gradient beyond every save
     # (its level, the last), the logits let go with the loss computed, no gradient made yet.
     assert abs(layers[ROOT_LAYER].backward_working_bytes - (2 * LOGITS - GRADS)) <= SMALL
-    # The last Linear's backward, at the ReLU's level (it saved nothing of its own): the logits'
-    # gradient, its input's, and its own parameters' (the first Linear's not made yet); the first
-    # Linear's: the ReLU's gradient, every parameter's gradient made.
+    # The last Linear's backward, at its own level (it saves only the ReLU's output, again): the
+    # logits' gradient, its input's, and its own parameters' (the first Linear's not made yet);
+    # the ReLU's: the gradients of its output and its input; the first Linear's: the ReLU's
+    # gradient, every parameter's gradient made.
     hidden = 256 * 256 * 4
-    assert abs(layers["1"].backward_working_bytes - (LOGITS + hidden - FIRST_GRADS)) <= SMALL
+    assert abs(layers["2"].backward_working_bytes - (LOGITS + hidden - FIRST_GRADS)) <= SMALL
+    assert abs(layers["1"].backward_working_bytes - (2 * hidden - FIRST_GRADS)) <= SMALL
     assert abs(layers["0"].backward_working_bytes - hidden) <= SMALL
     profile = trace.to_profile(get_gpu("h100"), optimizer="sgd")
     assert [(layer.forward_working_bytes, layer.backward_working_bytes) for layer in profile.layers] == [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,10 +14,11 @@ def model_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimiz
 
     Storages are counted once (tied weights, views). Gradients are counted for every
     parameter that requires grad, whether or not ``.grad`` exists yet, because backward
-    allocates them before the step ends. Optimizer state counts what exists; for a
-    parameter whose state is not created yet (before the first step) it counts what the
-    optimizer will create (:func:`expected_state_copies`), so that a plan made before the
-    first update still fits after it.
+    allocates them before the step ends. Optimizer state counts what exists on its parameter's
+    device (Adam's step counters live on the CPU by default); for a parameter whose state is not
+    created yet (before the first step) it counts what the optimizer will create
+    (:func:`optimizer_state_to_come_bytes`), so that a plan made before the first update still
+    fits after it.
 
     Example:
         >>> model = nn.Linear(10, 10)  # 110 fp32 parameters
@@ -45,20 +47,26 @@ def model_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimiz
             for parameter in group["params"]:
                 state = optimizer.state.get(parameter)
                 if state:
-                    total += sum(once(value) for value in state.values() if isinstance(value, torch.Tensor))
+                    total += sum(
+                        once(value)
+                        for value in state.values()
+                        if isinstance(value, torch.Tensor) and value.device == parameter.device
+                    )
     return total + optimizer_state_to_come_bytes(optimizers)
 
 
 def optimizer_state_to_come_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
     """Bytes of optimizer state not created yet that :func:`model_state_bytes` counts: what each
     optimizer will create (:func:`expected_state_copies`) for its trainable parameters without
-    state, at its first step. A step before it holds that much less than its model state counts.
+    state, at its first step, and the step counter of each (a float32 scalar) where it is made on
+    the parameter's device (a CPU parameter's, or a ``capturable`` or ``fused`` group's), for
+    every optimizer but SGD. A step before it holds that much less than its model state counts.
 
     Example:
         >>> parameter = torch.zeros(10, requires_grad=True)
         >>> optimizer = torch.optim.Adam([parameter])
-        >>> optimizer_state_to_come_bytes([optimizer])  # two moments of 10 floats
-        80
+        >>> optimizer_state_to_come_bytes([optimizer])  # two moments of 10 floats, a step counter
+        84
         >>> parameter.grad = torch.ones(10); optimizer.step()
         >>> optimizer_state_to_come_bytes([optimizer])
         0
@@ -66,11 +74,19 @@ def optimizer_state_to_come_bytes(optimizers: Iterable[torch.optim.Optimizer]) -
     total = 0
     for optimizer in optimizers:
         copies = expected_state_copies(optimizer)
+        counted = not isinstance(optimizer, torch.optim.SGD)
         for group in optimizer.param_groups:
+            on_device = group.get("capturable") or group.get("fused")
             for parameter in group["params"]:
                 if parameter.requires_grad and not optimizer.state.get(parameter):
                     total += copies * parameter.nbytes
+                    if counted and (on_device or parameter.device.type == "cpu"):
+                        total += _STEP_COUNTER_BYTES
     return total
+
+
+#: A step counter in the optimizer's state: a float32 scalar tensor (``torch/optim/adam.py``).
+_STEP_COUNTER_BYTES = 4
 
 
 #: Optimizers by name (the ``accudnn plan --optimizer`` choices) and the settings that size
@@ -142,3 +158,46 @@ def expected_state_copies(optimizer: torch.optim.Optimizer) -> int:
     if isinstance(optimizer, torch.optim.Adagrad):
         return state_copies("adagrad")
     return state_copies(type(optimizer).__name__.lower())
+
+
+def optimizer_step_temporaries_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
+    """The most bytes an optimizer's step holds at once beside the parameters, their gradients
+    and its state, before it ever stepped (a session measures it from the first step on), as
+    PyTorch's own Adam, AdamW and SGD make them (``torch/optim/adam.py``, ``sgd.py``): their
+    multi-tensor path, the default on CUDA (``foreach``), makes a list of one tensor per parameter
+    of a group (Adam the square roots of its second moments, SGD its gradients plus weight decay
+    or negated), and keeps one at a time; the loop over single tensors makes up to three of one
+    parameter's size at once; the fused kernels none. Other optimizers: 0.
+
+    Example:
+        >>> weight = torch.zeros(100, requires_grad=True)
+        >>> optimizer_step_temporaries_bytes([torch.optim.Adam([weight], foreach=True)])  # 100 floats
+        400
+        >>> optimizer_step_temporaries_bytes([torch.optim.SGD([weight], lr=0.1, foreach=True)])
+        0
+    """
+    most = 0
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            lists = _temporary_lists(optimizer, group)
+            trainable = [parameter for parameter in group["params"] if parameter.requires_grad]
+            if not lists or not trainable or group.get("fused"):
+                continue
+            foreach = group.get("foreach")
+            if foreach is None:  # PyTorch's default: on CUDA, not on the CPU
+                foreach = all(parameter.is_cuda for parameter in trainable)
+            if foreach:
+                most = max(most, lists * sum(parameter.nbytes for parameter in trainable))
+            else:
+                most = max(most, 3 * max(parameter.nbytes for parameter in trainable))
+    return most
+
+
+def _temporary_lists(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> int:
+    """Parameter-sized lists the multi-tensor step of ``optimizer`` holds at once for ``group``
+    (see :func:`optimizer_step_temporaries_bytes`)."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return 1
+    if isinstance(optimizer, torch.optim.SGD):
+        return int(bool(group.get("weight_decay")) or bool(group.get("maximize")))
+    return 0

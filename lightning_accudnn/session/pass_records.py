@@ -19,7 +19,11 @@ from lightning_accudnn.ops import StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import HELD, SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
-from lightning_accudnn.profiling.static_memory import model_state_bytes, optimizer_state_to_come_bytes
+from lightning_accudnn.profiling.static_memory import (
+    model_state_bytes,
+    optimizer_state_to_come_bytes,
+    optimizer_step_temporaries_bytes,
+)
 from lightning_accudnn.session.plan_book import PassKey
 from lightning_accudnn.session.steady_memo import ResidentSaves, SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
@@ -59,8 +63,10 @@ class PassRecords:
         self._unobserved: dict[PassKey, int] = {}  # passes since the last observed one, per pass kind
         self._state_bytes_key: tuple[object, ...] | None = None
         self._state_bytes = 0
-        #: Of those, the optimizers' state not created yet (see :meth:`model_state_bytes`).
+        #: Of those, the optimizers' state not created yet (see :meth:`model_state_bytes`), and,
+        #: while there is some, what their first step holds beside it.
         self.state_to_come_bytes = 0
+        self.first_step_temporaries_bytes = 0
 
     def sequence(self, key: PassKey) -> SaveSequence | None:
         """The save sequence ``key``'s last hooked pass recorded (``None`` before one, or after
@@ -105,11 +111,16 @@ class PassRecords:
         """:func:`~lightning_accudnn.profiling.static_memory.model_state_bytes`, walked again only
         when ``refresh`` (hooked passes) or when the model, the optimizers or their number of
         states changed (the first optimizer step creates them); :attr:`state_to_come_bytes` is
-        the part of it the optimizers have not created yet."""
+        the part of it the optimizers have not created yet, and
+        :attr:`first_step_temporaries_bytes` what their first step holds beside it
+        (:func:`~lightning_accudnn.profiling.static_memory.optimizer_step_temporaries_bytes`)."""
         key = (id(model), *(id(optimizer) for optimizer in optimizers), *(len(o.state) for o in optimizers))
         if refresh or key != self._state_bytes_key:
             self._state_bytes = model_state_bytes(model, optimizers)
             self.state_to_come_bytes = optimizer_state_to_come_bytes(optimizers)
+            self.first_step_temporaries_bytes = (
+                optimizer_step_temporaries_bytes(optimizers) if self.state_to_come_bytes else 0
+            )
             self._state_bytes_key = key
         return self._state_bytes
 

@@ -363,6 +363,10 @@ class PassRunner:
             measured_against=measured_against,
             not_allocated=not_allocated,
         )
+        if not_allocated and records.first_step_temporaries_bytes > profile.outside_working_bytes:
+            # The optimizer has not stepped: its first step, under the budget after this pass,
+            # holds what no pass measured yet.
+            profile = replace(profile, outside_working_bytes=records.first_step_temporaries_bytes)
         if plan is None:
             probe = self.segment_probe
             segments = recomputable_segments(probe.segments(), step.layers_read_in_forward)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, LayerProfile, SegmentProfile, StepProfile
 from lightning_accudnn.profiling.gpus import GpuSpec
 from lightning_accudnn.profiling.layer_kinds import layer_kind
-from lightning_accudnn.profiling.static_memory import named_state_copies
+from lightning_accudnn.profiling.static_memory import named_state_copies, named_step_temporaries_bytes
 
 __all__ = ["LayerTrace", "OpCost", "StepTrace"]
 
@@ -249,7 +249,9 @@ class StepTrace:
     ) -> StepProfile:
         """The :class:`StepProfile` the planner consumes, timed for ``gpu``.
 
-        Host link bandwidths (both directions) are the GPU's practical pinned PCIe rate.
+        Host link bandwidths (both directions) are the GPU's practical pinned PCIe rate. Between
+        the passes the step holds what ``optimizer``'s multi-tensor step holds beside its state
+        (:func:`~lightning_accudnn.profiling.static_memory.named_step_temporaries_bytes`).
 
         Example:
             >>> from lightning_accudnn.profiling.gpus import get_gpu
@@ -283,6 +285,7 @@ class StepTrace:
             h2d_bytes_per_second=link,
             segments=self.timed_segments(gpu),
             resaves_listed=self.resaves_listed,
+            outside_working_bytes=named_step_temporaries_bytes(optimizer, self.trainable_param_bytes),
         )
 
     def timed_segments(self, gpu: GpuSpec) -> tuple[SegmentProfile, ...]:

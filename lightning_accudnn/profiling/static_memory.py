@@ -139,6 +139,20 @@ def named_state_copies(name: str) -> int:
     return state_copies(kind, **settings)
 
 
+def named_step_temporaries_bytes(name: str, trainable_bytes: int) -> int:
+    """What the multi-tensor step (PyTorch's default on CUDA) of a named optimizer
+    (:data:`NAMED_OPTIMIZERS`) holds beside its state for ``trainable_bytes`` of trainable
+    parameters, without weight decay (see :func:`optimizer_step_temporaries_bytes`).
+
+    Example:
+        >>> named_step_temporaries_bytes("adamw", 400), named_step_temporaries_bytes("sgd-momentum", 400)
+        (400, 0)
+    """
+    named_state_copies(name)  # refuses an unknown name, saying which are known
+    kind, _ = NAMED_OPTIMIZERS[name.lower()]
+    return trainable_bytes if kind == "adam" else 0
+
+
 def expected_state_copies(optimizer: torch.optim.Optimizer) -> int:
     """Parameter-sized state tensors ``optimizer`` keeps per parameter once it has stepped,
     read from its settings (:func:`state_copies`).

@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.planner import plan_swaps
 from lightning_accudnn.profiling.gpus import get_gpu
 from lightning_accudnn.profiling.trace import StepTrace, trace_step
 from tests.models import MLP, SmallResNet, TinyGPT, transformer_encoder
@@ -151,6 +152,11 @@ def test_swappable_threshold_and_static_bytes() -> None:
     assert trace.static_bytes("adam") == 4 * params
     with pytest.raises(ValueError, match="choose one of"):
         trace.static_bytes("lion")
+    # Between the passes: Adam's multi-tensor step holds the square roots of its second moments.
+    assert profile.outside_working_bytes == 0
+    adam = trace.to_profile(get_gpu("a100"), optimizer="adamw")
+    assert adam.outside_working_bytes == params
+    assert plan_swaps(adam, adam.static_bytes + params, policy="swap").predicted_peak_bytes >= 5 * params
 
 
 def test_unknown_dtype_is_refused() -> None:

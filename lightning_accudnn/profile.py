@@ -373,7 +373,19 @@ class StepProfile:
     @property
     def has_working_bytes(self) -> bool:
         """Whether any working memory is listed (a layer's or between the passes)."""
-        return self.outside_working_bytes > 0 or any(
+        return self.outside_working_bytes > 0 or self.layers_have_working_bytes
+
+    @property
+    def layers_have_working_bytes(self) -> bool:
+        """Whether a layer lists working memory (measured, or traced: a profile whose layers list
+        none counts the ledger's bytes at each level, whatever it holds between the passes).
+
+        Example:
+            >>> profile = StepProfile((LayerProfile("a", 100, 100),), 0, outside_working_bytes=20)
+            >>> profile.has_working_bytes, profile.layers_have_working_bytes
+            (True, False)
+        """
+        return any(
             layer.forward_working_bytes or layer.backward_working_bytes or layer.retired_alive_bytes
             for layer in self.layers
         )

@@ -598,7 +598,7 @@ def recomputed_profile(
             group_spans.append(span)
             ungrouped = span.last + 1
     index, resaving = _layer_index(profile)
-    working = _memo.get(profile, "working", lambda: profile.has_working_bytes)
+    working = _memo.get(profile, "working", lambda: profile.layers_have_working_bytes)
     count = len(names)
     # Per profile layer that others save again: the innermost segment of the profile (recomputed
     # or not) it runs in, whose outputs its saves may be. Only that one: a layer deeper inside

@@ -592,7 +592,7 @@ def fitting_sets(
     saved = [layer.saved_bytes for layer in profile.layers]
     working = (
         [max(layer.forward_working_bytes, layer.backward_working_bytes) for layer in profile.layers]
-        if profile.has_working_bytes
+        if profile.layers_have_working_bytes
         else None
     )
     available = cap - profile.static_bytes

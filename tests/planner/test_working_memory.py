@@ -412,3 +412,25 @@ def test_a_swapped_storage_the_model_still_holds_is_in_the_forward_levels_after_
     assert only_b.forward_levels == (100, 200, 300)  # b still in the FIFO: nothing retired
     kept = simulator.memory(PlanChoice((False, False, False), 0, 0))
     assert kept.forward_levels == (100, 200, 300)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profile=staged_profiles(), fraction=st.sampled_from([0.15, 0.25, 0.35, 0.5]))
+def test_memory_between_the_passes_alone_changes_no_plan_it_does_not_bind(profile, fraction):
+    """A traced profile lists no working memory at its layers (the ledger's bytes at each level)
+    but may list the optimizer step's between the passes: below every plan's peak, that is no
+    reason to plan otherwise (a recomputed segment is not charged its outputs in forward)."""
+    budget = profile.static_bytes + int(fraction * profile.saved_bytes)
+    between = replace(profile, outside_working_bytes=1)
+    try:
+        plan = plan_swaps(profile, budget, policy="auto")
+    except BudgetTooSmallError:
+        with pytest.raises(BudgetTooSmallError):
+            plan_swaps(between, budget, policy="auto")
+        return
+    again = plan_swaps(between, budget, policy="auto")
+    assert (again.recomputed, again.swap, again.predicted_peak_bytes) == (
+        plan.recomputed,
+        plan.swap,
+        plan.predicted_peak_bytes,
+    )

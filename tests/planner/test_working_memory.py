@@ -414,23 +414,14 @@ def test_a_swapped_storage_the_model_still_holds_is_in_the_forward_levels_after_
     assert kept.forward_levels == (100, 200, 300)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(profile=staged_profiles(), fraction=st.sampled_from([0.15, 0.25, 0.35, 0.5]))
-def test_memory_between_the_passes_alone_changes_no_plan_it_does_not_bind(profile, fraction):
+def test_memory_between_the_passes_alone_charges_a_recomputed_segment_no_outputs_in_forward():
     """A traced profile lists no working memory at its layers (the ledger's bytes at each level)
-    but may list the optimizer step's between the passes: below every plan's peak, that is no
-    reason to plan otherwise (a recomputed segment is not charged its outputs in forward)."""
-    budget = profile.static_bytes + int(fraction * profile.saved_bytes)
-    between = replace(profile, outside_working_bytes=1)
-    try:
-        plan = plan_swaps(profile, budget, policy="auto")
-    except BudgetTooSmallError:
-        with pytest.raises(BudgetTooSmallError):
-            plan_swaps(between, budget, policy="auto")
-        return
-    again = plan_swaps(between, budget, policy="auto")
-    assert (again.recomputed, again.swap, again.predicted_peak_bytes) == (
-        plan.recomputed,
-        plan.swap,
-        plan.predicted_peak_bytes,
-    )
+    but may list the optimizer step's between the passes: its recomputed segments are not then
+    charged their layers' outputs in forward (up to all they save, which made a recomputed stage
+    of ResNet-152 cost as much in forward as keeping it)."""
+    profile = replace(_segment_profile((0, 0), (0, 0)), outside_working_bytes=50)
+    (span,) = named_spans(profile, "recompute", ("blk",), ())
+    step = recomputed_profile(profile, [span])
+    segment = next(layer for layer in step.profile.layers if layer.name == "blk")
+    assert (segment.forward_working_bytes, segment.backward_working_bytes) == (0, 0)
+    assert step.profile.outside_working_bytes == 50

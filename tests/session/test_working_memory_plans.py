@@ -327,26 +327,38 @@ def test_autocast_weight_copies_are_counted_once_in_the_model_state():
     assert planned[-1].predicted - planned[-1].peak < copies, "the copies are counted twice"
 
 
+def _wide() -> nn.Module:
+    """Large weights, small activations (with a batch of 8)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, CLASSES)
+    )
+
+
 @pytest.mark.parametrize(
-    "make_optimizer",
+    ("make_model", "width", "size", "make_optimizer"),
     [
-        lambda model: torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        lambda model: torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True),
+        (_model, WIDTH, BATCH, lambda model: torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)),
+        (_model, WIDTH, BATCH, lambda model: torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)),
+        (_wide, 512, 8, lambda model: torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)),
     ],
-    ids=["sgd-momentum", "adam-foreach"],
+    ids=["sgd-momentum", "adam-foreach", "adam-foreach-large-weights"],
 )
-def test_the_smallest_budget_named_before_the_optimizer_stepped_holds_its_state_and_its_step(make_optimizer):
+def test_the_smallest_budget_named_before_the_optimizer_stepped_holds_its_state_and_its_step(
+    make_model, width, size, make_optimizer
+):
     """A budget too small is refused, naming the least that works: the profiling pass's peak, in
-    which the optimizer's state was still to come, with it, and at least what the optimizer's
-    first step holds beside it (Adam's multi-tensor step: the square roots of its second moments,
-    one list). Training at it never goes past it."""
+    which the optimizer's state was still to come, with it (Adam's step counters too), and at
+    least what the optimizer's first step holds beside it (Adam's multi-tensor step: the square
+    roots of its second moments, one list, which large weights make the most the step holds).
+    Training at it never goes past it."""
     from lightning_accudnn.planner import BudgetTooSmallError
 
     def train(budget: int):
-        model = _model()
+        model = make_model()
         return _run(
             model,
-            _classes(WIDTH, CLASSES, BATCH),
+            _classes(width, CLASSES, size),
             _cross_entropy,
             5,
             optimizer=make_optimizer(model),
@@ -411,41 +423,3 @@ def test_plans_recomputing_under_autocast_count_the_weight_copies_of_the_segment
     planned = [step for step in seen if step.predicted is not None]
     assert all(step.reserve == 0 for step in seen), "a pass went past its room"
     assert all(step.peak <= step.predicted for step in planned), [(s.peak, s.predicted) for s in planned]
-
-
-def test_a_budget_named_before_the_first_optimizer_step_holds_that_step():
-    """Large weights, small activations: what Adam's first step holds beside its state (its
-    multi-tensor step's square roots of the second moments, as large as the weights) is more
-    than the step's activations. The budget named by the profiling pass, which no optimizer step
-    preceded, holds it: training at it never goes past it."""
-    from lightning_accudnn.planner import BudgetTooSmallError
-
-    def wide() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(
-            nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, CLASSES)
-        )
-
-    def train(budget: int):
-        model = wide()
-        return _run(
-            model,
-            _classes(512, CLASSES, 8),
-            _cross_entropy,
-            4,
-            optimizer=torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True),
-            counted_optimizer=True,
-            budget=budget,
-            reserve_bytes=0,
-            min_swap_bytes=0,
-        )
-
-    try:
-        train(10**6)
-    except BudgetTooSmallError as refused:
-        named = refused.min_budget_bytes
-    else:
-        raise AssertionError("a budget of 1 MB should be refused")
-    seen, _ = train(named)
-    assert all(step.reserve == 0 for step in seen), "a pass went past the budget named"
-    assert all(step.peak <= named for step in seen if step.predicted is not None)

@@ -432,7 +432,7 @@ class StepProfile:
 
     def with_working_bytes_added(self, nbytes: int) -> StepProfile:
         """This step with ``nbytes`` more working memory at every level of every layer, forward
-        and backward (itself when ``nbytes`` is 0 or no working memory is listed: the ledger's
+        and backward (itself when ``nbytes`` is 0 or no layer lists working memory: the ledger's
         count alone); between the passes as it is.
 
         Example:
@@ -441,7 +441,7 @@ class StepProfile:
             >>> added.layers[0].forward_working_bytes, added.layers[0].backward_working_bytes
             (10, 45)
         """
-        if nbytes == 0 or not self.has_working_bytes:
+        if nbytes == 0 or not self.layers_have_working_bytes:
             return self
         layers = tuple(
             replace(

@@ -132,25 +132,49 @@ def named_state_copies(name: str) -> int:
         >>> named_state_copies("sgd-momentum")
         1
     """
-    key = name.lower()
-    if key not in NAMED_OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(NAMED_OPTIMIZERS)}")
-    kind, settings = NAMED_OPTIMIZERS[key]
+    kind, settings = _named(name)
     return state_copies(kind, **settings)
 
 
 def named_step_temporaries_bytes(name: str, trainable_bytes: int) -> int:
     """What the multi-tensor step (PyTorch's default on CUDA) of a named optimizer
     (:data:`NAMED_OPTIMIZERS`) holds beside its state for ``trainable_bytes`` of trainable
-    parameters, without weight decay (see :func:`optimizer_step_temporaries_bytes`).
+    parameters, without weight decay (:func:`step_temporary_lists`).
 
     Example:
         >>> named_step_temporaries_bytes("adamw", 400), named_step_temporaries_bytes("sgd-momentum", 400)
         (400, 0)
     """
-    named_state_copies(name)  # refuses an unknown name, saying which are known
-    kind, _ = NAMED_OPTIMIZERS[name.lower()]
-    return trainable_bytes if kind == "adam" else 0
+    kind, _ = _named(name)
+    return step_temporary_lists(kind) * trainable_bytes
+
+
+def _named(name: str) -> tuple[str, dict[str, bool]]:
+    """The kind and settings of a named optimizer; an unknown name is refused, saying which are known."""
+    key = name.lower()
+    if key not in NAMED_OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(NAMED_OPTIMIZERS)}")
+    return NAMED_OPTIMIZERS[key]
+
+
+def step_temporary_lists(kind: str, *, weight_decay: bool = False, maximize: bool = False) -> int:
+    """Lists of one parameter-sized tensor per parameter that the multi-tensor step of an optimizer
+    of ``kind`` holds at once beside its state, as PyTorch makes them (``torch/optim/adam.py``,
+    ``sgd.py``): ``"adam"`` one (the square roots of the second moments), ``"sgd"`` one with
+    ``weight_decay`` or ``maximize`` (its gradients made anew), else none; other kinds none (their
+    steps are measured from the first on).
+
+    Example:
+        >>> step_temporary_lists("adam"), step_temporary_lists("sgd")
+        (1, 0)
+        >>> step_temporary_lists("sgd", weight_decay=True)
+        1
+    """
+    if kind == "adam":
+        return 1
+    if kind == "sgd":
+        return int(weight_decay or maximize)
+    return 0
 
 
 def expected_state_copies(optimizer: torch.optim.Optimizer) -> int:
@@ -208,10 +232,11 @@ def optimizer_step_temporaries_bytes(optimizers: Iterable[torch.optim.Optimizer]
 
 
 def _temporary_lists(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> int:
-    """Parameter-sized lists the multi-tensor step of ``optimizer`` holds at once for ``group``
-    (see :func:`optimizer_step_temporaries_bytes`)."""
+    """:func:`step_temporary_lists` of ``optimizer``'s kind, for ``group``'s settings."""
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        return 1
+        return step_temporary_lists("adam")
     if isinstance(optimizer, torch.optim.SGD):
-        return int(bool(group.get("weight_decay")) or bool(group.get("maximize")))
+        return step_temporary_lists(
+            "sgd", weight_decay=bool(group.get("weight_decay")), maximize=bool(group.get("maximize"))
+        )
     return 0

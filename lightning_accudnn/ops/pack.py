@@ -179,12 +179,13 @@ class SaveRecords(CopyTraffic):
             if record.serves(root, start, end):
                 # Saved again by a later layer: backward needs it when it reaches that layer.
                 record.last_save = ordinal + 1
+                handle = self._handle(step, record, tensor)
                 if self._recording is not None:
                     if record.swappable:
                         note_resave(step, record, layer)
-                    if layer != record.layer:
-                        step.saved_again_by[len(step.handle_unpacked)] = (layer, len(step.layer_saved))
-                return self._handle(step, record, tensor), record, False
+                    if layer != record.layer:  # read by the meter under this save's number
+                        step.saved_again_by[handle[3]] = (layer, len(step.layer_saved))
+                return handle, record, False
         record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)
         entry.records.append(record)
         step.held_records += 1

@@ -183,7 +183,7 @@ class SaveRecords(CopyTraffic):
                 if self._recording is not None:
                     if record.swappable:
                         note_resave(step, record, layer)
-                    if layer != record.layer:  # read by the meter under this save's number
+                    if layer != record.layer and self._meter is not None:  # read by the meter by number
                         step.saved_again_by[handle[3]] = (layer, len(step.layer_saved))
                 return handle, record, False
         record = self._new_record(step, entry, root, tensor, storage_nbytes, layer, excluded, extent, ordinal)

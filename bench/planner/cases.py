@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from lightning_accudnn.cli import INPUT_DTYPES, assumed_kernels, resolve_model
 from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.profiling.gpus import GpuSpec
 from lightning_accudnn.profiling.roofline import StepTrace
@@ -119,7 +120,8 @@ class TracedCase:
 
 
 def trace_case(case: Case, gpu: GpuSpec) -> TracedCase:
-    """Trace ``case`` for ``gpu`` and make its profile, with the CLI's defaults (Adam, 1 MiB)."""
+    """Trace ``case`` for ``gpu`` and make its profile, with the CLI's defaults (Adam, 1 MiB, the
+    working memory at each layer's levels counted, the mean of the outputs as the loss)."""
     spec = resolve_model(case.model)
     started = time.perf_counter()
     trace = trace_step(
@@ -129,6 +131,7 @@ def trace_case(case: Case, gpu: GpuSpec) -> TracedCase:
         input_dtype=INPUT_DTYPES[case.input_dtype],
         dtype=case.dtype,
         gpu=gpu,
+        meter=WorkingMemoryMeter,
     )
     seconds = time.perf_counter() - started
     return TracedCase(

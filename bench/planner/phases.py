@@ -46,6 +46,7 @@ def phases(key: str, budget: int, gpu_name: str) -> dict[str, dict[str, float]]:
     spec = cli.resolve_model(case.model)
     lap("model_library")
     from lightning_accudnn.ops.layers import LayerTracker
+    from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
     from lightning_accudnn.planner.plan import plan_swaps
     from lightning_accudnn.profiling.gpus import get_gpu
     from lightning_accudnn.profiling.trace import trace_step
@@ -58,6 +59,7 @@ def phases(key: str, budget: int, gpu_name: str) -> dict[str, dict[str, float]]:
         input_dtype=cli.INPUT_DTYPES[case.input_dtype],
         dtype=case.dtype,
         gpu=gpu,
+        meter=WorkingMemoryMeter,
     )
     lap("trace")
     profile = trace.to_profile(gpu)

@@ -280,6 +280,13 @@ class StepProfile:
     work is not small next to the segment's.
     ``outside_working_bytes`` is what the step holds beyond ``static_bytes`` between the passes
     (the optimizer step's temporaries): 0 when not measured.
+    ``swapped_pass_forward_bytes`` lists, per layer (by name), what a pass that swapped every
+    swappable save and let each go once the next layer's were out (a training session's
+    profiling pass) held at the layer's forward level beyond its ledger: its working memory
+    and the swapped storages the model's code still held then
+    (:func:`swapped_pass_forward_bytes`). Such a pass holds what a recomputed segment's forward,
+    which saves nothing, holds, beside the saves it kept and the copies in flight
+    (:mod:`lightning_accudnn.planner.recompute`). Empty where no such pass was measured (a trace).
 
     Example:
         >>> profile = StepProfile(
@@ -299,6 +306,7 @@ class StepProfile:
     excluded_segments: tuple[ExcludedSegment, ...] = field(default=(), repr=False)
     recompute_cost_ratio: float = field(default=1.0, repr=False)
     outside_working_bytes: int = field(default=0, repr=False)
+    swapped_pass_forward_bytes: tuple[tuple[str, int], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]
@@ -406,7 +414,7 @@ class StepProfile:
             replace(layer, forward_working_bytes=0, backward_working_bytes=0, retired_alive_bytes=0)
             for layer in self.layers
         )
-        return replace(self, layers=layers, outside_working_bytes=0)
+        return replace(self, layers=layers, outside_working_bytes=0, swapped_pass_forward_bytes=())
 
     def rebased(self, static_bytes: int) -> StepProfile:
         """This step with ``static_bytes`` of static memory, its working memory measured against
@@ -432,8 +440,9 @@ class StepProfile:
 
     def with_working_bytes_added(self, nbytes: int) -> StepProfile:
         """This step with ``nbytes`` more working memory at every level of every layer, forward
-        and backward (itself when ``nbytes`` is 0 or no layer lists working memory: the ledger's
-        count alone); between the passes as it is.
+        and backward, and at every forward level of the swapped pass
+        (:attr:`swapped_pass_forward_bytes`; itself when ``nbytes`` is 0 or no layer lists
+        working memory: the ledger's count alone); between the passes as it is.
 
         Example:
             >>> layer = LayerProfile("a", 100, 100, forward_working_bytes=-30, backward_working_bytes=5)
@@ -451,7 +460,8 @@ class StepProfile:
             )
             for layer in self.layers
         )
-        return replace(self, layers=layers)
+        swapped_pass = tuple((name, held + nbytes) for name, held in self.swapped_pass_forward_bytes)
+        return replace(self, layers=layers, swapped_pass_forward_bytes=swapped_pass)
 
     @property
     def unconstrained_peak_bytes(self) -> int:

@@ -34,7 +34,9 @@ engine's ledger and on the device, never below either):
 Working memory (``LayerProfile.forward_working_bytes``, ``backward_working_bytes``, what the
 ledger never sees) follows the layers: a kept layer keeps its own; a recomputed segment's layer
 holds in forward, beyond its inputs, its layers' outputs while the next reads them (at most what
-its layers save up to each, plus that layer's working memory), and in backward, on top of
+its layers save up to each, plus that layer's working memory; where the profile lists what a
+pass that swapped everything held, ``StepProfile.swapped_pass_forward_bytes``, at most what that
+pass held at each layer: :func:`swapped_pass_forward_bound`), and in backward, on top of
 its transient, the most any of its layers holds while its backward runs *or while its forward
 runs again* (the forward that rebuilds the saves runs inside that backward): the largest of its
 layers' forward and backward working bytes. The step's ``outside_working_bytes`` is unchanged.
@@ -88,6 +90,7 @@ __all__ = [
     "nested_span",
     "policy_spans",
     "rebuilding_working_bytes",
+    "swapped_pass_forward_bound",
     "rerun_forward_working_bytes",
     "recomputed_profile",
     "resaved_inside",
@@ -547,6 +550,64 @@ def rerun_forward_working_bytes(layers: Sequence[LayerProfile]) -> int:
     return 0 if most is None else most
 
 
+def swapped_pass_forward_bound(
+    before: LayerProfile | None,
+    layers: Sequence[LayerProfile],
+    in_flight_before: int,
+    held: Mapping[str, int],
+) -> int | None:
+    """What a recomputed segment made of ``layers`` holds beyond its forward level (its inputs)
+    while its forward runs, at most, from a pass that swapped every swappable save and let each
+    go once the next layer's were out (``held``: what it held at each layer's forward level
+    beyond its ledger, :attr:`~lightning_accudnn.profile.StepProfile.swapped_pass_forward_bytes`);
+    ``None`` when that pass did not list one of the layers.
+
+    The segment's forward saves nothing, so it holds what the model's code and its ops hold:
+    no more than that pass held at each layer, which is its ledger's saves of the segment's
+    layers kept so far and the copies in flight (those of the last layer before with bytes to
+    copy, ``in_flight_before`` bytes as the first layer counted began, and the layer's own),
+    plus ``held``. The layer ``before`` the segment (``None``: none) is counted too: a pass
+    charges what runs before a layer's first save to the layer that saved last, and the
+    segment's first module may save nothing.
+
+    Example:
+        >>> layers = [LayerProfile("b.x", 100, 90), LayerProfile("b.y", 100, 100)]
+        >>> swapped_pass_forward_bound(None, layers, 40, {"b.x": 30, "b.y": 5})  # b.y: 10 kept + 90 + 100 + 5
+        205
+        >>> swapped_pass_forward_bound(LayerProfile("a", 40, 40), layers, 0, {"a": 300, "b.x": 30, "b.y": 5})
+        340
+        >>> swapped_pass_forward_bound(None, layers, 40, {"b.x": 30}) is None
+        True
+    """
+    most, kept, in_flight = None, 0, in_flight_before
+    for position, layer in enumerate(layers if before is None else (before, *layers)):
+        beyond = held.get(layer.name)
+        if beyond is None:
+            return None
+        if before is None or position:
+            kept += layer.resident_bytes
+        level = kept + in_flight + layer.swappable_bytes + beyond
+        most = level if most is None else max(most, level)
+        if layer.swappable_bytes:
+            in_flight = layer.swappable_bytes
+    return 0 if most is None else most
+
+
+def _swapped_pass(profile: StepProfile) -> tuple[Mapping[str, int], list[int]]:
+    """The profile's swapped pass by layer name, and per layer the swappable bytes of the last
+    layer before it with some (what that pass had in flight as the layer began)."""
+
+    def compute() -> tuple[Mapping[str, int], list[int]]:
+        in_flight, last = [], 0
+        for layer in profile.layers:
+            in_flight.append(last)
+            if layer.swappable_bytes:
+                last = layer.swappable_bytes
+        return dict(profile.swapped_pass_forward_bytes), in_flight
+
+    return _memo.get(profile, "swapped pass", compute)
+
+
 def rebuilding_working_bytes(layers: Sequence[LayerProfile]) -> int:
     """What a recomputed segment made of ``layers`` holds beyond its backward level and its
     transient while its backward runs: the most any of its layers holds while its forward runs
@@ -701,6 +762,18 @@ def recomputed_profile(
             inner = [layers[i] for i in indices]
             forward = sum(layer.forward_seconds for layer in inner)
             again = span.own_recompute_seconds + sum(nested.recompute_seconds for nested in span.inner)
+            forward_working = 0
+            if working:
+                forward_working = rerun_forward_working_bytes(inner)
+                if profile.swapped_pass_forward_bytes:
+                    held, in_flight = _swapped_pass(profile)
+                    first = span.first
+                    preceding = layers[first - 1] if first else None
+                    bound = swapped_pass_forward_bound(
+                        preceding, inner, in_flight[first - 1 if first else 0], held
+                    )
+                    if bound is not None and bound < forward_working:
+                        forward_working = bound
             new_layers.append(
                 LayerProfile(
                     name,
@@ -708,7 +781,7 @@ def recomputed_profile(
                     swappable_bytes=0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
-                    forward_working_bytes=rerun_forward_working_bytes(inner) if working else 0,
+                    forward_working_bytes=forward_working,
                     retired_alive_bytes=max(layer.retired_alive_bytes for layer in inner),
                     backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
                 )

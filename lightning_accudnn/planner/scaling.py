@@ -203,7 +203,12 @@ backward_seconds=0.004)
             if layer.saved_bytes and now.saved_bytes
         ]
         grown = max(factors, default=1.0)
-        return replace(profile, layers=tuple(scaled), segments=_scaled_segments(profile, grown))
+        return replace(
+            profile,
+            layers=tuple(scaled),
+            segments=_scaled_segments(profile, grown),
+            swapped_pass_forward_bytes=(),
+        )
     bytes_factors, time_factors = _layer_factors(len(layers), ratio, growth, max_growth)
     scaled = []
     for layer, size, work in zip(layers, bytes_factors, time_factors, strict=True):
@@ -229,7 +234,12 @@ backward_seconds=0.004)
             )
         )
     grown = max(bytes_factors, default=1.0)
-    return replace(profile, layers=tuple(scaled), segments=_scaled_segments(profile, grown))
+    return replace(
+        profile,
+        layers=tuple(scaled),
+        segments=_scaled_segments(profile, grown),
+        swapped_pass_forward_bytes=(),
+    )
 
 
 def _scaled_working(nbytes: int, factor: float) -> int:

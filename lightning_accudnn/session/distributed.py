@@ -135,6 +135,16 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
         ),
         recompute_cost_ratio=max(p.recompute_cost_ratio for p in profiles),
         outside_working_bytes=max(p.outside_working_bytes for p in profiles),
+        swapped_pass_forward_bytes=_merged_swapped_passes(profiles),
+    )
+
+
+def _merged_swapped_passes(profiles: Sequence[StepProfile]) -> tuple[tuple[str, int], ...]:
+    """Per layer, the most any rank's swapped pass held, where every rank's lists it."""
+    listed = [dict(profile.swapped_pass_forward_bytes) for profile in profiles]
+    names = [name for name, _ in profiles[0].swapped_pass_forward_bytes]
+    return tuple(
+        (name, max(held[name] for held in listed)) for name in names if all(name in held for held in listed)
     )
 
 

@@ -11,6 +11,7 @@ bytes, walked again only when they may have changed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -61,6 +62,9 @@ class PassRecords:
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
         self._unobserved: dict[PassKey, int] = {}  # passes since the last observed one, per pass kind
+        # Per pass kind, its profiling pass's static bytes and what it held at each forward level
+        # beyond them and its ledger's saves (see note_swapped_pass).
+        self._swapped_pass: dict[PassKey, tuple[int, dict[str, int]]] = {}
         self._state_bytes_key: tuple[object, ...] | None = None
         self._state_bytes = 0
         #: Of those, the optimizers' state not created yet (see :meth:`model_state_bytes`), and,
@@ -157,6 +161,35 @@ class PassRecords:
         """``key``'s graph departed from its sequence: its next pass runs hooked."""
         self._sequences.pop(key, None)
         self._resident.pop(key, None)
+        self._swapped_pass.pop(key, None)
+
+    def note_swapped_pass(self, key: PassKey, step: StepStats, profile: StepProfile) -> None:
+        """Keep what ``key``'s profiling pass (``step``, made into ``profile``) held at each
+        layer's forward level beyond its ledger: its working memory and the swapped storages the
+        model's code still held (nothing when it measured none, or kept swappable bytes on the
+        device for want of host memory: its ledger then held more than the bound counts)."""
+        if not profile.layers_have_working_bytes or step.bytes_swapped_out < profile.swappable_bytes:
+            self._swapped_pass.pop(key, None)
+            return
+        held = {
+            layer.name: layer.forward_working_bytes + layer.retired_alive_bytes for layer in profile.layers
+        }
+        self._swapped_pass[key] = (profile.static_bytes, held)
+
+    def with_swapped_pass(self, key: PassKey, profile: StepProfile) -> StepProfile:
+        """``profile`` (``key``'s, to plan from) listing what ``key``'s profiling pass held
+        (:meth:`note_swapped_pass`) beyond its static bytes as it counts them now
+        (:attr:`~lightning_accudnn.profile.StepProfile.swapped_pass_forward_bytes`); as it is when
+        none was kept or it lists no working memory."""
+        kept = self._swapped_pass.get(key)
+        if kept is None or not profile.layers_have_working_bytes:
+            return profile
+        static_bytes, held = kept
+        moved = profile.static_bytes - static_bytes
+        listed = tuple(
+            (layer.name, held[layer.name] - moved) for layer in profile.layers if layer.name in held
+        )
+        return replace(profile, swapped_pass_forward_bytes=listed)
 
     def link(self, key: PassKey) -> HostLink | None:
         """The host link's rates at ``key``'s transfer sizes, once a profile was made for it."""

@@ -371,6 +371,7 @@ class PassRunner:
             probe = self.segment_probe
             segments = recomputable_segments(probe.segments(), step.layers_read_in_forward)
             profile = replace(profile, segments=segments, excluded_segments=probe.excluded())
+            records.note_swapped_pass(key, step, profile)
             # With its working memory measured, the pass needed what the allocator held (autocast's
             # weight copies among it, which the static memory counts from now on), and the
             # optimizers' state to come; else what the ledger held, beside its static memory.
@@ -396,6 +397,7 @@ class PassRunner:
             profile = replace(profile, outside_working_bytes=step.outside_working_bytes)
         if step.timed and known is not None:
             profile = with_most_working_memory(profile, known.profile)
+        profile = records.with_swapped_pass(key, profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:
             steady.remember(key, step.layers, static_bytes, sources, profile, departs=changed)

@@ -19,7 +19,13 @@ from lightning_accudnn.planner.plan import (
     plan_swaps,
     swap_everything_peak_bytes,
 )
-from lightning_accudnn.planner.recompute import SegmentSpan, candidate_spans, named_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import (
+    SegmentSpan,
+    candidate_spans,
+    named_spans,
+    recomputed_profile,
+    swapped_pass_forward_bound,
+)
 from lightning_accudnn.planner.scaling import scale_profile
 from lightning_accudnn.planner.search import fitting_sets
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
@@ -425,3 +431,46 @@ def test_memory_between_the_passes_alone_charges_a_recomputed_segment_no_outputs
     segment = next(layer for layer in step.profile.layers if layer.name == "blk")
     assert (segment.forward_working_bytes, segment.backward_working_bytes) == (0, 0)
     assert step.profile.outside_working_bytes == 50
+
+
+@pytest.mark.parametrize(
+    ("held", "expected"),
+    [
+        ({"stem": 0, "blk.x": 15, "blk.y": -20}, 100 + 100 - 20),  # at blk.y: x and y in flight
+        ({"stem": 0, "blk.x": 15, "blk.y": 120}, 200 + 20),  # above the saves bound: that one stands
+        ({"stem": 0, "blk.x": 15}, 200 + 20),  # blk.y not measured: the saves bound
+        ({"stem": 170, "blk.x": 15, "blk.y": -20}, 40 + 170),  # at stem, before blk's first save
+    ],
+    ids=["swapped pass", "saves", "unlisted layer", "before"],
+)
+def test_a_recomputed_segment_s_forward_holds_no_more_than_the_swapped_pass_did(held, expected):
+    """blk's forward saves nothing: at each of its layers it holds no more than a pass that swapped
+    everything held there beyond its ledger (``held``), beside that ledger's copies in flight (the
+    layer before with bytes to copy and its own) and its kept saves, nor more than its layers' saves
+    up to each plus their working memory (x: 100 + 5, y: 200 + 20)."""
+    profile = replace(_segment_profile((5, 0), (20, 0)), swapped_pass_forward_bytes=tuple(held.items()))
+    (span,) = named_spans(profile, "recompute", ("blk",), ())
+    step = recomputed_profile(profile, [span])
+    segment = next(layer for layer in step.profile.layers if layer.name == "blk")
+    assert segment.forward_working_bytes == expected
+    assert step.profile.swapped_pass_forward_bytes == ()  # the recomputed step's own: none measured
+
+
+def test_the_swapped_pass_bound_counts_a_layer_s_kept_saves_and_the_copies_in_flight():
+    """A kept small storage of x's (10 B) stays on that pass's ledger; y, which swaps nothing, has
+    x's 90 B in flight still. The layer before the segment is counted (what runs before the
+    segment's first save is charged to it), its kept bytes not (the segment's level holds them)."""
+    layers = [LayerProfile("x", 100, 90), LayerProfile("y", 50, 0), LayerProfile("z", 30, 30)]
+    held = {"w": 200, "x": 0, "y": 0, "z": 0}
+    assert swapped_pass_forward_bound(None, layers, 7, held) == max(10 + 7 + 90, 60 + 90, 60 + 90 + 30)
+    assert swapped_pass_forward_bound(None, [], 7, held) == 0
+    before = LayerProfile("w", 80, 50)
+    assert swapped_pass_forward_bound(before, layers, 7, held) == 7 + 50 + 200
+
+
+def test_the_swapped_pass_follows_working_memory_added_and_is_dropped_with_it_and_by_scaling():
+    profile = replace(_segment_profile((5, 0), (20, 0)), swapped_pass_forward_bytes=(("blk.x", 15),))
+    assert profile.with_working_bytes_added(10).swapped_pass_forward_bytes == (("blk.x", 25),)
+    assert profile.rebased(30).swapped_pass_forward_bytes == (("blk.x", -15),)
+    assert profile.without_working_bytes().swapped_pass_forward_bytes == ()
+    assert scale_profile(profile, 2.0).swapped_pass_forward_bytes == ()

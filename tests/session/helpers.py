@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadSession, OffloadStats
+from lightning_accudnn import OffloadConfig, OffloadSession, OffloadStats
+from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.profiling.static_memory import model_state_bytes
+from lightning_accudnn.testing import OpBytesAllocator
 from tests.models import loss_of, make_batch
 from tests.session_training import measured_pass, session_steps
 
@@ -37,3 +41,69 @@ def seeded_steps(
         return model(x).square().mean()
 
     return session_steps(session, model, optimizer, loss_at, range(first, first + steps))
+
+
+@dataclass(frozen=True)
+class CountedStep:
+    """One training step's figures, and the profile its plan was made from then."""
+
+    peak: int
+    predicted: int | None
+    usable: int
+    reserve: int
+    profile: StepProfile
+    swapped: int
+
+
+def run_counted(
+    model: nn.Module,
+    batch,
+    loss,
+    steps: int,
+    *,
+    momentum: float = 0.0,
+    optimizer=None,
+    counted_optimizer: bool = False,
+    autocast: bool = False,
+    **config,
+):
+    """``steps`` steps of ``model`` through a session (plans made inline, ``config`` its other
+    settings), the ops' tensors as the allocator: ``batch(step)`` makes a step's batch, and
+    ``loss(model, batch)`` its loss; SGD unless ``optimizer`` is given. With
+    ``counted_optimizer`` the allocator counts the optimizer's step and its state too (as CUDA's
+    does); with ``autocast`` the forward runs under CPU autocast in bfloat16. The steps' figures,
+    and the last plan."""
+    if optimizer is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    # The engine's host buffers (uint8 on CPU) are host memory on a GPU: not the allocator's.
+    allocator = OpBytesAllocator(base_bytes=parameters, host=lambda tensor: tensor.dtype == torch.uint8)
+    session = OffloadSession(OffloadConfig(plan_in_background=False, **config), "cpu", allocator=allocator)
+    precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    seen = []
+    for step in range(steps):
+        with allocator.counting():
+            inputs = batch(step)
+            with session.step(model, optimizer), precision:
+                value = loss(model, inputs)
+            value.backward()
+            del inputs, value  # the next step's batch is not made beside this one
+            if counted_optimizer:
+                optimizer.step()
+        if not counted_optimizer:
+            optimizer.step()
+        optimizer.zero_grad()  # the gradients go: the next backward makes them again
+        stats = session.stats
+        seen.append(
+            CountedStep(
+                stats.peak_device_bytes,
+                stats.predicted_peak_bytes,
+                session.headroom.usable_bytes,
+                session.reserve_bytes,
+                session.plan.profile,
+                stats.bytes_swapped_out,
+            )
+        )
+    plan = session.plan
+    session.close()
+    return seen, plan

@@ -3,15 +3,11 @@ predicted peak is the allocator's, and a budget the saves alone would fit but th
 would not is met by the plan, not by a reserve raised after a pass went past it. CPU: the
 allocator is the ops' own tensors (:class:`~lightning_accudnn.testing.OpBytesAllocator`)."""
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.profile import StepProfile
-from lightning_accudnn.testing import OpBytesAllocator
+from tests.session.helpers import run_counted
 
 BATCH, WIDTH, CLASSES, DEPTH = 4096, 64, 50, 8  # activations and logits far above the parameters
 
@@ -22,72 +18,6 @@ def _model() -> nn.Module:
     for _ in range(DEPTH):
         layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
     return nn.Sequential(*layers, nn.Linear(WIDTH, CLASSES))
-
-
-@dataclass(frozen=True)
-class _Step:
-    """One training step's figures, and the profile its plan was made from then."""
-
-    peak: int
-    predicted: int | None
-    usable: int
-    reserve: int
-    profile: StepProfile
-    swapped: int
-
-
-def _run(
-    model: nn.Module,
-    batch,
-    loss,
-    steps: int,
-    *,
-    momentum: float = 0.0,
-    optimizer=None,
-    counted_optimizer: bool = False,
-    autocast: bool = False,
-    **config,
-):
-    """``steps`` steps of ``model`` through a session (plans made inline, ``config`` its other
-    settings), the ops' tensors as the allocator: ``batch(step)`` makes a step's batch, and
-    ``loss(model, batch)`` its loss; SGD unless ``optimizer`` is given. With
-    ``counted_optimizer`` the allocator counts the optimizer's step and its state too (as CUDA's
-    does); with ``autocast`` the forward runs under CPU autocast in bfloat16. The steps' figures,
-    and the last plan."""
-    if optimizer is None:
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
-    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
-    # The engine's host buffers (uint8 on CPU) are host memory on a GPU: not the allocator's.
-    allocator = OpBytesAllocator(base_bytes=parameters, host=lambda tensor: tensor.dtype == torch.uint8)
-    session = OffloadSession(OffloadConfig(plan_in_background=False, **config), "cpu", allocator=allocator)
-    precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
-    seen = []
-    for step in range(steps):
-        with allocator.counting():
-            inputs = batch(step)
-            with session.step(model, optimizer), precision:
-                value = loss(model, inputs)
-            value.backward()
-            del inputs, value  # the next step's batch is not made beside this one
-            if counted_optimizer:
-                optimizer.step()
-        if not counted_optimizer:
-            optimizer.step()
-        optimizer.zero_grad()  # the gradients go: the next backward makes them again
-        stats = session.stats
-        seen.append(
-            _Step(
-                stats.peak_device_bytes,
-                stats.predicted_peak_bytes,
-                session.headroom.usable_bytes,
-                session.reserve_bytes,
-                session.plan.profile,
-                stats.bytes_swapped_out,
-            )
-        )
-    plan = session.plan
-    session.close()
-    return seen, plan
 
 
 def _classes(width: int, classes: int, size: int):
@@ -106,7 +36,7 @@ def _cross_entropy(model: nn.Module, batch) -> torch.Tensor:
 
 def _train(budget: int | str, steps: int, min_swap_bytes: int = 0):
     """``steps`` steps of :func:`_model` under ``budget`` (reserve 0); the planned steps' figures."""
-    seen, plan = _run(
+    seen, plan = run_counted(
         _model(),
         _classes(WIDTH, CLASSES, BATCH),
         _cross_entropy,
@@ -146,7 +76,7 @@ def test_plans_count_the_most_each_layer_held_in_any_pass():
     """The profiling pass swaps everything; an activation swapped while the model's code still
     holds it is working memory there, saved bytes under a plan that keeps it. Plans keep the most
     of both for every layer, so that a plan swapping what an earlier one kept is not under-counted."""
-    seen, plan = _run(
+    seen, plan = run_counted(
         _model(), _classes(WIDTH, CLASSES, BATCH), _cross_entropy, 4, budget="100%", min_swap_bytes=0
     )
     history = [
@@ -174,7 +104,7 @@ class ScaledFirst(nn.Module):
 
 
 def test_the_loss_is_charged_right_when_its_layer_saved_first():
-    seen, plan = _run(
+    seen, plan = run_counted(
         ScaledFirst(), _classes(WIDTH, CLASSES, BATCH), _cross_entropy, 4, budget="100%", min_swap_bytes=2**40
     )
     assert plan.profile.layers[0].name == "(root)"
@@ -189,7 +119,9 @@ def test_gradients_not_made_yet_are_taken_off_the_levels_before_them():
     model = nn.Sequential(
         nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 10)
     )
-    seen, plan = _run(model, _classes(1024, 10, 64), _cross_entropy, 4, budget="100%", min_swap_bytes=2**40)
+    seen, plan = run_counted(
+        model, _classes(1024, 10, 64), _cross_entropy, 4, budget="100%", min_swap_bytes=2**40
+    )
     profile = plan.profile
     assert profile.static_bytes + profile.saved_bytes > seen[-1].peak  # the ledger counts more
     assert all(step.peak == step.predicted for step in seen[1:])
@@ -202,7 +134,7 @@ def _cnn_peaks(budget: int | str, policy: str, steps: int):
     from tests.models import loss_of, make_batch, make_model
 
     torch.manual_seed(0)
-    seen, plan = _run(
+    seen, plan = run_counted(
         make_model("cnn"),
         lambda step: make_batch("cnn", batch_size=32, seed=step),
         loss_of,
@@ -233,7 +165,7 @@ def test_the_batch_the_step_holds_is_kept_on_the_device_and_counted_once():
     count it once, as saved bytes, not again as working memory. (What is left over the
     allocator's peak is the profiling pass's storages let go between two readings: alive at the
     peak between them or not, they are counted.)"""
-    seen, plan = _run(
+    seen, plan = run_counted(
         _model(), _classes(WIDTH, CLASSES, BATCH), _cross_entropy, 5, budget="100%", min_swap_bytes=0
     )
     first = plan.profile.layers[0]
@@ -262,14 +194,14 @@ def test_the_step_s_own_code_saving_between_layers_and_for_the_loss_is_two_layer
     """The loss's saves (the log-probabilities, the largest) come last in the order, so a plan
     that swaps them is predicted to bring them back first in backward, as the engine does: the
     prediction is never under the allocator's peak."""
-    kept, _ = _run(
+    kept, _ = run_counted(
         TanhBetween(), _classes(WIDTH, CLASSES, BATCH), _cross_entropy, 3, budget="100%", min_swap_bytes=0
     )
     names = [layer.name for layer in kept[-1].profile.layers]
     assert [name for name in names if name.startswith("(root)")] == ["(root)", "(root)#2"]
     assert names.index("(root)") < names.index("last.1") < names.index("(root)#2") == len(names) - 1
     for fraction in (0.9, 0.8):
-        seen, plan = _run(
+        seen, plan = run_counted(
             TanhBetween(),
             _classes(WIDTH, CLASSES, BATCH),
             _cross_entropy,
@@ -287,7 +219,7 @@ def test_a_plan_made_before_the_optimizer_made_its_state_counts_that_state():
     against a model state that counts Adam's moments to come, is that much low. The plans made
     from it hold them all the same, and no step is above its prediction."""
     model = _model()
-    seen, plan = _run(
+    seen, plan = run_counted(
         model,
         _classes(WIDTH, CLASSES, BATCH),
         _cross_entropy,
@@ -309,7 +241,7 @@ def test_autocast_weight_copies_are_counted_once_in_the_model_state():
     """Under autocast the profiling pass first finds the weight copies, and measured them as
     working memory; the plans count them as model state from then on, and only there."""
     model = _model()
-    seen, plan = _run(
+    seen, plan = run_counted(
         model,
         _classes(WIDTH, CLASSES, BATCH),
         _cross_entropy,
@@ -356,7 +288,7 @@ def test_the_smallest_budget_named_before_the_optimizer_stepped_holds_its_state_
 
     def train(budget: int):
         model = make_model()
-        return _run(
+        return run_counted(
             model,
             _classes(width, CLASSES, size),
             _cross_entropy,
@@ -395,7 +327,7 @@ def test_plans_recomputing_under_autocast_count_the_weight_copies_of_the_segment
         return nn.Sequential(*stages, nn.Linear(width, CLASSES))
 
     def train(budget, steps: int, policy: str):
-        return _run(
+        return run_counted(
             blocks(),
             _classes(width, CLASSES, size),
             _cross_entropy,

@@ -149,7 +149,10 @@ class StepTrace:
     :mod:`.working_memory`), and ``allocated_peak_bytes`` the most it held at once, saves included,
     less the model's state as the planner counts it, the parameters' gradients included all step
     (what a device's allocator would count at its peak less the static memory); 0 when not traced.
-    The layers' working bytes say where the working memory was held.
+    The layers' working bytes say where the working memory was held. ``saveless_forward_bytes``
+    gives, per saving layer, the most the forward held at once while that layer ran with its saves
+    dropped (:mod:`.saveless_forward`; empty when not traced): what a recomputed segment's forward
+    holds, which the profile lists as :attr:`.StepProfile.swapped_pass_forward_bytes`.
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -171,6 +174,7 @@ class StepTrace:
     resaves_listed: bool = False
     working_bytes: int = 0
     allocated_peak_bytes: int = 0
+    saveless_forward_bytes: tuple[tuple[str, int], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -286,6 +290,7 @@ class StepTrace:
             segments=self.timed_segments(gpu),
             resaves_listed=self.resaves_listed,
             outside_working_bytes=named_step_temporaries_bytes(optimizer, self.trainable_param_bytes),
+            swapped_pass_forward_bytes=self.saveless_forward_bytes,
         )
 
     def timed_segments(self, gpu: GpuSpec) -> tuple[SegmentProfile, ...]:

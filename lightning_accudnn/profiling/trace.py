@@ -106,6 +106,7 @@ from lightning_accudnn.profiling.kernels import FLOP_FORMULAS, FREE_OPS, rate_cl
 from lightning_accudnn.profiling.losses import LOSSES, cross_entropy_loss, step_loss
 from lightning_accudnn.profiling.resaves import ResaveLog
 from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
+from lightning_accudnn.profiling.saveless_forward import SavelessForward
 from lightning_accudnn.profiling.traced_ledger import MeterFactory, TracedLedger
 from lightning_accudnn.profiling.working_memory import StorageLog
 
@@ -683,6 +684,7 @@ def trace_step(
         if meter is None
         else recorder.ledger.working_memory(meter, left_out, names, made_state_bytes=made)
     )
+    saveless = {} if meter is None else _saveless_forward(fake_mode, model, batch, recorder, names, dtype)
     trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
     resaved, modules = recorder.resaved()
     layers = tuple(
@@ -713,4 +715,23 @@ def trace_step(
         resaves_listed=True,
         working_bytes=working_bytes,
         allocated_peak_bytes=recorder.storages.peak_bytes(left_out) - made,
+        saveless_forward_bytes=tuple(saveless.items()),
     )
+
+
+def _saveless_forward(
+    fake_mode: FakeTensorMode,
+    model: nn.Module,
+    batch: torch.Tensor,
+    recorder: _Recorder,
+    names: list[str],
+    dtype: str,
+) -> dict[str, int]:
+    """What the step's forward holds at each of its saving layers (``names``) with its saves
+    dropped, its calls run as on the GPU traced for (:mod:`.saveless_forward`)."""
+    tracker = recorder.tracker
+    watch = SavelessForward(tracker, names, block_bytes=recorder.storages.block_bytes)
+    again = _Recorder(tracker=tracker, capability=recorder.capability, storages=StorageLog())
+    with fake_mode, tracker.attached(model), _FunctionMode(again), watch.watching(), precision(dtype):
+        model(batch)
+    return watch.held_bytes()

@@ -283,10 +283,11 @@ class StepProfile:
     ``swapped_pass_forward_bytes`` lists, per layer (by name), what a pass that swapped every
     swappable save and let each go once the next layer's were out (a training session's
     profiling pass) held at the layer's forward level beyond its ledger: its working memory
-    and the swapped storages the model's code still held then
-    (:func:`swapped_pass_forward_bytes`). Such a pass holds what a recomputed segment's forward,
-    which saves nothing, holds, beside the saves it kept and the copies in flight
-    (:mod:`lightning_accudnn.planner.recompute`). Empty where no such pass was measured (a trace).
+    and the swapped storages the model's code still held then. Such a pass holds what a
+    recomputed segment's forward, which saves nothing, holds, beside the saves it kept and the
+    copies in flight (:func:`lightning_accudnn.planner.recompute.swapped_pass_forward_bound`). A
+    trace lists what its forward held with its saves dropped
+    (:mod:`lightning_accudnn.profiling.saveless_forward`). Empty where neither was measured.
 
     Example:
         >>> profile = StepProfile(

@@ -25,7 +25,9 @@ step. The rules (:func:`scale_profile`):
   ``resaved_by`` scales with the layer, and ``small_storages`` is dropped (unknown). A layer's
   working memory (``forward_working_bytes``, ``backward_working_bytes``: activations' gradients,
   a loss's logits) scales with its bytes too: measured where the new shape's figures list it,
-  else by the layer's measured bytes ratio, else by its bytes factor.
+  else by the layer's measured bytes ratio, else by its bytes factor. What a pass that swapped
+  everything held (``StepProfile.swapped_pass_forward_bytes``) is dropped: a recomputed
+  segment's forward is then charged what its layers save.
 * **Times follow the work.** Each layer's forward and backward seconds are multiplied by its
   bytes ratio when measured bytes are given (saved bytes and work grow alike: a matmul,
   convolution or attention saves inputs of the same shape as the work it does), else by

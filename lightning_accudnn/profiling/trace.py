@@ -5,7 +5,9 @@ The observation only; the time model that turns a :class:`~.roofline.StepTrace` 
 
 :func:`trace_step` builds the model and a batch of zeros under
 :class:`~torch._subclasses.fake_tensor.FakeTensorMode` (tensors with shapes, dtypes and
-storages but no data) and runs one forward and backward. Three observers watch it:
+storages but no data) and runs one forward and backward (and, with a working-memory meter,
+a second forward whose saves are dropped: what a recomputed segment's forward holds,
+:mod:`.saveless_forward`). Three observers watch the step:
 
 * ``saved_tensors_hooks`` collect what autograd saves for backward, attributed to the layer
   running now (the ``tracker``, normally :class:`lightning_accudnn.ops.layers.LayerTracker`,
@@ -590,8 +592,9 @@ def trace_step(
     ``gpu`` is the GPU planned for: attention runs as the kernel it would choose (see the
     module docstring); ``None`` keeps the CPU's attention kernels. ``meter`` makes the meter that
     charges the step's working memory to each layer's levels (pass
-    ``lightning_accudnn.ops.working_memory.WorkingMemoryMeter``; :mod:`.traced_ledger`): without
-    one the layers' working bytes are 0.
+    ``lightning_accudnn.ops.working_memory.WorkingMemoryMeter``; :mod:`.traced_ledger`), and
+    runs the second forward, whose saves are dropped (:attr:`~.roofline.StepTrace.saveless_forward_bytes`):
+    without one the layers' working bytes are 0 and that forward does not run.
 
     The step drops the model's output once its loss is computed, as a training step that returns
     its loss does (autograd holds what it saved). ``set_grads_to_none``: the step starts with the

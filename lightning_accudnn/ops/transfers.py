@@ -129,6 +129,8 @@ class CopyTraffic:
             if step is not None:
                 step.window_used -= nbytes
                 step.window_full = False
+                if self._meter is not None:
+                    self._meter.window_freed(nbytes)
 
     def _release_device(self, step: StepState | None, record: StorageRecord) -> None:
         """The record's device bytes are no longer needed (read for the last time, or the step

@@ -24,9 +24,11 @@ anywhere:
   last save holds it until then). The engine lets a save go from its count when autograd reads
   it, while autograd's op still holds the tensor, so the bytes let go since that layer became the
   highest are taken off the unseen ones: :attr:`LayerProfile.backward_working_bytes` is the
-  most of the rest. (The lowest layer read so far would not do: a model's own code may save
+  most of the rest (the lowest layer read so far would not do: a model's own code may save
   before its first layer and again for its loss, so that the layer of the loss's saves comes
-  first in the order and is read first.)
+  first in the order and is read first). Bytes let go from the prefetch window are not taken
+  off: the engine fills that room again with the next copies at once, which the level counts
+  in their place (:meth:`WorkingMemoryMeter.window_freed`).
 * A swapped storage the engine lets go in forward (its copy is out) is still allocated while
   the model's code holds it (a residual block's input until the addition). Until it dies it is
   taken off the unseen bytes of the forward's readings, as the level of a plan that keeps it
@@ -108,7 +110,8 @@ class WorkingMemoryMeter:
     ``read_peak`` returns the allocator's peak of allocated bytes since its previous call;
     ``current_layer`` names the layer running now (the one a save in forward is attributed to).
     The engine calls :meth:`changing` before each change of its ledger (with the ledger's bytes
-    then), :meth:`acquired` after a growth, :meth:`released` after a fall, :meth:`allocating`
+    then), :meth:`acquired` after a growth, :meth:`released` after a fall (and
+    :meth:`window_freed` after one that freed room in the prefetch window), :meth:`allocating`
     before it allocates a block it is to count, :meth:`retired` after it let a swapped storage go
     in forward, :meth:`held_read` once it read one the model's code held beyond the forward for
     the last time, :meth:`saved` and :meth:`read` for each save autograd
@@ -215,6 +218,14 @@ class WorkingMemoryMeter:
         """The ledger fell by ``nbytes``."""
         if self._in_backward:
             self._let_go += nbytes
+
+    def window_freed(self, nbytes: int) -> None:
+        """The ``nbytes`` the ledger just let go were room in the prefetch window, which the
+        engine may fill again at once with other copies brought back: the level counts those
+        copies in their place, so these bytes are not taken off the unseen ones (while alive,
+        they are working memory)."""
+        if self._in_backward:
+            self._let_go -= nbytes
 
     def saved(self, layer: str) -> None:
         """Autograd holds one more save of ``layer``'s, to be read in backward."""

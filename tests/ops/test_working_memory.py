@@ -283,3 +283,35 @@ def test_the_backward_of_a_layer_saving_an_earlier_layers_output_is_charged_to_i
     assert "2" not in plain, "the middle module saves nothing of its own"
     assert SCRATCH <= with_scratch["3"][1] <= plain["3"][1] + SCRATCH
     assert with_scratch["1"] == plain["1"]
+
+
+@pytest.mark.parametrize("window", [True, False], ids=["window refilled", "kept save let go"])
+def test_room_freed_in_the_prefetch_window_is_not_taken_off_the_working_memory(window):
+    """b's 50 bytes leave the ledger in b's backward. A kept save let go is still held by the op
+    reading it, and b's level counts it: taken off what the allocator holds beyond the ledger. Room
+    freed in the prefetch window is filled at once with a's copy, which the level counts in its
+    place: b's backward then holds 60 bytes beyond its level, not 10 (which, for a kept save, is
+    below the 30 it held before)."""
+    from lightning_accudnn.ops.working_memory import WorkingMemoryMeter
+
+    peaks = iter([100, 100, 150, 200, 230, 180, 230, 260, 260])
+    layer = ["a"]
+    meter = WorkingMemoryMeter(lambda: next(peaks), lambda: layer[0])
+    meter.start(100)
+    for name, ledger in (("a", 100), ("b", 150)):
+        layer[0] = name
+        meter.changing(ledger)
+        meter.acquired(50)
+        meter.saved(name)
+    meter.begin_backward(200, ["a", "b"])
+    meter.read("b", 200)
+    meter.changing(200)
+    meter.released(50)
+    if window:
+        meter.window_freed(50)
+    meter.allocating(150)  # a's copy, in the room b left
+    meter.changing(150)
+    meter.acquired(50)
+    meter.read("a", 200)
+    memory = meter.end(200, ["a", "b"])
+    assert memory.backward_bytes["b"] == (60 if window else 30)

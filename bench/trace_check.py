@@ -465,7 +465,7 @@ def _changed(case: Case, dtype: str | None, batch_size: int | None) -> Case:
 
     Example:
         >>> _changed(CASES["tiny"], "fp32", 2).title
-        'tiny transformer (tests), 8 x 512 tokens, bf16; run at batch 2, fp32'
+        'tiny transformer (tests), 128 x 512 tokens, bf16; run at batch 2, fp32'
     """
     changes = [f"batch {batch_size}"] if batch_size is not None else []
     changes += [dtype] if dtype is not None else []

@@ -95,9 +95,9 @@ CASES = {
         Case("resnet152-fp32", "ResNet-152, batch 64, fp32", "torchvision:resnet152", 64, (3, 224, 224)),
         Case(
             "tiny",
-            "tiny transformer (tests), 8 x 512 tokens, bf16",
+            "tiny transformer (tests), 128 x 512 tokens, bf16",
             "bench.planner.models:tiny_transformer",
-            8,
+            128,
             (512,),
             "long",
             "bf16",

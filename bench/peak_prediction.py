@@ -97,6 +97,19 @@ def session_peaks(
     }
 
 
+def kept_run(workload: Workload, device: torch.device, steps: int) -> dict[str, Any]:
+    """``steps`` steps of ``workload`` with everything kept (an ample budget): the run whose last
+    step's peak the budgets are fractions of."""
+    return session_peaks(workload, device, "100%" if device.type == "cpu" else "90%", "auto", steps)
+
+
+def allocator_name(device: torch.device) -> str:
+    """The allocator the peaks are read from on ``device``, as a record names it."""
+    if device.type == "cuda":
+        return "CUDA's caching allocator"
+    return "OpBytesAllocator (the tensors the step's ops and its optimizer create)"
+
+
 def summary(run: dict[str, Any]) -> dict[str, Any]:
     """The last planned step's peaks and their ratio, and the most any step's fell short
     (measured over predicted, above 1 when a prediction was below the peak).
@@ -175,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"--policies: unknown {unknown}; choose from {', '.join(POLICIES)}")
     fractions = [text.strip() for text in args.fractions.split(",") if text.strip()]
-    kept = session_peaks(workload, device, "100%" if device.type == "cpu" else "90%", "auto", args.steps)
+    kept = kept_run(workload, device, args.steps)
     kept_peak = kept["steps"][-1]["peak_bytes"]
     runs = []
     for text in fractions:
@@ -188,9 +201,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "workload": workload.name,
         "params": workload.params,
         "device": str(device),
-        "allocator": "CUDA's caching allocator"
-        if device.type == "cuda"
-        else "OpBytesAllocator (the tensors the step's ops and its optimizer create)",
+        "allocator": allocator_name(device),
         "kept": kept,
         "kept_peak_bytes": kept_peak,
         "runs": runs,

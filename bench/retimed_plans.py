@@ -32,7 +32,7 @@ from typing import Any
 
 import lightning_accudnn.session.planning as session_planning
 from bench.environment import REPO_ROOT, resolve_device
-from bench.peak_prediction import session_peaks
+from bench.peak_prediction import allocator_name, kept_run, session_peaks, summary
 from bench.report import fmt_bytes, write_result
 from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from lightning_accudnn.planner import Plan, StepProfile
@@ -132,18 +132,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     workload = workload_from_args(args)
     device = resolve_device(args.device)
-    kept_peak = session_peaks(workload, device, "100%" if device.type == "cpu" else "90%", "auto", 3)[
-        "steps"
-    ][-1]["peak_bytes"]
+    kept_peak = kept_run(workload, device, 3)["steps"][-1]["peak_bytes"]
+    fractions = [item.strip() for item in args.fractions.split(",") if item.strip()]
     runs = []
     for draw in range(1, args.draws + 1):
-        for text in (item.strip() for item in args.fractions.split(",") if item.strip()):
+        for text in fractions:
+            budget = int(parse_fraction(text) * kept_peak)
             with planning_retimed(draw):
-                run = session_peaks(
-                    workload, device, int(parse_fraction(text) * kept_peak), args.policy, args.steps
-                )
+                run = session_peaks(workload, device, budget, args.policy, args.steps)
             if "refused" not in run:
-                run["worst"] = max(step["peak_bytes"] / step["predicted_peak_bytes"] for step in run["steps"])
+                run["worst"] = summary(run)["worst"]
             runs.append({"draw": draw, "fraction": text, **run})
             print(
                 f"draw {draw} at {text}: " + ("refused" if "refused" in run else f"worst {run['worst']:.4f}")
@@ -152,9 +150,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "workload": workload.name,
         "params": workload.params,
         "device": str(device),
-        "allocator": "CUDA's caching allocator"
-        if device.type == "cuda"
-        else "OpBytesAllocator (the tensors the step's ops and its optimizer create)",
+        "allocator": allocator_name(device),
         "kept_peak_bytes": kept_peak,
         "policy": args.policy,
         "runs": runs,

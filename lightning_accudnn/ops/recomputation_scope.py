@@ -36,13 +36,36 @@ from lightning_accudnn.ops._torch_internals import (
 )
 from lightning_accudnn.ops.recompute_safety import BATCH_NORM_STATISTICS
 
-__all__ = ["RecomputationScope", "is_recomputing"]
+__all__ = ["RecomputationScope", "is_recomputing", "scratch_statistics_bytes"]
 
 _recomputing = threading.local()
 _Buffers = dict[str, torch.Tensor | None]
 #: Whether a norm updates running statistics when called: both ``(True, True)``.
 _modes = attrgetter("training", "track_running_stats")
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend  # runs an iterator out, in C
+
+
+def scratch_statistics_bytes(model: nn.Module) -> int:
+    """The most scratch statistics recomputations in ``model`` may keep on its device: the running
+    statistics of each norm that updates them when called in training (each norm once), which
+    a :class:`RecomputationScope` copies once and keeps while the segment stays recomputed.
+
+    Example:
+        >>> untracked = nn.BatchNorm2d(8, track_running_stats=False)
+        >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), untracked)
+        >>> scratch_statistics_bytes(model)  # two 8-float statistics and the batch count
+        72
+    """
+    total = 0
+    for module in model.modules():
+        if isinstance(module, NORM_WITH_STATISTICS) and module.track_running_stats:
+            buffers = buffers_of(module)
+            total += sum(
+                buffer.untyped_storage().nbytes()
+                for name in BATCH_NORM_STATISTICS
+                if (buffer := buffers.get(name)) is not None
+            )
+    return total
 
 
 def is_recomputing() -> bool:
@@ -100,6 +123,13 @@ class RecomputationScope:
         self._scratch: list[dict[str, torch.Tensor]] = []
         self._ids: list[int] = []
         self._swapped: list[tuple[list[_Buffers], list[_Buffers]]] = []
+
+    @property
+    def scratch_bytes(self) -> int:
+        """The scratch statistics this scope keeps (made at its norms' first recomputation)."""
+        return sum(
+            tensor.untyped_storage().nbytes() for scratch in self._scratch for tensor in scratch.values()
+        )
 
     def __enter__(self) -> None:
         if self._children != children_ids(self._tree):

@@ -121,7 +121,16 @@ class SegmentRecomputer:
         (('0',), ('0',))
     """
 
-    __slots__ = ("enabled", "failures", "last_recomputed", "timing", "_model", "_wrapped", "_selective")
+    __slots__ = (
+        "enabled",
+        "failures",
+        "last_recomputed",
+        "timing",
+        "_model",
+        "_wrapped",
+        "_scopes",
+        "_selective",
+    )
 
     def __init__(self) -> None:
         self.enabled = False
@@ -136,6 +145,7 @@ class SegmentRecomputer:
         self._model: nn.Module | None = None
         # name -> (module, its own forward before, or the handle of its wrapped compiled call)
         self._wrapped: dict[str, tuple[nn.Module, object]] = {}
+        self._scopes: list[RecomputationScope] = []  # one per installed segment
         self._selective: frozenset[str] = frozenset()
 
     @property
@@ -160,6 +170,7 @@ class SegmentRecomputer:
         for name in wanted:
             module = model.get_submodule(name)
             scope = RecomputationScope(module)
+            self._scopes.append(scope)
             options = _checkpoint_options(scope, selective=name in chosen)
             if compiled_in_place(module):
                 run = partial(_run, self, name, None, options)
@@ -182,9 +193,15 @@ class SegmentRecomputer:
             else:
                 vars(module)["forward"] = previous
         self._wrapped.clear()
+        self._scopes.clear()
         self._selective = frozenset()
         self._model = None
         self.enabled = False
+
+    def scratch_bytes(self) -> int:
+        """The scratch statistics the installed segments' recomputations keep on the device (see
+        :func:`~.recomputation_scope.scratch_statistics_bytes`)."""
+        return sum(scope.scratch_bytes for scope in self._scopes)
 
     @contextlib.contextmanager
     def enabled_for_pass(self) -> Iterator[None]:

@@ -20,6 +20,7 @@ from torch import nn
 
 from lightning_accudnn.ops import OffloadEngine, StepStats
 from lightning_accudnn.ops.errors import RecomputationError
+from lightning_accudnn.ops.recomputation_scope import scratch_statistics_bytes
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.planner.plan import ROUTE_EAGER
@@ -130,6 +131,7 @@ class PassRunner:
         self.host_buffers = HostBufferReservation(engine)
         self.routes: dict[int, str] = {}  # per checked model: how its plans apply (Plan.route)
         self.recomputer = SegmentRecomputer()  # the plan's recomputed segments (ops/recompute.py)
+        self._scratch: tuple[int, int] = (0, 0)  # (id of the model, its scratch statistics' bytes)
         self.segment_probe = SegmentProbe()  # in profiling passes: which segments could be recomputed
         self.plan: Plan | None = None
         self.stats: OffloadStats | None = None
@@ -163,10 +165,27 @@ class PassRunner:
     def model_state_bytes(
         self, model: nn.Module, optimizers: tuple[torch.optim.Optimizer, ...], *, refresh: bool
     ) -> int:
-        """The model's state (:meth:`PassRecords.model_state_bytes`), DDP's gradient buckets and
-        the copy of the buffers a retried step starts from."""
+        """The model's state (:meth:`PassRecords.model_state_bytes`), DDP's gradient buckets, the
+        copy of the buffers a retried step starts from, and the scratch statistics recomputations
+        may keep (:meth:`scratch_bytes`)."""
         state = self.records.model_state_bytes(model, optimizers, refresh=refresh)
-        return state + self.gradient_bucket_bytes + self.buffer_snapshot_bytes
+        scratch = self.scratch_bytes(model, refresh=refresh)
+        return state + self.gradient_bucket_bytes + self.buffer_snapshot_bytes + scratch
+
+    def scratch_bytes(self, model: nn.Module, *, refresh: bool) -> int:
+        """The most scratch statistics recomputations may keep on the device (a training norm's
+        running statistics, copied once per recomputed segment and kept while it stays
+        recomputed: :func:`~lightning_accudnn.ops.recomputation_scope.scratch_statistics_bytes`),
+        under a policy that may recompute; walked again only when ``refresh`` or for another model."""
+        if self.planning.policy == "swap":
+            return 0
+        if refresh or self._scratch[0] != id(model):
+            self._scratch = (id(model), scratch_statistics_bytes(model))
+        return self._scratch[1]
+
+    def scratch_to_come_bytes(self) -> int:
+        """Of :meth:`scratch_bytes`, what the recomputations have not made (yet)."""
+        return max(0, self._scratch[1] - self.recomputer.scratch_bytes())
 
     # -- a pass ---------------------------------------------------------------------------
 
@@ -354,7 +373,10 @@ class PassRunner:
         else:
             steady.forget(key)
         records, measured_against = self.records, self.engine.ledger.static_bytes
-        not_allocated = records.state_to_come_bytes if self.allocated_peak is not None else 0
+        # Model state the allocator does not hold yet: the optimizers' state before their first
+        # step, the scratch statistics before the recomputations that make them.
+        allocator_read = self.allocated_peak is not None
+        not_allocated = records.state_to_come_bytes + self.scratch_to_come_bytes() if allocator_read else 0
         profile = records.profile_from(
             step,
             key,
@@ -363,7 +385,11 @@ class PassRunner:
             measured_against=measured_against,
             not_allocated=not_allocated,
         )
-        if not_allocated and records.first_step_temporaries_bytes > profile.outside_working_bytes:
+        if (
+            allocator_read
+            and records.state_to_come_bytes
+            and records.first_step_temporaries_bytes > profile.outside_working_bytes
+        ):
             # The optimizer has not stepped: its first step, under the budget after this pass,
             # holds what no pass measured yet.
             profile = replace(profile, outside_working_bytes=records.first_step_temporaries_bytes)
@@ -373,8 +399,8 @@ class PassRunner:
             profile = replace(profile, segments=segments, excluded_segments=probe.excluded())
             records.note_swapped_pass(key, step, profile)
             # With its working memory measured, the pass needed what the allocator held (autocast's
-            # weight copies among it, which the static memory counts from now on), and the
-            # optimizers' state to come; else what the ledger held, beside its static memory.
+            # weight copies among it, which the static memory counts from now on), and the model
+            # state to come; else what the ledger held, beside its static memory.
             stats = self.stats
             measured = self.allocated_peak is not None and stats is not None
             peak = stats.peak_device_bytes if measured and stats is not None else step.ledger_peak_bytes

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops import StepStats
+from lightning_accudnn.ops.recomputation_scope import scratch_statistics_bytes
 from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session.pass_records import PassRecords
 from lightning_accudnn.session.plan_book import PassKey
@@ -104,3 +105,39 @@ def test_a_stage_recomputed_around_its_recomputed_blocks_is_charged_in_forward_w
     assert plan.profile.swapped_pass_forward_bytes
     planned = [step for step in seen if step.predicted is not None]
     assert planned and all(step.peak <= step.predicted for step in planned)
+
+
+def test_the_scratch_statistics_of_recomputed_norms_are_model_state():
+    """A recomputed block's BatchNorms update scratch statistics, made at the first recomputation
+    and kept: the model state counts them from the start (under a policy that may recompute), so
+    no pass after the first recomputation holds them above its prediction."""
+    kept, _ = run_counted(  # a policy that never recomputes counts no scratch statistics
+        _staged(),
+        _wide_images,
+        _square_mean,
+        3,
+        budget="100%",
+        reserve_bytes=0,
+        min_swap_bytes=0,
+        policy="swap",
+    )
+    seen, plan = run_counted(
+        _staged(),
+        _wide_images,
+        _square_mean,
+        5,
+        budget=int(0.7 * kept[-1].peak),
+        reserve_bytes=0,
+        min_swap_bytes=0,
+        policy="recompute",
+    )
+    assert plan.recomputed
+    scratch = scratch_statistics_bytes(_staged())
+    assert scratch == 24 * (2 * 8 * 4 + 8)  # 24 norms: two 8-channel float statistics and a count
+    assert plan.profile.static_bytes - kept[-1].profile.static_bytes == scratch
+    planned = [step for step in seen if step.predicted is not None]
+    assert all(step.peak <= step.predicted for step in planned)
+
+
+def _wide_images(step: int) -> torch.Tensor:
+    return torch.randn(16, 8, 32, 32, generator=torch.Generator().manual_seed(step))

@@ -61,7 +61,7 @@ def scratch_statistics_bytes(model: nn.Module) -> int:
         if isinstance(module, NORM_WITH_STATISTICS) and module.track_running_stats:
             buffers = buffers_of(module)
             total += sum(
-                buffer.untyped_storage().nbytes()
+                buffer.numel() * buffer.element_size()  # a clone's, whatever storage it views
                 for name in BATCH_NORM_STATISTICS
                 if (buffer := buffers.get(name)) is not None
             )
@@ -128,7 +128,7 @@ class RecomputationScope:
     def scratch_bytes(self) -> int:
         """The scratch statistics this scope keeps (made at its norms' first recomputation)."""
         return sum(
-            tensor.untyped_storage().nbytes() for scratch in self._scratch for tensor in scratch.values()
+            tensor.numel() * tensor.element_size() for scratch in self._scratch for tensor in scratch.values()
         )
 
     def __enter__(self) -> None:

@@ -621,8 +621,18 @@ def _left_alone(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _is_dense(tensor: torch.Tensor) -> bool:
-    """Contiguous or channels-last: no gaps, no overlap, so a copy can be laid out like it."""
-    return tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last)
+    """No gaps, no overlap, so a copy can be laid out like it: contiguous, channels-last or any
+    other order of the same strides (attention's heads transposed out of a projection)."""
+    if tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last):
+        return True
+    expected = 1
+    for stride, size in sorted(zip(tensor.stride(), tensor.shape, strict=True)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _stale_error() -> StaleSavedTensorError:

@@ -112,6 +112,47 @@ def test_replayed_whole_swaps_read_what_plain_autograd_reads(lag):
     assert engine.pool.in_use_bytes == 0
 
 
+class HeadsLayout(nn.Module):
+    """Attention's layout: a projection viewed as (batch, heads, length, head width) by a
+    transpose, then saved by the next op through that view, which covers its whole storage
+    but is neither contiguous nor channels-last (as scaled dot-product attention's output is)."""
+
+    def __init__(self, width: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.project = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        h = self.project(x).view(batch, length, self.heads, width // self.heads).transpose(1, 2)
+        h = h.square()  # saves the transposed view: all of the projection's storage
+        return self.out(h.transpose(1, 2).reshape(batch, length, width)).square().sum()
+
+
+@pytest.mark.parametrize("lag", [-1, 0, 3, None])
+def test_a_whole_storage_saved_through_a_permuted_view_is_replayed_without_a_graph_change(lag):
+    torch.manual_seed(0)
+    model, x = HeadsLayout(), torch.randn(2, 8, 16)
+    engine = _engine(lag)
+    profiled = _profile(engine, model, x)
+    schedule = _swap_all_but_last(profiled)
+    route = ReplayRoute(profiled.sequence, schedule)
+    assert SWAP_WHOLE in route.actions
+    plain = copy.deepcopy(model)
+    plain_loss = plain(x)
+    plain_loss.backward()
+    for _ in range(2):
+        loss, stats = _step(engine, model, x, schedule, profiled.sequence)
+        assert not stats.graph_changed and stats.bytes_swapped_out > 0
+        assert torch.equal(loss, plain_loss)
+        assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+        model.zero_grad(set_to_none=True)
+    if lag != -1:
+        assert engine.runtime.violations == [] and engine.runtime.num_ooms == 0
+    engine.close()
+
+
 @pytest.mark.parametrize(
     "change",
     [

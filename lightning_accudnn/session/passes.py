@@ -297,13 +297,15 @@ class PassRunner:
         # A planned pass past its room (see Headroom.overshoot); not the allocator's reserved bytes.
         room = self.planning.headroom
         overshoot = 0 if profiling else room.overshoot(stats.peak_device_bytes)
-        if step.graph_changed:
+        graph_changed = step.graph_changed
+        if graph_changed:
             # Replayed by ordinal, the graph departed from its sequence: the next pass of this
-            # kind runs hooked, and its layers (which then differ) are planned from.
+            # kind runs hooked, and its layers (which then differ) are planned from. This pass
+            # lists its saves from the departure on as one layer: nothing is planned from it.
             self.records.forget_sequence(key)
             overshoot, changed = 0, False
         times_of = None if step.timed else known  # an untimed pass borrows the plan's layer times
-        if self.steady_costs.recost_due(key) and current.plan is not None:
+        if self.steady_costs.recost_due(key) and current.plan is not None and not graph_changed:
             if times_of is not None:
                 profile = self.steady_costs.charged(
                     key, Measured(profile, times_of, planned=True).profile_to_plan()
@@ -312,7 +314,7 @@ class PassRunner:
             recost = self._recosted(current.plan, profile)
         else:
             recost = False
-        scheduled = profiling or self.refining(key)
+        scheduled = (profiling or self.refining(key)) and not graph_changed
         if step.timed and not profiling:
             self.book.note_timed(key)
         # Only refining: the plan in force still holds, so the new one may be made meanwhile. A
@@ -327,7 +329,8 @@ class PassRunner:
             request = self.agreement.overshoot(overshoot)
             scheduled, refining = True, False
         measured = Measured(profile, times_of, planned=not profiling)
-        self.agreement.record(key, measured, request)
+        if not graph_changed:
+            self.agreement.record(key, measured, request)
         self._planning_seconds = 0.0
         if self.agreement.due():
             agreed = self.agreement.agree()

@@ -111,6 +111,10 @@ class CountingRuntime:
         self.calls["allocate"] += 1
         return self.inner.allocate(shape, stride, dtype)
 
+    def allocate_host(self, nbytes: int) -> torch.Tensor:
+        self.calls["allocate_host"] += 1
+        return self.inner.allocate_host(nbytes)
+
     def copy_in(
         self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
     ) -> StreamEvent:

@@ -36,7 +36,9 @@ class HostBufferPool:
     to 512 bytes, then, with ``pinned_rounding``, to a power of two: what PyTorch's caching
     host allocator really pins) and :meth:`release` takes it back for reuse. Every byte
     count (the cap included) is of these rounded sizes (:meth:`host_bytes`).
-    ``pinned_rounding`` defaults to ``pin_memory``; tests turn it on without a GPU. When a
+    ``pinned_rounding`` defaults to ``pin_memory``; tests turn it on without a GPU. New
+    buffers come from ``allocate`` (bytes in, a flat ``uint8`` host tensor out) when given: the
+    engine's runtime, which times pinning apart from compute. When a
     new buffer would pass the cap, idle buffers of other sizes are freed first; if that is
     not enough :class:`HostMemoryExceeded` is raised.
 
@@ -59,10 +61,17 @@ class HostBufferPool:
         1048576
     """
 
-    def __init__(self, pin_memory: bool, capacity_bytes: int, pinned_rounding: bool | None = None) -> None:
+    def __init__(
+        self,
+        pin_memory: bool,
+        capacity_bytes: int,
+        pinned_rounding: bool | None = None,
+        allocate: Callable[[int], torch.Tensor] | None = None,
+    ) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.pin_memory = pin_memory
+        self._allocate = allocate if allocate is not None else self._empty
         self.pinned_rounding = pin_memory if pinned_rounding is None else pinned_rounding
         self.capacity_bytes = capacity_bytes
         self._idle: dict[int, list[torch.Tensor]] = defaultdict(list)
@@ -113,6 +122,9 @@ class HostBufferPool:
     def _new_buffer(self, size: int) -> torch.Tensor:
         self.allocated_bytes += size
         self.allocations += 1
+        return self._allocate(size)
+
+    def _empty(self, size: int) -> torch.Tensor:
         return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
 
     def typed_view(

@@ -61,6 +61,7 @@ class StallListener(Protocol):
 
 
 Event = TypeVar("Event")
+_Result = TypeVar("_Result")
 
 
 class CopyMark(Generic[Event]):
@@ -207,6 +208,13 @@ class Runtime(Protocol):
         allocated on the compute stream (contents undefined)."""
         ...
 
+    def allocate_host(self, nbytes: int) -> torch.Tensor:
+        """A new host buffer of ``nbytes`` (``uint8``), pinned when :attr:`pin_memory` is set.
+        Pinning holds the host for milliseconds a call, while compute may run dry: while
+        :attr:`timing` is set, the call is bracketed by two marks given to :attr:`stalls`, as a
+        wait on copies is (no layer's compute)."""
+        ...
+
     def copy_in(
         self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
     ) -> StreamEvent:
@@ -288,6 +296,14 @@ class HostCopyRuntime:
 
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype)
+
+    def allocate_host(self, nbytes: int) -> torch.Tensor:
+        stalls = self.stalls if self.timing else None
+        start = time.perf_counter()
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if stalls is not None:
+            stalls.stall(start, time.perf_counter())
+        return buffer
 
     def copy_in(
         self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
@@ -443,6 +459,15 @@ class CudaRuntime:
     def allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
 
+    def allocate_host(self, nbytes: int) -> torch.Tensor:
+        allocate = partial(torch.empty, nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+        stalls = self.stalls if self.timing else None
+        if stalls is None:
+            return allocate()
+        buffer, before, after = self._marked(allocate)
+        stalls.stall(before, after)
+        return buffer
+
     def copy_in(
         self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
     ) -> StreamEvent:
@@ -469,15 +494,20 @@ class CudaRuntime:
     def _stall(self, work: Callable[[], object]) -> None:
         """Issue ``work`` on compute between two timing events, read one collection late and
         given to :attr:`stalls`: compute waiting, not a layer's compute."""
+        _, before, after = self._marked(work)
+        self._probes.append((before, after))
+        if self.stalls is not None:
+            self.stalls.stall(before, after)
+
+    def _marked(self, work: Callable[[], _Result]) -> tuple[_Result, torch.cuda.Event, torch.cuda.Event]:
+        """``work``'s result, and timing events on compute recorded just before and after it."""
         compute = self._compute_stream()
         before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         before.record(compute)
-        work()
+        result = work()
         after.record(compute)
-        self._probes.append((before, after))
-        if self.stalls is not None:
-            self.stalls.stall(before, after)
+        return result, before, after
 
     def hold(self, key: int, nbytes: int) -> None:
         pass

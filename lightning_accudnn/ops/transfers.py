@@ -63,7 +63,9 @@ class CopyTraffic:
         self.runtime: Runtime = runtime
         self._tracks_blocks = runtime.tracks_blocks
         self.device = runtime.device
-        self.pool = HostBufferPool(pin_memory=runtime.pin_memory, capacity_bytes=host_memory_limit)
+        self.pool = HostBufferPool(
+            pin_memory=runtime.pin_memory, capacity_bytes=host_memory_limit, allocate=runtime.allocate_host
+        )
         self.ledger = DeviceLedger()
         self._schedule = SwapSchedule.keep_everything()
         self._step: StepState | None = None

@@ -349,6 +349,14 @@ class SimulatedGPU:
         self._add_block(_Block(tensor.untyped_storage().data_ptr(), nbytes, size, position))
         return tensor
 
+    def allocate_host(self, nbytes: int) -> torch.Tensor:
+        """A host buffer (plain memory here: nothing of the simulated device's), its allocation
+        a stall while timing, as pinning on a GPU's host is."""
+        start = time.perf_counter()
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self._stalled(start)
+        return buffer
+
     def copy_in(
         self, after: StreamEvent, hosts: list[torch.Tensor], dests: list[torch.Tensor]
     ) -> StreamEvent:

@@ -90,3 +90,24 @@ def test_events_are_reused_from_pass_to_pass():
     engine.close()
     torch.cuda.synchronize(device)
     assert made[1] == made[2] == made[3]  # no event made after the first steps
+
+
+def test_a_new_pinned_host_buffer_is_bracketed_as_a_stall_while_timing():
+    class Recording:
+        def __init__(self):
+            self.marks = []
+
+        def stall(self, before, after):
+            self.marks.append((before, after))
+
+    runtime = CudaRuntime(torch.device("cuda", torch.cuda.current_device()))
+    runtime.begin_pass()
+    runtime.stalls = recording = Recording()
+    buffer = runtime.allocate_host(2**20)
+    assert buffer.is_pinned() and buffer.dtype == torch.uint8 and buffer.numel() == 2**20
+    ((before, after),) = recording.marks
+    torch.cuda.synchronize()
+    assert before.elapsed_time(after) >= 0.0
+    runtime.timing = False
+    runtime.allocate_host(2**10)
+    assert len(recording.marks) == 1  # not timing: no marks

@@ -2,6 +2,7 @@
 holds the layers' own time even when the profiling pass swaps everything over a slow link."""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightning_accudnn.ops import HostCopyRuntime, OffloadEngine, SwapSchedule
 from lightning_accudnn.ops import runtime as runtime_module
@@ -127,6 +128,41 @@ def test_copy_time_on_a_slow_link_is_not_learnt_as_compute(monkeypatch):
     assert link.copies >= 4
     assert stats.wait_seconds >= copies  # the copies were waited for ...
     assert stats.forward_seconds + stats.backward_seconds < 0.01  # ... and none of it is compute
+
+
+class SlowPinning(TorchDispatchMode):
+    """Each new host buffer (a flat ``uint8`` allocation) takes a second of ``clock``, as pinning
+    many large buffers on a GPU's host does."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+        self.buffers = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.empty.memory_format and kwargs.get("dtype") == torch.uint8:
+            self.buffers += 1
+            self.clock.now += 1.0
+        return func(*args, **kwargs)
+
+
+def test_pinning_new_host_buffers_is_not_learnt_as_compute(monkeypatch):
+    """The profiling pass swaps everything and so allocates every host buffer the pool will
+    hold: that host time is no layer's compute."""
+    clock = VirtualClock()
+    monkeypatch.setattr(runtime_module, "time", clock)
+    monkeypatch.setattr(timing_module, "time", clock)
+    model = MLP()
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0, runtime=HostCopyRuntime())
+    with SlowPinning(clock) as pinning:
+        with engine.offload(model, SwapSchedule.swap_everything(max_copying_out_bytes=0)):
+            loss = loss_of(model, make_batch("mlp"))
+        loss.backward()
+    stats = engine.end_step()
+    assert stats is not None and stats.bytes_swapped_out > 0
+    assert pinning.buffers == engine.pool.allocations >= 4
+    assert stats.forward_seconds + stats.backward_seconds < 0.01
 
 
 def test_the_simulated_gpu_reports_its_waits_as_stalls():

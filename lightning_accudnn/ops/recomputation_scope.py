@@ -47,24 +47,29 @@ _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend  #
 
 def scratch_statistics_bytes(model: nn.Module) -> int:
     """The most scratch statistics recomputations in ``model`` may keep on its device: the running
-    statistics of each norm that updates them when called in training (each norm once), which
-    a :class:`RecomputationScope` copies once and keeps while the segment stays recomputed.
+    statistics of each norm that updates them when called in training, which a
+    :class:`RecomputationScope` copies once and keeps while its segment stays recomputed, once
+    per segment the norm may be recomputed in: the norm itself and each module above it but the
+    model (a stage recomputed around its recomputed blocks keeps a copy, and so does each block).
 
     Example:
         >>> untracked = nn.BatchNorm2d(8, track_running_stats=False)
         >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), untracked)
         >>> scratch_statistics_bytes(model)  # two 8-float statistics and the batch count
         72
+        >>> scratch_statistics_bytes(nn.Sequential(nn.Sequential(model)))  # "0.0.1": three segments
+        216
     """
     total = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, NORM_WITH_STATISTICS) and module.track_running_stats:
             buffers = buffers_of(module)
-            total += sum(
+            statistics = sum(
                 buffer.numel() * buffer.element_size()  # a clone's, whatever storage it views
-                for name in BATCH_NORM_STATISTICS
-                if (buffer := buffers.get(name)) is not None
+                for statistic in BATCH_NORM_STATISTICS
+                if (buffer := buffers.get(statistic)) is not None
             )
+            total += statistics * (name.count(".") + 1 if name else 1)
     return total
 
 

@@ -87,8 +87,8 @@ class StorageWeakReference:
     Example:
         >>> tensor = torch.zeros(4)
         >>> reference = StorageWeakReference(tensor.untyped_storage())
-        >>> reference.expired()
-        False
+        >>> reference.expired(), reference.use_count()  # the tensor and the storage's Python object
+        (False, 2)
         >>> del tensor
         >>> reference.expired()
         True
@@ -97,12 +97,17 @@ class StorageWeakReference:
     __slots__ = ("cdata",)
     _expired = torch.UntypedStorage._expired  # class attributes: still there at shutdown
     _free_weak_ref = torch.UntypedStorage._free_weak_ref
+    _use_count = staticmethod(torch._C._storage_Use_Count)
 
     def __init__(self, storage: torch.UntypedStorage) -> None:
         self.cdata = int(storage._weak_ref())  # type: ignore[call-overload]
 
     def expired(self) -> bool:
         return bool(self._expired(self.cdata))
+
+    def use_count(self) -> int:
+        """The storage's strong references (tensors over it, its Python object), while alive."""
+        return int(self._use_count(self.cdata))
 
     def __del__(self) -> None:
         self._free_weak_ref(self.cdata)  # type: ignore[no-untyped-call]

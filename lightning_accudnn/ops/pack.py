@@ -95,9 +95,7 @@ class SaveRecords(CopyTraffic):
         self.timer = LayerTimer(clock_for(self.device))
         runtime.stalls = self.timer  # waits on copies are left out of the layers' compute times
         self.pass_timer = PassTimer(self.timer.clock)  # passes replayed by ordinal (no layer marks)
-        self.tracker = LayerTracker(
-            exclude=tuple(exclude), on_enter=self.timer.enter, on_exit=self.timer.exit
-        )
+        self.tracker = LayerTracker(exclude=tuple(exclude), on_enter=self._entered, on_exit=self._exited)
         self._model_storages: set[int] = set()
         self._model_pointers: set[int] = set()  # the parameters' and buffers' own addresses
         self.weight_copies = WeightCopies()  # autocast's copies of parameters: kept, counted apart
@@ -110,6 +108,19 @@ class SaveRecords(CopyTraffic):
         self._fast_end = 0  # replayed pass: ordinals below it may take the fast path (0 once departed)
         self._device_index = -1  # of ``device`` for the filter (-1: the CPU), set by ``offload``
         self._static_bytes = 0
+
+    def _entered(self, layer: str) -> None:
+        """A layer's forward starts (a hooked pass): see :meth:`_exited`."""
+        if self._meter is not None:
+            self._meter.boundary()
+        self.timer.enter(layer)
+
+    def _exited(self, layer: str) -> None:
+        """A layer's forward ends: the meter lets go of what the model's code no longer holds
+        (:meth:`.WorkingMemoryMeter.boundary`), and the layer timer marks it."""
+        if self._meter is not None:
+            self._meter.boundary()
+        self.timer.exit(layer)
 
     def _open_step(self) -> StepState:
         self._in_forward = True
@@ -281,6 +292,8 @@ class SaveRecords(CopyTraffic):
         pass keep it, and so do the passes their schedules run
         (:attr:`.SwapSchedule.resident_saves`). Returns those storages' blocks and the bytes of
         their records."""
+        if self._meter is not None:  # what only the meter holds is no longer alive
+            self._meter.boundary()
         blocks: set[object] = set()
         nbytes = 0
         for entry in step.by_storage.values():

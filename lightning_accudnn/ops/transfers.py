@@ -114,13 +114,16 @@ class CopyTraffic:
         if not block.counted:
             return
         block.counted = False
-        self._leave_device(block.nbytes, block.key, block.in_prefetch_window)
+        self._leave_device(block.nbytes, block.key, block.in_prefetch_window, brought_back=False)
         block.in_prefetch_window = False
 
-    def _leave_device(self, nbytes: int, key: int, in_prefetch_window: bool) -> None:
+    def _leave_device(
+        self, nbytes: int, key: int, in_prefetch_window: bool, brought_back: bool = True
+    ) -> None:
         """``nbytes`` at ``key`` leave the count (and the runtime's blocks), in compute order: a
-        saved storage the engine no longer needs, or a copy brought back whose storage died or
-        whose step ended."""
+        saved storage the engine no longer needs (not ``brought_back``: left on the device by
+        the copy-out FIFO when the forward ended, if in the window), or a copy brought back
+        whose storage died or whose step ended."""
         self.ledger.activation_bytes -= nbytes
         if self._tracks_blocks:
             self.runtime.release(key)
@@ -131,7 +134,9 @@ class CopyTraffic:
             if step is not None:
                 step.window_used -= nbytes
                 step.window_full = False
-                if self._meter is not None:
+                # A copy brought back is the planner's window content; a storage the FIFO left
+                # on the device is its layer's saves, which its level counts until it is done.
+                if brought_back and self._meter is not None:
                     self._meter.window_freed(nbytes)
 
     def _release_device(self, step: StepState | None, record: StorageRecord) -> None:
@@ -279,7 +284,9 @@ class CopyTraffic:
                 self._free_block(block)
                 meter = self._meter
                 if meter is not None and self._in_forward:  # the model's code may still hold it
-                    meter.retired(block.nbytes, StorageWeakReference(storage), block)
+                    reference = StorageWeakReference(storage)
+                    meter.retired(block.nbytes, reference, block)
+                    meter.hold(reference, storage)
 
     def _settle_copy_out(self, step: StepState | None, record: StorageRecord) -> None:
         """The record leaves the copy-out FIFO's count, and compute waits on its copy out (once)."""

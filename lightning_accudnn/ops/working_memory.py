@@ -33,7 +33,13 @@ anywhere:
   the model's code holds it (a residual block's input until the addition). Until it dies it is
   taken off the unseen bytes of the forward's readings, as the level of a plan that keeps it
   counts it, and :attr:`LayerProfile.retired_alive_bytes` is the most of those at a forward
-  level, which a plan that swaps adds there (up to what it swapped before that layer).
+  level, which a plan that swaps adds there (up to what it swapped before that layer). The
+  meter holds it meanwhile, and lets it go itself once the model's code has (at the next module
+  boundary or reading), between two readings: freed in the allocator's own time, after a
+  reading, its bytes would stay in the peak the next reading starts from (a peak is reset to
+  what is allocated then), and that reading would take them for working memory. A loss's
+  log-probabilities, let go once copied and freed before the forward ends, were so counted
+  again beside the saves of a plan that keeps them.
 * One still alive when the forward ends is held by the model's code beyond it (the batch):
   the engine keeps such storages on the device in the plans made from the pass
   (:data:`~lightning_accudnn.ops.layers.HELD`), so they are left out of
@@ -83,6 +89,12 @@ class _Expiring(Protocol):
     """A weak reference to a storage (the engine's ``StorageWeakReference``)."""
 
     def expired(self) -> bool: ...
+
+
+class _Counted(_Expiring, Protocol):
+    """A weak reference to a storage that also counts its strong references."""
+
+    def use_count(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -148,14 +160,19 @@ class WorkingMemoryMeter:
         self._retired_top: dict[int, int] | None = None  # per position: the most of them alive
         self._held_unread = 0  # in backward: bytes held beyond the forward, not read yet
         self._held_copies: list[tuple[int, _Expiring]] = []  # read, their copies still alive
+        self._ledger_now = 0  # the ledger's bytes, as its changes were told
+        # In forward: retired storages held here (a reference each), to be let go between readings.
+        self._holding: list[tuple[_Counted, object]] = []
 
     def start(self, ledger_bytes: int) -> None:
         """The pass starts, with ``ledger_bytes`` (model state) on the ledger: the allocator's
         peak since the last pass less those is the working memory between passes."""
         self._outside = max(0, self._read_peak() - ledger_bytes)
+        self._ledger_now = ledger_bytes
 
     def changing(self, ledger_bytes: int) -> None:
         """The ledger, at ``ledger_bytes`` since the last change, is about to change."""
+        self._ledger_now = ledger_bytes
         unseen = self._read_peak() - ledger_bytes
         if self._allocated_for_ledger:  # since the last reading: the block the ledger now counts
             self._allocated_for_ledger = False
@@ -176,9 +193,12 @@ class WorkingMemoryMeter:
             level, tops = unseen + self._saved_so_far, self._forward_top
         if level > tops.get(position, level - 1):
             tops[position] = level
+        if self._holding:
+            self._let_go_of_dropped()
 
     def acquired(self, nbytes: int) -> None:
         """The ledger grew by ``nbytes``: in forward, a save of the layer running now."""
+        self._ledger_now += nbytes
         if self._in_backward:
             return
         layer = self._current_layer()
@@ -204,6 +224,25 @@ class WorkingMemoryMeter:
         self._retired.append((nbytes, storage))
         self._retired_log.append((nbytes, token))
 
+    def hold(self, storage: _Counted, held: object) -> None:
+        """Keep ``held`` (the storage :meth:`retired` was just told of, which ``storage`` counts)
+        alive until the model's code lets it go; then it is let go between two readings (see
+        the module docstring)."""
+        self._holding.append((storage, held))
+
+    def boundary(self) -> None:
+        """A module's forward starts or ends (or the forward does): a storage held here that the
+        model's code no longer holds is let go now, after a reading."""
+        if self._holding and not self._in_backward and any(ref.use_count() == 1 for ref, _ in self._holding):
+            self.changing(self._ledger_now)
+
+    def _let_go_of_dropped(self) -> None:
+        """Let go of the storages held here alone; the allocator's peak then starts afresh."""
+        holding = [entry for entry in self._holding if entry[0].use_count() > 1]
+        if len(holding) < len(self._holding):
+            self._holding = holding  # the others are freed here
+            self._read_peak()  # since the reading just taken: nothing but those frees
+
     def held_read(self, nbytes: int, copy: _Expiring | None) -> None:
         """In backward the engine read for the last time ``nbytes`` of a storage the model's code
         held beyond the forward (see :meth:`begin_backward`), from the ``copy`` it brought back
@@ -216,6 +255,7 @@ class WorkingMemoryMeter:
 
     def released(self, nbytes: int) -> None:
         """The ledger fell by ``nbytes``."""
+        self._ledger_now -= nbytes
         if self._in_backward:
             self._let_go += nbytes
 
@@ -244,6 +284,7 @@ class WorkingMemoryMeter:
         unseen bytes in backward until :meth:`held_read`, and left out of
         :attr:`WorkingMemory.retired_alive_bytes`."""
         self.changing(ledger_bytes)
+        self._holding = []  # what the model's code holds beyond the forward stays alive
         self._settle_retired(held)
         self._in_backward = True
         self._held_unread = held_bytes

@@ -355,3 +355,51 @@ def test_plans_recomputing_under_autocast_count_the_weight_copies_of_the_segment
     planned = [step for step in seen if step.predicted is not None]
     assert all(step.reserve == 0 for step in seen), "a pass went past its room"
     assert all(step.peak <= step.predicted for step in planned), [(s.peak, s.predicted) for s in planned]
+
+
+VOCABULARY = 4000  # the loss's logits and log-probabilities: most of the step
+
+
+def _wide_head() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, VOCABULARY))
+
+
+def test_log_probabilities_freed_before_the_forward_ends_are_counted_once():
+    """The profiling pass swaps the loss's log-probabilities and lets them go once copied; the
+    loss frees them when it returns, before the forward ends. A plan that keeps them counts
+    them once, as saves, not again as working memory at the loss's level."""
+    seen, plan = run_counted(
+        _wide_head(), _classes(WIDTH, VOCABULARY, 512), _cross_entropy, 3, budget="100%", reserve_bytes=0
+    )
+    assert not plan.swapped_layers
+    planned = [step for step in seen if step.predicted is not None]
+    assert planned and all(step.peak <= step.predicted <= 1.01 * step.peak for step in planned), planned
+
+
+def _cross_entropy_then_a_save(model: nn.Module, batch) -> torch.Tensor:
+    """The loss, then one more save: the log-probabilities leave the copy-out FIFO in forward."""
+    inputs, targets = batch
+    logits = model(inputs)
+    return nn.functional.cross_entropy(logits, targets) * logits[:1].tanh().mean()
+
+
+def test_log_probabilities_let_go_in_forward_are_not_the_loss_s_working_memory():
+    """The profiling pass lets the log-probabilities go once copied, in forward, and they are
+    freed at once: the loss's forward level holds the logits beyond its saves, not those bytes
+    again (the allocator's peak read before they were freed held them)."""
+    seen, _ = run_counted(
+        _wide_head(),
+        _classes(WIDTH, VOCABULARY, 512),
+        _cross_entropy_then_a_save,
+        3,
+        budget="100%",
+        reserve_bytes=0,
+        min_swap_bytes=0,
+    )
+    log_probabilities = logits = 512 * VOCABULARY * 4
+    loss = seen[0].profile.layers[-1]
+    assert loss.name == "(root)" and loss.retired_alive_bytes == log_probabilities
+    assert loss.forward_working_bytes <= logits
+    planned = [step for step in seen if step.predicted is not None]
+    assert planned and all(step.peak <= step.predicted <= 1.01 * step.peak for step in planned), planned

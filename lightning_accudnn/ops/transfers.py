@@ -114,7 +114,7 @@ class CopyTraffic:
         if not block.counted:
             return
         block.counted = False
-        self._leave_device(block.nbytes, block.key, block.in_prefetch_window, brought_back=False)
+        self._leave_device(block.nbytes, block.key, block.in_prefetch_window, False)
         block.in_prefetch_window = False
 
     def _leave_device(
@@ -136,7 +136,7 @@ class CopyTraffic:
                 step.window_full = False
                 # A copy brought back is the planner's window content; a storage the FIFO left
                 # on the device is its layer's saves, which its level counts until it is done.
-                if brought_back and self._meter is not None:
+                if self._meter is not None and brought_back:
                     self._meter.window_freed(nbytes)
 
     def _release_device(self, step: StepState | None, record: StorageRecord) -> None:

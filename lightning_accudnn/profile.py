@@ -101,6 +101,11 @@ class LayerProfile:
     storages swapped before it whose copy was out and which the model's code still held (a
     residual block's input until the addition), which a plan that swaps holds beyond its level.
 
+    ``weight_copy_bytes`` are autocast's low-precision copies of parameters this layer saves,
+    counted in the model state, not in its saves: a plan that recomputes the layer holds them
+    until the forward ends (autocast's cache) and again while its recomputation and backward run
+    (0 when unknown, or when the step's backward may run while the cache holds them).
+
     Example:
         >>> LayerProfile("layer1.0.conv1", saved_bytes=4_000_000, swappable_bytes=4_000_000)
         LayerProfile(name='layer1.0.conv1', saved_bytes=4000000, swappable_bytes=4000000, \
@@ -119,11 +124,13 @@ forward_seconds=0.0, backward_seconds=0.0)
     forward_working_bytes: int = field(default=0, repr=False)
     backward_working_bytes: int = field(default=0, repr=False)
     retired_alive_bytes: int = field(default=0, repr=False)
+    weight_copy_bytes: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.retired_alive_bytes < 0:
+        if self.retired_alive_bytes < 0 or self.weight_copy_bytes < 0:
             raise ValueError(
-                f"layer {self.name!r}: retired_alive_bytes must be >= 0, got {self.retired_alive_bytes}"
+                f"layer {self.name!r}: retired_alive_bytes and weight_copy_bytes must be >= 0, got "
+                f"{self.retired_alive_bytes}, {self.weight_copy_bytes}"
             )
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
             raise ValueError(
@@ -288,6 +295,13 @@ class StepProfile:
     copies in flight (:func:`lightning_accudnn.planner.recompute.swapped_pass_forward_bound`). A
     trace lists what its forward held with its saves dropped
     (:mod:`lightning_accudnn.profiling.saveless_forward`). Empty where neither was measured.
+    ``static_let_go_in_backward`` lists, per layer, the part of ``static_bytes`` the step no
+    longer holds while the layer's backward runs (empty: none): in a profile with segments
+    recomputed (:func:`lightning_accudnn.planner.recompute.recomputed_profile`), the
+    ``weight_copy_bytes`` of the recomputed layers before it, whose backward is still to come.
+    Autocast's cache held them until the forward ended; their recomputation makes them again.
+    (A recomputed layer's own copies are alive while its backward runs, and those of layers
+    whose backward is over were let go in the measured pass too: its working memory shows it.)
 
     Example:
         >>> profile = StepProfile(
@@ -308,6 +322,7 @@ class StepProfile:
     recompute_cost_ratio: float = field(default=1.0, repr=False)
     outside_working_bytes: int = field(default=0, repr=False)
     swapped_pass_forward_bytes: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+    static_let_go_in_backward: tuple[int, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]
@@ -320,6 +335,14 @@ class StepProfile:
             raise ValueError(
                 f"static_bytes and outside_working_bytes must be >= 0, got {self.static_bytes}, "
                 f"{self.outside_working_bytes}"
+            )
+        let_go = self.static_let_go_in_backward
+        if let_go and (
+            len(let_go) != len(self.layers) or not all(0 <= nbytes <= self.static_bytes for nbytes in let_go)
+        ):
+            raise ValueError(
+                f"static_let_go_in_backward must hold, per layer ({len(self.layers)}), bytes in "
+                f"[0, static_bytes={self.static_bytes}], got {let_go}"
             )
         if not 0.0 < self.recompute_cost_ratio < float("inf"):
             raise ValueError(

@@ -102,6 +102,8 @@ class OffloadEngine(SaveHooks):
         self._last_observed: tuple[ReplayRoute, int] | None = None  # an observed replay: its activation peak
         self._hooked = False
         self._time_waits = False  # the pass replayed now times its waits, read at its end
+        # Autocast was still on when the forward ended: its cache may hold weight copies beyond it.
+        self._autocast_past_forward = False
 
     # -- the step -------------------------------------------------------------------
 
@@ -161,6 +163,8 @@ class OffloadEngine(SaveHooks):
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
         self._schedule = schedule
         self._static_bytes = static_bytes
+        if self._step is None:  # a new step
+            self._autocast_past_forward = False
         index = self.device.index
         self._device_index = -1 if self.device.type == "cpu" else index if index is not None else 0
         if sequence is None or model is not self._storages_model:
@@ -222,6 +226,9 @@ class OffloadEngine(SaveHooks):
         Storages still in the copy-out FIFO stay on the device and are used from there.
         """
         self._in_forward = False
+        device_type = self.device.type
+        if torch.amp.is_autocast_available(device_type):
+            self._autocast_past_forward |= torch.is_autocast_enabled(device_type)
         self.runtime.begin_pass()
         self._issue_copies_out()
         step, recording = self._step, self._recording
@@ -294,6 +301,7 @@ class OffloadEngine(SaveHooks):
             storages_swapped_out=len(step.swapped),
             stall_seconds=stalls,
             outside_working_bytes=0 if working is None else working.outside_bytes,
+            autocast_past_forward=self._autocast_past_forward,
         )
         self._step = None
         self._recording = SaveSequence() if recording is not None else None  # next pass in the block

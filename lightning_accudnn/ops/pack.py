@@ -98,7 +98,9 @@ class SaveRecords(CopyTraffic):
         self.tracker = LayerTracker(exclude=tuple(exclude), on_enter=self._entered, on_exit=self._exited)
         self._model_storages: set[int] = set()
         self._model_pointers: set[int] = set()  # the parameters' and buffers' own addresses
-        self.weight_copies = WeightCopies()  # autocast's copies of parameters: kept, counted apart
+        # Autocast's copies of parameters: kept, counted apart, under the layer saving them.
+        tracker = self.tracker
+        self.weight_copies = WeightCopies(lambda: tracker.current)
         self._recording: SaveSequence | None = None  # hooked pass: the saves, in order
         self._replaying: SaveSequence | None = None  # pass attributed by ordinal (no hooks)
         # ``_replaying`` compiled for the schedule (an empty route before the first replay)

@@ -74,6 +74,10 @@ class StepStats:
     """A hooked pass that measured its working memory (``OffloadEngine.offload(allocated_peak=...)``):
     what the device held beyond model state between the previous pass and this one (the
     optimizer's temporaries); 0 otherwise."""
+    autocast_past_forward: bool = False
+    """Autocast was still enabled when the forward ended (the forward's context was left inside
+    an autocast region): its cache, which holds the weight copies it made, may outlive the
+    forward, and the backward may run while it does."""
 
 
 class ReplayedLayers:

@@ -11,9 +11,11 @@ low-precision tensors are looked at, so full-precision training pays one dtype c
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 import torch
+
+from lightning_accudnn.profile import ROOT_LAYER
 
 __all__ = ["LOW_PRECISION", "WeightCopies"]
 
@@ -35,12 +37,13 @@ _MAX_VIEWS = 4
 
 
 class WeightCopies:
-    """Recognises autocast weight copies and counts their bytes (distinct storages) until taken.
+    """Recognises autocast weight copies and counts their bytes (distinct storages) until taken,
+    each under the layer that saved it first (``current_layer``: the one running then).
 
     Example:
         >>> layer = torch.nn.Linear(64, 32)
         >>> parameters = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-        >>> copies, seen = WeightCopies(), []
+        >>> copies, seen = WeightCopies(lambda: "fc"), []
         >>> def pack(tensor):
         ...     seen.append(copies.recognise(tensor, parameters))
         ...     return tensor
@@ -48,13 +51,14 @@ class WeightCopies:
         ...     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         ...         out = layer(torch.randn(8, 64, requires_grad=True))
         >>> seen.count(True), copies.take()  # the bf16 weight (64 * 32 * 2 bytes), as its transpose
-        (1, 4096)
+        (1, {'fc': 4096})
     """
 
-    __slots__ = ("_bytes",)
+    __slots__ = ("_bytes", "_current_layer")
 
-    def __init__(self) -> None:
-        self._bytes: dict[int, int] = {}
+    def __init__(self, current_layer: Callable[[], str] = lambda: ROOT_LAYER) -> None:
+        self._bytes: dict[int, tuple[int, str]] = {}  # storage address -> (bytes, layer)
+        self._current_layer = current_layer
 
     def recognise(self, tensor: torch.Tensor, parameter_storages: Container[int]) -> bool:
         """True when ``tensor`` is a low-precision copy of a parameter (or a view of one) made by
@@ -83,16 +87,21 @@ class WeightCopies:
         if variable.untyped_storage().data_ptr() not in parameter_storages:
             return False
         storage = tensor.untyped_storage()
-        self._bytes[storage.data_ptr()] = storage.nbytes()
+        key = storage.data_ptr()
+        if key not in self._bytes:
+            self._bytes[key] = (storage.nbytes(), self._current_layer())
         return True
 
     @property
     def nbytes(self) -> int:
         """Bytes of the distinct weight copies recognised since the last :meth:`take`."""
-        return sum(self._bytes.values())
+        return sum(nbytes for nbytes, _ in self._bytes.values())
 
-    def take(self) -> int:
-        """:attr:`nbytes`, and start counting afresh (call once per pass)."""
-        nbytes = self.nbytes
+    def take(self) -> dict[str, int]:
+        """The bytes recognised since the last call, per layer that saved them first; counting
+        starts afresh (call once per pass)."""
+        per_layer: dict[str, int] = {}
+        for nbytes, layer in self._bytes.values():
+            per_layer[layer] = per_layer.get(layer, 0) + nbytes
         self._bytes.clear()
-        return nbytes
+        return per_layer

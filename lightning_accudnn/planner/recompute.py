@@ -724,7 +724,12 @@ def recomputed_profile(
         extra_resident[g + 1] += unlisted
     new_layers = []
     transient = []
+    # Per new layer, the weight copies of the segments recomputed before it, let go when the
+    # forward ended: while its backward runs theirs is still to come (see the module docstring).
+    copies_let_go = []
+    copies_before = 0
     for g, (name, indices, span) in enumerate(zip(names, members, group_spans, strict=True)):
+        copies_let_go.append(min(copies_before, profile.static_bytes))
         if span is None:
             layer = layers[indices[0]]
             if swappable and not extra_resident[g] and not layer.resaved_by:
@@ -787,6 +792,8 @@ def recomputed_profile(
                 )
             )
             saved = sum(layer.saved_bytes for layer in inner)
+            if not span.selective and not any(nested.selective for nested in span.inner):
+                copies_before += sum(layer.weight_copy_bytes for layer in inner)
             transient.append(saved if span.rebuilt_bytes is None else span.rebuilt_bytes)
     derived = StepProfile(
         tuple(new_layers),
@@ -795,6 +802,7 @@ def recomputed_profile(
         profile.h2d_bytes_per_second,
         resaves_listed=profile.resaves_listed,
         outside_working_bytes=profile.outside_working_bytes,
+        static_let_go_in_backward=tuple(copies_let_go) if copies_before else (),
     )
     return RecomputedProfile(
         derived,

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from operator import add, and_, attrgetter
+from operator import add, and_, attrgetter, sub
 
 from lightning_accudnn.planner.timeline_results import (
     LayerTiming,
@@ -173,6 +173,9 @@ class Simulator:
             if any(self.backward_working)
             else self.transient
         )
+        # Model state let go when the forward ended (recomputed layers' weight copies).
+        if profile.static_let_go_in_backward:
+            self._backward_extra = tuple(map(sub, self._backward_extra, profile.static_let_go_in_backward))
 
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last

@@ -10,7 +10,7 @@ bytes, walked again only when they may have changed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import torch
@@ -60,6 +60,8 @@ class PassRecords:
         self._resident: dict[PassKey, ResidentSaves] = {}
         self._recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each sequence ran under
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
+        # The same per layer saving them, where autocast's cache went with the forward (see record).
+        self._weight_copies_by_layer: dict[PassKey, dict[str, int]] = {}
         self._links: dict[PassKey, HostLink] = {}  # the link's rates at each pass kind's transfer sizes
         self._unobserved: dict[PassKey, int] = {}  # passes since the last observed one, per pass kind
         # Per pass kind, its profiling pass's static bytes and what it held at each forward level
@@ -132,20 +134,42 @@ class PassRecords:
         """Autocast's weight copies ``key``'s last hooked pass counted (model state, never swapped)."""
         return self._weight_copy_bytes.get(key, 0)
 
+    def weight_copies_by_layer(self, key: PassKey) -> Mapping[str, int]:
+        """:meth:`weight_copy_bytes` per layer saving them, for ``key``'s last hooked pass whose
+        forward ended outside autocast (its cache then goes with the forward, and a recomputed
+        layer's copies with it); empty otherwise."""
+        return self._weight_copies_by_layer.get(key, {})
+
     def record(
-        self, key: PassKey, step: StepStats, plan: Plan | None, copies: int, ledger_static: int
+        self,
+        key: PassKey,
+        step: StepStats,
+        plan: Plan | None,
+        copies_by_layer: Mapping[str, int],
+        ledger_static: int,
     ) -> int:
         """Keep what ``key``'s pass (``step``, under ``plan``) recorded; returns its static bytes.
 
         Autocast's weight copies (kept, never swapped) are model state: a hooked pass's own
-        count ``copies`` replaces the one its static bytes (``ledger_static``) started from; a
-        replayed pass leaves them to autograd unlooked-at, as its profiled pass found them: that
-        count stands. A pass that recomputed segments saw none of their layers' copies, which
-        autocast made all the same (its cache holds them to the forward's end, and the
-        recomputation makes them again): the larger count stands."""
+        count (``copies_by_layer``, per layer saving them) replaces the one its static bytes
+        (``ledger_static``) started from; a replayed pass leaves them to autograd unlooked-at, as
+        its profiled pass found them: that count stands. A pass that recomputed segments saw none
+        of their layers' copies, which autocast made all the same (its cache holds them to the
+        forward's end, and the recomputation makes them again): the larger count stands, per
+        layer. The count per layer is kept only while autocast's cache went with the forward
+        (see :meth:`weight_copies_by_layer`)."""
+        copies = sum(copies_by_layer.values())
         if plan is not None and plan.recomputed:
             copies = max(copies, self.weight_copy_bytes(key))
+            known = self._weight_copies_by_layer.get(key, {})
+            copies_by_layer = {
+                layer: max(known.get(layer, 0), copies_by_layer.get(layer, 0))
+                for layer in {*known, *copies_by_layer}
+            }
         if step.sequence is not None:
+            self._weight_copies_by_layer[key] = (
+                {} if step.autocast_past_forward else {k: v for k, v in copies_by_layer.items() if v}
+            )
             self._sequences[key] = step.sequence
             recomputed = self._recomputed[key] = () if plan is None else plan.recomputed
             held = frozenset(ordinal for ordinal, kind in enumerate(step.sequence.kinds) if kind == HELD)
@@ -227,4 +251,12 @@ class PassRecords:
             resaves_listed=True,  # the engine lists every re-save of a swappable storage
             outside_working_bytes=step.outside_working_bytes,
         )
-        return measured.with_working_bytes_added(not_allocated).rebased(static_bytes)
+        profile = measured.with_working_bytes_added(not_allocated).rebased(static_bytes)
+        copies = self.weight_copies_by_layer(key)
+        if not copies:
+            return profile
+        layers = tuple(
+            replace(layer, weight_copy_bytes=copies[layer.name]) if layer.name in copies else layer
+            for layer in profile.layers
+        )
+        return replace(profile, layers=layers)

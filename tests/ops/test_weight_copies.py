@@ -55,9 +55,9 @@ def test_the_autocast_weight_copy_is_not_swapped_and_gradients_are_unchanged():
     copies = engine.weight_copies.take()
     loss.backward()
     stats = engine.end_step()
-    assert stats is not None
+    assert stats is not None and not stats.autocast_past_forward
 
-    assert copies == WEIGHT_COPY_BYTES
+    assert copies == {"2": 512 * 512 * 2, "4": 10 * 512 * 2}  # under the layers saving them
     assert sum(layer.saved_bytes for layer in stats.layers) == saved - WEIGHT_COPY_BYTES
     assert stats.bytes_swapped_out == saved - WEIGHT_COPY_BYTES  # every activation, no weight
     for a, b in zip(plain.parameters(), swapped.parameters(), strict=True):
@@ -70,7 +70,7 @@ def test_full_precision_has_no_weight_copies():
     engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=0)
     with engine.offload(model, SwapSchedule.swap_everything()):
         loss = model(_batch()).sum()
-    assert engine.weight_copies.take() == 0
+    assert engine.weight_copies.take() == {}
     loss.backward()
     engine.end_step()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -160,6 +161,38 @@ def test_the_transient_of_a_recomputed_segment_counts_while_its_backward_runs():
     memory = Simulator(step.profile, step.transient_bytes).memory(PlanChoice((False, False)))
     assert memory.forward_levels == (60, 110)
     assert memory.backward_levels == (60, 10 + 50 + 50 + 200)
+
+
+def test_a_recomputed_segment_s_weight_copies_are_let_go_from_the_backward_levels_before_its_own():
+    """Autocast's weight copies (30 B in "block.a", counted in the static 100 B) of a recomputed
+    block: the cache lets them go when the forward ends and the recomputation makes them again.
+    The head's backward, before the block's, holds 30 B less; the block's own and the stem's
+    levels are as measured (its copies alive again, and let go in the measured pass too)."""
+    layers = (
+        LayerProfile("stem", 50, 50),
+        LayerProfile("block.a", 100, 100, weight_copy_bytes=30),
+        LayerProfile("block.b", 100, 100),
+        LayerProfile("head", 20, 20),
+    )
+    profile = StepProfile(layers, static_bytes=100, segments=(SegmentProfile("block", 50),))
+    step = recomputed_profile(profile, candidate_spans(profile))
+    assert [layer.name for layer in step.profile.layers] == ["stem", "block", "head"]
+    assert step.profile.static_let_go_in_backward == (0, 0, 30)
+    plain = recomputed_profile(
+        replace(profile, layers=(layers[0], replace(layers[1], weight_copy_bytes=0), *layers[2:])),
+        candidate_spans(profile),
+    )
+    kept = PlanChoice((False,) * 3)
+    memory = Simulator(step.profile, step.transient_bytes).memory(kept)
+    before = Simulator(plain.profile, plain.transient_bytes).memory(kept)
+    assert memory.forward_levels == before.forward_levels
+    assert memory.backward_levels == (
+        before.backward_levels[0],
+        before.backward_levels[1],
+        before.backward_levels[2] - 30,
+    )
+    with pytest.raises(ValueError, match="static_let_go_in_backward"):
+        StepProfile(layers, static_bytes=100, static_let_go_in_backward=(0, 101, 0, 0))
 
 
 def test_a_storage_first_saved_inside_a_recomputed_segment_stays_counted():

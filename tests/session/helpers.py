@@ -65,14 +65,16 @@ def run_counted(
     optimizer=None,
     counted_optimizer: bool = False,
     autocast: bool = False,
+    backward_in_autocast: bool = False,
     **config,
 ):
     """``steps`` steps of ``model`` through a session (plans made inline, ``config`` its other
     settings), the ops' tensors as the allocator: ``batch(step)`` makes a step's batch, and
     ``loss(model, batch)`` its loss; SGD unless ``optimizer`` is given. With
     ``counted_optimizer`` the allocator counts the optimizer's step and its state too (as CUDA's
-    does); with ``autocast`` the forward runs under CPU autocast in bfloat16. The steps' figures,
-    and the last plan."""
+    does); with ``autocast`` the forward runs under CPU autocast in bfloat16, and with
+    ``backward_in_autocast`` the backward too (the step's context left inside autocast). The
+    steps' figures, and the last plan."""
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -84,9 +86,15 @@ def run_counted(
     for step in range(steps):
         with allocator.counting():
             inputs = batch(step)
-            with session.step(model, optimizer), precision:
-                value = loss(model, inputs)
-            value.backward()
+            if backward_in_autocast:
+                with precision:
+                    with session.step(model, optimizer):
+                        value = loss(model, inputs)
+                    value.backward()
+            else:
+                with session.step(model, optimizer), precision:
+                    value = loss(model, inputs)
+                value.backward()
             del inputs, value  # the next step's batch is not made beside this one
             if counted_optimizer:
                 optimizer.step()

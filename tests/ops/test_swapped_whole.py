@@ -88,24 +88,32 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
 
 
+def _replayed_as_plain(engine, model, plain, x, schedule, sequence, steps):
+    """``steps`` passes of ``model`` replayed on ``sequence`` under ``schedule``, each checked to
+    swap without a graph change and to give the loss and gradients ``plain`` (a copy of
+    ``model``) gives without hooks; yields each pass's stats before the gradients are cleared."""
+    plain_loss = plain(x)
+    plain_loss.backward()
+    for _ in range(steps):
+        loss, stats = _step(engine, model, x, schedule, sequence)
+        assert not stats.graph_changed and stats.bytes_swapped_out > 0
+        assert torch.equal(loss, plain_loss)
+        assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+        yield stats
+        model.zero_grad(set_to_none=True)
+
+
 @pytest.mark.parametrize("lag", [-1, 0, 3, None])
 def test_replayed_whole_swaps_read_what_plain_autograd_reads(lag):
     model, x, engine, profiled, schedule = _profiled_blocks(lag)
     plain = copy.deepcopy(model)
     route = ReplayRoute(profiled.sequence, schedule)
     assert SWAP_WHOLE in route.actions and SWAP_AGAIN in route.actions
-    plain_loss = plain(x)
-    plain_loss.backward()
-    for _ in range(3):
-        loss, stats = _step(engine, model, x, schedule, profiled.sequence)
-        assert not stats.graph_changed and stats.bytes_swapped_out > 0
-        assert torch.equal(loss, plain_loss)
-        assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
+    for stats in _replayed_as_plain(engine, model, plain, x, schedule, profiled.sequence, steps=3):
         assert [(layer.name, layer.saved_bytes, layer.swappable_bytes) for layer in stats.layers] == [
             (layer.name, layer.saved_bytes, layer.swappable_bytes) for layer in profiled.layers
         ]
         assert engine.ledger.activation_bytes == 0
-        model.zero_grad(set_to_none=True)
     if lag != -1:
         assert engine.runtime.violations == [] and engine.runtime.num_ooms == 0
     engine.close()
@@ -140,14 +148,8 @@ def test_a_whole_storage_saved_through_a_permuted_view_is_replayed_without_a_gra
     route = ReplayRoute(profiled.sequence, schedule)
     assert SWAP_WHOLE in route.actions
     plain = copy.deepcopy(model)
-    plain_loss = plain(x)
-    plain_loss.backward()
-    for _ in range(2):
-        loss, stats = _step(engine, model, x, schedule, profiled.sequence)
-        assert not stats.graph_changed and stats.bytes_swapped_out > 0
-        assert torch.equal(loss, plain_loss)
-        assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(plain), strict=True))
-        model.zero_grad(set_to_none=True)
+    passes = list(_replayed_as_plain(engine, model, plain, x, schedule, profiled.sequence, steps=2))
+    assert len(passes) == 2
     if lag != -1:
         assert engine.runtime.violations == [] and engine.runtime.num_ooms == 0
     engine.close()

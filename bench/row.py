@@ -59,6 +59,8 @@ class ResultRow:
     peak_vs_predicted: float | None = None
     time_vs_predicted: float | None = None
     profiling_steps_measured: int | None = None
+    #: lightning-accudnn: steps (warm-up included) whose pass, replayed, departed from its sequence.
+    graph_changed_steps: int | None = None
     replans_during_measurement: int | None = None
     plan: dict[str, Any] | None = None
     #: Where one more step's time went on the device, stream by stream (CUDA only: one step after

@@ -340,6 +340,12 @@ def _summarize(
     elif row.strategy in ("oracle", "checkpoint", "compile"):
         row.bytes_swapped_out = row.bytes_swapped_in = 0
     if isinstance(technique, AccUDNN):
+        row.graph_changed_steps = sum(1 for step in per_step if step.get("graph_changed"))
+        if row.graph_changed_steps:
+            row.notes.append(
+                f"{row.graph_changed_steps} step(s) replayed a sequence their graph departed from "
+                "(each then ran hooked and was planned from)"
+            )
         _summarize_accudnn(row, measured, technique)
     if row.lower_bound_seconds and row.median_fwd_bwd_seconds is not None:
         row.bound_ratio = row.median_fwd_bwd_seconds / row.lower_bound_seconds

@@ -106,6 +106,7 @@ class AccUDNN(Technique):
             "observed": stats.observed,
             "predicted_peak_bytes": stats.predicted_peak_bytes,
             "predicted_step_seconds": stats.predicted_step_seconds,
+            "graph_changed": stats.graph_changed,
             "plan_id": id(self.plan),
         }
 

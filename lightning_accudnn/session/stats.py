@@ -52,7 +52,10 @@ class OffloadStats:
     the plan may be made again from them. ``recompute_cost_ratio`` is what their recomputations
     took over the forward time they repeat, as measured so far for this pass's kind (``None``
     until one was timed): on a GPU whose host issues the recomputed kernels more slowly than the
-    device runs them, above 1.
+    device runs them, above 1. ``graph_changed`` says the pass, replayed by ordinal, saved other
+    than the sequence it replayed: the next pass of its kind runs hooked and is planned from (a
+    pass after pass with it set is a graph that changes every step, or saves the engine cannot
+    replay).
 
     Example:
         >>> stats = OffloadStats(100, 100, 0.001, 900, 900, 900, 1, False, 0.01, 1_000, 0.008,
@@ -85,6 +88,7 @@ class OffloadStats:
     recompute_cost_ratio: float | None = None
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
+    graph_changed: bool = False
 
     @property
     def peak_error(self) -> float | None:
@@ -158,4 +162,5 @@ def measured_stats(
         observed=step.observed,
         storages_swapped_out=step.storages_swapped_out,
         timed=step.timed,
+        graph_changed=step.graph_changed,
     )

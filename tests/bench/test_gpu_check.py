@@ -135,4 +135,5 @@ def test_a_headline_command_runs_every_row_at_cpu_sizes(name: str, tmp_path: Pat
         assert row["budget_bytes"] == static + int((peak - static) * fraction)
         assert row["predicted_step_seconds"] > 0 and row["predicted_peak_bytes"] > 0
         assert 0 < row["peak_allocated_bytes"] <= row["budget_bytes"]
+        assert row["graph_changed_steps"] == 0  # every replayed pass followed its sequence
     assert (tmp_path / "cpu").is_dir() and any(path.suffix == ".md" for path in (tmp_path / "cpu").iterdir())

@@ -37,9 +37,9 @@ anywhere:
   meter holds it meanwhile, and lets it go itself once the model's code has (at the next module
   boundary or reading), between two readings: freed in the allocator's own time, after a
   reading, its bytes would stay in the peak the next reading starts from (a peak is reset to
-  what is allocated then), and that reading would take them for working memory. A loss's
-  log-probabilities, let go once copied and freed before the forward ends, were so counted
-  again beside the saves of a plan that keeps them.
+  what is allocated then), and that reading would take them for working memory (a loss's
+  log-probabilities, let go once copied and freed before the forward ends, would be counted
+  again beside the saves of a plan that keeps them).
 * One still alive when the forward ends is held by the model's code beyond it (the batch):
   the engine keeps such storages on the device in the plans made from the pass
   (:data:`~lightning_accudnn.ops.layers.HELD`), so they are left out of

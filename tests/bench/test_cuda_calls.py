@@ -98,14 +98,17 @@ def test_copies_compute_waits_on_at_once_run_on_compute_unless_a_group_is_pendin
         assert not cuda.calls
 
 
+class Stalls:
+    """A stall listener that keeps the marks it is told of."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[object, object]] = []
+
+    def stall(self, before: object, after: object) -> None:
+        self.marks.append((before, after))
+
+
 def test_copies_compute_waits_on_at_once_are_stalls_while_timing() -> None:
-    class Stalls:
-        def __init__(self) -> None:
-            self.marks: list[tuple[object, object]] = []
-
-        def stall(self, before: object, after: object) -> None:
-            self.marks.append((before, after))
-
     cuda = cuda_calls.CountingCuda()
     with cuda.patched():
         runtime = cuda_calls.counting_runtime()
@@ -116,3 +119,21 @@ def test_copies_compute_waits_on_at_once_are_stalls_while_timing() -> None:
     # Two timing events around the copies on compute, given to the layer timer as a stall.
     assert len(stalls.marks) == 1
     assert cuda.calls["events_created"] == 2 and cuda.calls["records"] == 2 and "waits" not in cuda.calls
+
+
+def test_a_new_host_buffer_is_a_stall_while_timing_and_costs_no_cuda_call_otherwise() -> None:
+    cuda = cuda_calls.CountingCuda()
+    with cuda.patched():
+        runtime = cuda_calls.counting_runtime()
+        runtime.stalls = stalls = Stalls()
+        runtime.begin_pass()
+        cuda.calls.clear()
+        buffer = runtime.allocate_host(64)
+        assert buffer.dtype == torch.uint8 and buffer.numel() == 64
+        # Two timing events on compute around the allocation, a stall to the layer timer.
+        assert len(stalls.marks) == 1
+        assert dict(cuda.calls) == {"events_created": 2, "records": 2}
+        runtime.timing = False
+        cuda.calls.clear()
+        runtime.allocate_host(64)
+    assert len(stalls.marks) == 1 and not cuda.calls

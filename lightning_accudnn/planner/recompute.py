@@ -41,6 +41,13 @@ its transient, the most any of its layers holds while its backward runs *or whil
 runs again* (the forward that rebuilds the saves runs inside that backward): the largest of its
 layers' forward and backward working bytes. The step's ``outside_working_bytes`` is unchanged.
 
+Autocast's weight copies of a recomputed segment's layers (``LayerProfile.weight_copy_bytes``,
+counted in the model state) live in autocast's cache until the forward ends and are made again
+by the recomputation: the layers whose backward runs before the segment's hold them no more
+(``StepProfile.static_let_go_in_backward``). The segment's own backward holds them again, and
+a layer whose backward runs after it was measured without them already. Selective segments keep
+theirs counted.
+
 A segment recomputed **selectively** (:attr:`SegmentSpan.selective`) keeps what its matrix
 products, convolutions and attention kernels write (``SegmentProfile.selective_kept_bytes``,
 which the engine sees inside the segment and keeps) and runs its other ops again in backward:

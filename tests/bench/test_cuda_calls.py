@@ -6,7 +6,9 @@ hundredths of the full model's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,13 +110,21 @@ class Stalls:
         self.marks.append((before, after))
 
 
-def test_copies_compute_waits_on_at_once_are_stalls_while_timing() -> None:
+@contextlib.contextmanager
+def _timing_runtime() -> Iterator[tuple[cuda_calls.CountingCuda, CudaRuntime, Stalls]]:
+    """Inside: the counting stand-ins, a counting runtime timing its waits in a pass, its stall
+    listener; no call counted yet."""
     cuda = cuda_calls.CountingCuda()
     with cuda.patched():
         runtime = cuda_calls.counting_runtime()
         runtime.stalls = stalls = Stalls()
         runtime.begin_pass()
         cuda.calls.clear()
+        yield cuda, runtime, stalls
+
+
+def test_copies_compute_waits_on_at_once_are_stalls_while_timing() -> None:
+    with _timing_runtime() as (cuda, runtime, stalls):
         runtime.copy_out_now([torch.arange(8.0)], [torch.empty(8)])
     # Two timing events around the copies on compute, given to the layer timer as a stall.
     assert len(stalls.marks) == 1
@@ -122,12 +132,7 @@ def test_copies_compute_waits_on_at_once_are_stalls_while_timing() -> None:
 
 
 def test_a_new_host_buffer_is_a_stall_while_timing_and_costs_no_cuda_call_otherwise() -> None:
-    cuda = cuda_calls.CountingCuda()
-    with cuda.patched():
-        runtime = cuda_calls.counting_runtime()
-        runtime.stalls = stalls = Stalls()
-        runtime.begin_pass()
-        cuda.calls.clear()
+    with _timing_runtime() as (cuda, runtime, stalls):
         buffer = runtime.allocate_host(64)
         assert buffer.dtype == torch.uint8 and buffer.numel() == 64
         # Two timing events on compute around the allocation, a stall to the layer timer.

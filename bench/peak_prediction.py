@@ -28,7 +28,7 @@ import torch
 
 from bench.environment import REPO_ROOT, resolve_device
 from bench.report import fmt_bytes, write_result
-from bench.run import add_workload_arguments, parse_fraction, workload_from_args
+from bench.run import add_workload_arguments, parse_fraction, parse_list, workload_from_args
 from bench.runner import autocast_for, batch_on
 from bench.workloads import Workload
 from lightning_accudnn import OffloadConfig, OffloadSession
@@ -110,6 +110,27 @@ def allocator_name(device: torch.device) -> str:
     return "OpBytesAllocator (the tensors the step's ops and its optimizer create)"
 
 
+def record_header(workload: Workload, device: torch.device) -> dict[str, Any]:
+    """What a record of budgets set against a kept peak opens with: the workload, its sizes, the
+    device and the allocator the peaks are read from."""
+    return {
+        "workload": workload.name,
+        "params": workload.params,
+        "device": str(device),
+        "allocator": allocator_name(device),
+    }
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser, *, fractions: str, steps: int) -> None:
+    """``--fractions`` (of the kept peak, as budgets; ``fractions`` by default), ``--steps`` (per
+    run; ``steps``), ``--name`` and ``--results-dir``: the options this module and
+    :mod:`bench.retimed_plans` share."""
+    parser.add_argument("--fractions", default=fractions, help="of the kept peak, as budgets")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+
+
 def summary(run: dict[str, Any]) -> dict[str, Any]:
     """The last planned step's peaks and their ratio, and the most any step's fell short
     (measured over predicted, above 1 when a prediction was below the peak).
@@ -171,11 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_workload_arguments(parser)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--fractions", default="0.9,0.8,0.7,0.6", help="of the kept peak, as budgets")
     parser.add_argument("--policies", default="auto,recompute", help=f"of {', '.join(POLICIES)}")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--name", default=None)
-    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    add_budget_arguments(parser, fractions="0.9,0.8,0.7,0.6", steps=6)
     return parser
 
 
@@ -183,11 +201,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     workload = workload_from_args(args)
     device = resolve_device(args.device)
-    policies = [policy.strip() for policy in args.policies.split(",") if policy.strip()]
+    policies = parse_list(args.policies)
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
         raise SystemExit(f"--policies: unknown {unknown}; choose from {', '.join(POLICIES)}")
-    fractions = [text.strip() for text in args.fractions.split(",") if text.strip()]
+    fractions = parse_list(args.fractions)
     kept = kept_run(workload, device, args.steps)
     kept_peak = kept["steps"][-1]["peak_bytes"]
     runs = []
@@ -198,10 +216,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             cells = summary(run)
             print(f"{text} {policy}: " + (run["refused"][:100] if "refused" in run else str(cells)))
     record = {
-        "workload": workload.name,
-        "params": workload.params,
-        "device": str(device),
-        "allocator": allocator_name(device),
+        **record_header(workload, device),
         "kept": kept,
         "kept_peak_bytes": kept_peak,
         "runs": runs,

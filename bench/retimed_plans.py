@@ -27,14 +27,13 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import lightning_accudnn.session.planning as session_planning
-from bench.environment import REPO_ROOT, resolve_device
-from bench.peak_prediction import allocator_name, kept_run, session_peaks, summary
+from bench.environment import resolve_device
+from bench.peak_prediction import add_budget_arguments, kept_run, record_header, session_peaks, summary
 from bench.report import fmt_bytes, write_result
-from bench.run import add_workload_arguments, parse_fraction, workload_from_args
+from bench.run import add_workload_arguments, parse_fraction, parse_list, workload_from_args
 from lightning_accudnn.planner import Plan, StepProfile
 
 LINK_SCALES = (0.01, 0.1, 1.0, 10.0)
@@ -101,8 +100,8 @@ def markdown(record: dict[str, Any]) -> str:
         if "refused" in run:
             lines.append(f"| {run['draw']} | {run['fraction']} | refused | | | |")
             continue
-        above = [step["peak_bytes"] - step["predicted_peak_bytes"] for step in run["steps"]]
-        shown = ", ".join(f"+{fmt_bytes(extra)}" for extra in above if extra > 0) or "none"
+        excess = [step["peak_bytes"] - step["predicted_peak_bytes"] for step in run["steps"]]
+        shown = ", ".join(f"+{fmt_bytes(extra)}" for extra in excess if extra > 0) or "none"
         lines.append(
             f"| {run['draw']} | {run['fraction']} | {run['recomputed_segments']} | "
             f"{fmt_bytes(run['swapped_bytes'])} | {run['worst']:.4f} | {shown} |"
@@ -120,11 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_arguments(parser)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--draws", type=int, default=6)
-    parser.add_argument("--fractions", default="0.9,0.8,0.7,0.6,0.5", help="of the kept peak, as budgets")
     parser.add_argument("--policy", default="auto")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--name", default=None)
-    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "bench" / "results")
+    add_budget_arguments(parser, fractions="0.9,0.8,0.7,0.6,0.5", steps=5)
     return parser
 
 
@@ -133,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     workload = workload_from_args(args)
     device = resolve_device(args.device)
     kept_peak = kept_run(workload, device, 3)["steps"][-1]["peak_bytes"]
-    fractions = [item.strip() for item in args.fractions.split(",") if item.strip()]
+    fractions = parse_list(args.fractions)
     runs = []
     for draw in range(1, args.draws + 1):
         for text in fractions:
@@ -147,10 +143,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"draw {draw} at {text}: " + ("refused" if "refused" in run else f"worst {run['worst']:.4f}")
             )
     record = {
-        "workload": workload.name,
-        "params": workload.params,
-        "device": str(device),
-        "allocator": allocator_name(device),
+        **record_header(workload, device),
         "kept_peak_bytes": kept_peak,
         "policy": args.policy,
         "runs": runs,

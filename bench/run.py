@@ -37,7 +37,13 @@ CPU_LABEL = (
 )
 
 
-def _parse_list(text: str, kind: type = str) -> list[Any]:
+def parse_list(text: str, kind: type = str) -> list[Any]:
+    """A comma-separated option's items, stripped, empty ones left out, each made ``kind``.
+
+    Example:
+        >>> parse_list(" 0.9, 0.8,", float)
+        [0.9, 0.8]
+    """
     return [kind(item.strip()) for item in text.split(",") if item.strip()]
 
 
@@ -178,27 +184,27 @@ def specs_for(
 ) -> list[StrategySpec]:
     """The rows after the oracle, in run order; AccUDNN budgets from the oracle's peak (and, for
     ``--activation-fractions``, its model state ``static_bytes``)."""
-    kinds = set(_parse_list(args.strategies))
+    kinds = set(parse_list(args.strategies))
     specs: list[StrategySpec] = []
     if "accudnn" in kinds:
-        policies = _parse_list(args.policies)
+        policies = parse_list(args.policies)
         for policy in policies:
             check_policy(policy)
         suffixes = {policy: "" if policy == "auto" else f"-{policy}" for policy in policies}
-        for reduction in _parse_list(args.reductions, float):
+        for reduction in parse_list(args.reductions, float):
             for policy, suffix in suffixes.items():
                 params: dict[str, Any] = {"reduction": reduction, "policy": policy}
                 if oracle_peak is not None:
                     params["budget_bytes"] = int(oracle_peak / reduction)
                 specs.append(StrategySpec(f"accudnn-{reduction:g}x{suffix}", "accudnn", params))
-        for text in _parse_list(args.activation_fractions):
+        for text in parse_list(args.activation_fractions):
             fraction = parse_fraction(text)
             for policy, suffix in suffixes.items():
                 params = {"activation_fraction": fraction, "policy": policy}
                 if oracle_peak is not None and static_bytes is not None:
                     params["budget_bytes"] = activation_budget(oracle_peak, static_bytes, fraction)
                 specs.append(StrategySpec(f"accudnn-static+{text}act{suffix}", "accudnn", params))
-        for text in _parse_list(args.budgets):
+        for text in parse_list(args.budgets):
             budget = Budget.parse(int(text) if text.isdigit() else text)
             if budget.kind != "bytes":
                 raise ValueError(f"--budgets takes sizes (bytes, GB, GiB...), got {text!r}")
@@ -212,7 +218,7 @@ def specs_for(
     if "checkpoint" in kinds:
         specs.append(StrategySpec("checkpoint", "checkpoint", {"use_reentrant": False}))
     if "compile" in kinds:
-        for fraction in _parse_list(args.compile_memory_budgets, float):
+        for fraction in parse_list(args.compile_memory_budgets, float):
             specs.append(
                 StrategySpec(
                     f"compile-amb{fraction:g}",
@@ -303,7 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every selected strategy on the workload; write and return the result."""
     device = resolve_device(args.device)
     workload = workload_from_args(args)
-    kinds = set(_parse_list(args.strategies))
+    kinds = set(parse_list(args.strategies))
     unknown = kinds - set(KINDS)
     if unknown:
         raise SystemExit(f"unknown strategies {sorted(unknown)}; choose from {', '.join(KINDS)}")
@@ -387,8 +393,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "reserve_bytes": config.reserve_bytes,
                 "host_memory_limit": config.host_memory_limit,
                 "compile_backend": config.compile_backend,
-                "reductions": _parse_list(args.reductions, float),
-                "activation_fractions": _parse_list(args.activation_fractions),
+                "reductions": parse_list(args.reductions, float),
+                "activation_fractions": parse_list(args.activation_fractions),
                 "strategies": sorted(kinds, key=KINDS.index),
                 "argv": sys.argv[1:],
             },

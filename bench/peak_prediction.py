@@ -39,12 +39,12 @@ POLICIES = ("auto", "swap", "recompute", "selective")
 
 
 def _allocator(model: torch.nn.Module, device: torch.device) -> OpBytesAllocator | None:
-    """CPU: the ops' tensors as the allocator's count (the engine's host buffers, ``uint8``, are
+    """CPU: the ops' tensors as the allocator's count (not the engine's host buffers, which are
     host memory on a GPU); CUDA: ``None``, the session reads CUDA's."""
     if device.type == "cuda":
         return None
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
-    return OpBytesAllocator(parameters, host=lambda tensor: tensor.dtype == torch.uint8)
+    return OpBytesAllocator(parameters)
 
 
 def session_peaks(

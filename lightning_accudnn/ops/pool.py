@@ -16,6 +16,7 @@ import torch
 
 from lightning_accudnn.ops._torch_internals import empty_host_cache
 from lightning_accudnn.ops.errors import HostMemoryExceeded
+from lightning_accudnn.ops.host_allocation import new_host_buffer
 
 _ALIGN = 512
 _MAX_VIEWS = 4096  # remembered host views (a few hundred bytes each), and buffer sizes
@@ -125,7 +126,7 @@ class HostBufferPool:
         return self._allocate(size)
 
     def _empty(self, size: int) -> torch.Tensor:
-        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
+        return new_host_buffer(size, pin_memory=self.pin_memory)
 
     def typed_view(
         self, buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]

@@ -49,6 +49,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from lightning_accudnn.ops._torch_internals import CurrentCudaStream, copy_each
+from lightning_accudnn.ops.host_allocation import new_host_buffer
 
 StreamEvent = object
 """An opaque point in a stream's order, made by a runtime and only given back to it."""
@@ -300,7 +301,7 @@ class HostCopyRuntime:
     def allocate_host(self, nbytes: int) -> torch.Tensor:
         stalls = self.stalls if self.timing else None
         start = time.perf_counter()
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        buffer = new_host_buffer(nbytes, pin_memory=False)
         if stalls is not None:
             stalls.stall(start, time.perf_counter())
         return buffer
@@ -460,7 +461,7 @@ class CudaRuntime:
         return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
 
     def allocate_host(self, nbytes: int) -> torch.Tensor:
-        allocate = partial(torch.empty, nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+        allocate = partial(new_host_buffer, nbytes, pin_memory=self.pin_memory)
         stalls = self.stalls if self.timing else None
         if stalls is None:
             return allocate()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from lightning_accudnn.ops.host_allocation import new_host_buffer
 from lightning_accudnn.ops.runtime import CopyMark, EventRing, StallListener, StreamEvent
 from lightning_accudnn.testing.allocator import StreamOrderedAllocator
 
@@ -353,7 +354,7 @@ class SimulatedGPU:
         """A host buffer (plain memory here: nothing of the simulated device's), its allocation
         a stall while timing, as pinning on a GPU's host is."""
         start = time.perf_counter()
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        buffer = new_host_buffer(nbytes, pin_memory=False)
         self._stalled(start)
         return buffer
 

@@ -10,7 +10,10 @@ copy of the logits, the gradients of activations) is what the same step holds on
 the kernels' workspaces, which a CPU does not allocate. Enter it around the forward and the
 backward of each step; nothing is capped. On CPU the engine's host buffers (where swapped
 activations go) are made by ops too; on a GPU they are host memory, which the device's allocator
-does not count: ``host`` tells them apart (the engine's pool makes them ``uint8``).
+does not count, so neither does this one: a runtime makes them with
+:func:`~lightning_accudnn.ops.host_allocation.new_host_buffer`, which says when it does. Its copies
+brought back, flat ``uint8`` tensors as well when a save was not its storage's dense view, are
+device memory and counted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from lightning_accudnn.ops.host_allocation import making_host_buffer
 from lightning_accudnn.profiling.working_memory import StorageLog
 
 __all__ = ["OpBytesAllocator"]
@@ -30,7 +34,7 @@ __all__ = ["OpBytesAllocator"]
 
 class OpBytesAllocator:
     """Allocated bytes: ``base_bytes`` (model state) plus the storages ops created, alive, but
-    those of the tensors ``host`` says are host memory.
+    the engine's host buffers.
 
     Example:
         >>> allocator = OpBytesAllocator(base_bytes=1_000)
@@ -48,9 +52,8 @@ class OpBytesAllocator:
         ((1800, 1800), (1000, 1000))
     """
 
-    def __init__(self, base_bytes: int = 0, host: Callable[[torch.Tensor], bool] | None = None) -> None:
+    def __init__(self, base_bytes: int = 0) -> None:
         self.base_bytes = base_bytes
-        self._host = host
         self.allocated_bytes = base_bytes
         self._read_peak = base_bytes  # the most since the last reading
         self._pass_peak = base_bytes  # the most since the last peaks()
@@ -84,7 +87,7 @@ class OpBytesAllocator:
     @contextmanager
     def counting(self) -> Iterator[None]:
         """Count the storages the ops run inside create (until they are released)."""
-        with _CreatedStorages(self._storages, self._host):
+        with _CreatedStorages(self._storages):
             yield
 
     def _changed(self, nbytes: int) -> None:
@@ -95,12 +98,11 @@ class OpBytesAllocator:
 
 class _CreatedStorages(TorchDispatchMode):
     """Logs the storage of every dense tensor an op returns that none of its inputs holds (a
-    view or an in-place result holds an input's: the op created nothing), but host memory's."""
+    view or an in-place result holds an input's: the op created nothing), but a host buffer's."""
 
-    def __init__(self, storages: StorageLog, host: Callable[[torch.Tensor], bool] | None) -> None:
+    def __init__(self, storages: StorageLog) -> None:
         super().__init__()
         self._storages = storages
-        self._host = host
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -111,10 +113,8 @@ class _CreatedStorages(TorchDispatchMode):
             if _dense(leaf):
                 storages.key(leaf)  # known from now on: not the op's creation, nothing counted
         result = func(*args, **kwargs)
-        host = self._host
-        storages.created(
-            leaf for leaf in tree_leaves(result) if _dense(leaf) and (host is None or not host(leaf))
-        )
+        if not making_host_buffer():
+            storages.created(leaf for leaf in tree_leaves(result) if _dense(leaf))
         return result
 
 

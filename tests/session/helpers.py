@@ -78,8 +78,7 @@ def run_counted(
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
-    # The engine's host buffers (uint8 on CPU) are host memory on a GPU: not the allocator's.
-    allocator = OpBytesAllocator(base_bytes=parameters, host=lambda tensor: tensor.dtype == torch.uint8)
+    allocator = OpBytesAllocator(base_bytes=parameters)
     session = OffloadSession(OffloadConfig(plan_in_background=False, **config), "cpu", allocator=allocator)
     precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
     seen = []

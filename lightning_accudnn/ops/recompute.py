@@ -82,10 +82,14 @@ def _selective(
     return selective_contexts(scope)
 
 
-#: ``checkpoint``'s keyword that passes what selective checkpointing keeps through the hooks
-#: in force (the engine's), where this PyTorch has it.
+#: ``checkpoint``'s keywords that pass what selective checkpointing keeps through the hooks in
+#: force (the engine's), where this PyTorch has it, and replay the whole segment: an output it
+#: keeps is handed back (and its save unpacked) only when the replay reaches its op, and one no
+#: backward reads (a projection added to the residual) lies after the last save a recomputation
+#: that stops early rebuilds. Never unpacked, the engine would count it until the step ends,
+#: though checkpointing lets it go once the segment's backward is done.
 _THROUGH_HOOKS: dict[str, Any] = (
-    {"respect_saved_tensors_hooks": True} if SELECTIVE_SAVES_THROUGH_HOOKS else {}
+    {"respect_saved_tensors_hooks": True, "early_stop": False} if SELECTIVE_SAVES_THROUGH_HOOKS else {}
 )
 
 

@@ -10,12 +10,13 @@ peak is never below the engine's ledger.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadConfig
+from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.ops.recompute import SegmentProbe, SegmentRecomputer
 from lightning_accudnn.planner.plan import min_budget_bytes, plan_swaps
 from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
@@ -350,3 +351,65 @@ def test_selective_recomputation_under_bf16_autocast_is_bitwise_plain_training()
 
     outcome = sweep_selective(Workload(lambda: build("gpt"), lambda step: batch("gpt", step), loss))
     assert outcome.plan.selective
+
+
+class _ResidualMlps(nn.Module):
+    """Two ``x + mlp(x)`` after a linear layer, the additions outside the ``mlp`` segments: the
+    last linear layer of each writes an output no backward in its segment reads."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.first = nn.Linear(width, width)
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(2)
+        )
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        for mlp in self.mlps:
+            x = x + mlp(x)
+        return self.head(x)
+
+
+def test_a_kept_output_no_backward_reads_is_let_go_with_its_segment():
+    """Selective checkpointing hands a kept output back (through the engine's unpack) only when
+    the recomputation reaches its op; one that stopped at the last save it rebuilds left the
+    output of each ``mlp``'s last linear layer counted by the engine until the step ended."""
+    torch.manual_seed(0)
+    model = _ResidualMlps()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.randn(4, 8, 16) for _ in range(2)]
+
+    def run(budget: int, steps: int) -> tuple[OffloadSession, list[int]]:
+        session = OffloadSession(
+            OffloadConfig(
+                budget=budget, min_swap_bytes=0, reserve_bytes=0, policy="selective", plan_in_background=False
+            ),
+            "cpu",
+        )
+        counted: list[int] = []
+        first = model.first.weight  # its gradient is the backward's last
+        hook = first.register_post_accumulate_grad_hook(
+            lambda _: counted.append(session.engine.ledger.activation_bytes)
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the host-copy backend's CPU warning
+            for step in range(steps):
+                with session.step(model, [optimizer]):
+                    loss = model(batches[step % 2]).square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        hook.remove()
+        session.close()
+        return session, counted
+
+    ample, _ = run(10**9, 2)
+    assert ample.plan is not None
+    session, counted = run(ample.plan.min_budget_bytes, 6)
+    assert session.plan is not None and set(session.plan.selective) == {"mlps.0", "mlps.1"}
+    # Once the first layer has its gradient, the engine counts at most the batch it saved (held
+    # beyond the forward, let go when the step ends).
+    assert all(nbytes <= batches[0].nbytes for nbytes in counted), counted

@@ -11,9 +11,9 @@ the kernels' workspaces, which a CPU does not allocate. Enter it around the forw
 backward of each step; nothing is capped. On CPU the engine's host buffers (where swapped
 activations go) are made by ops too; on a GPU they are host memory, which the device's allocator
 does not count, so neither does this one: a runtime makes them with
-:func:`~lightning_accudnn.ops.host_allocation.new_host_buffer`, which says when it does. Its copies
-brought back, flat ``uint8`` tensors as well when a save was not its storage's dense view, are
-device memory and counted.
+:func:`~lightning_accudnn.ops.host_allocation.new_host_buffer`, which says when it does. The
+engine's copies brought back, flat ``uint8`` tensors too when a save was not its storage's dense
+view, are device memory and counted.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """
     header = (
         "| strategy | status | budget | peak | peak source | reserved | ledger | vs oracle "
-        "| step ms | fwd+bwd ms "
+        "| step ms | fwd+bwd ms | host ms "
         "| samples/s | swapped out/step | LB ms | bound ratio | predicted peak | predicted ms "
         "| peak/pred | time/pred |"
     )
@@ -227,6 +227,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                     "-" if get("peak_reduction") is None else f"{get('peak_reduction'):.2f}x",
                     fmt_ms(get("median_step_seconds")),
                     fmt_ms(get("median_fwd_bwd_seconds")),
+                    fmt_ms(get("median_fwd_bwd_issue_seconds")),
                     fmt_ratio(get("samples_per_second"), 1),
                     fmt_bytes(get("bytes_swapped_out")),
                     fmt_ms(get("lower_bound_seconds")),

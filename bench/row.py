@@ -43,6 +43,9 @@ class ResultRow:
     peak_reduction: float | None = None
     median_step_seconds: float | None = None
     median_fwd_bwd_seconds: float | None = None
+    #: The host's time to issue forward and backward (no synchronisation): near
+    #: ``median_fwd_bwd_seconds``, the device waited for the host.
+    median_fwd_bwd_issue_seconds: float | None = None
     median_optimizer_seconds: float | None = None
     samples_per_second: float | None = None
     step_seconds: list[float] | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -153,7 +154,9 @@ def _step(
 ) -> dict[str, Any]:
     """One training step, timed (the device synchronised at each mark): forward and backward,
     run again where the technique recovers from its error, then the optimizer step. Its times,
-    loss and the peak measured inside backward (``inner_peak``)."""
+    the host's time to issue forward and backward (read before the device is synchronised: near
+    their wall time, the step waits for the host), loss and the peak measured inside backward
+    (``inner_peak``)."""
     start = now(device)
     while True:
         try:
@@ -166,6 +169,7 @@ def _step(
         # The error and the frames of the failed pass are gone: what only they held can go too.
         optimizer.zero_grad(set_to_none=True)
         technique.release_failed_pass()
+    issued = time.perf_counter()
     middle = now(device)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -173,6 +177,7 @@ def _step(
     return {
         "step_seconds": end - start,
         "fwd_bwd_seconds": middle - start,
+        "fwd_bwd_issue_seconds": issued - start,
         "optimizer_seconds": end - middle,
         "loss": float(loss),
         "inner_peak": inner_peak,
@@ -331,6 +336,7 @@ def _summarize(
             row.peak_allocated_bytes = max(step["ledger_peak_bytes"] for step in measured)
     row.median_step_seconds = median([step["step_seconds"] for step in measured])
     row.median_fwd_bwd_seconds = median([step["fwd_bwd_seconds"] for step in measured])
+    row.median_fwd_bwd_issue_seconds = median([step["fwd_bwd_issue_seconds"] for step in measured])
     row.median_optimizer_seconds = median([step["optimizer_seconds"] for step in measured])
     assert row.median_step_seconds is not None
     row.samples_per_second = workload.samples / row.median_step_seconds

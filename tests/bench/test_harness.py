@@ -79,6 +79,8 @@ def test_every_strategy_is_a_row_with_every_field(cpu_run: tuple[dict, Path]) ->
             for key in MEASURED:
                 assert isinstance(row[key], (int, float)) and row[key] >= 0, (name, key, row[key])
             assert row["measured_steps"] == 2 and len(row["step_seconds"]) == row["warmup_steps"] + 2
+            # issued before the device is synchronised: never after the forward and backward end
+            assert 0 < row["median_fwd_bwd_issue_seconds"] <= row["median_fwd_bwd_seconds"], name
             assert row["peak_source"] in ("engine_ledger", "process_rss_delta")
             assert row["bytes_swapped_out"] is not None
             assert math.isfinite(row["loss_first"])

@@ -46,9 +46,11 @@ __all__ = [
 STOP_RECOMPUTATION: type[BaseException] = torch.utils.checkpoint._StopRecomputationError
 
 #: Whether checkpointing can pass what selective checkpointing keeps through the saved-tensor
-#: hooks in force (``respect_saved_tensors_hooks``): then the engine sees (and counts) it.
-SELECTIVE_SAVES_THROUGH_HOOKS: bool = (
-    "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+#: hooks in force (``respect_saved_tensors_hooks``), and replay a segment whole (``early_stop``,
+#: so that every kept output is handed back through the hooks): then the engine sees (and
+#: counts) it.
+SELECTIVE_SAVES_THROUGH_HOOKS: bool = {"respect_saved_tensors_hooks", "early_stop"} <= set(
+    inspect.signature(torch.utils.checkpoint.checkpoint).parameters
 )
 
 #: The base class of a mode that sees every ATen op (the selective probe's recorder).

@@ -295,6 +295,14 @@ class StepProfile:
     copies in flight (:func:`lightning_accudnn.planner.recompute.swapped_pass_forward_bound`). A
     trace lists what its forward held with its saves dropped
     (:mod:`lightning_accudnn.profiling.saveless_forward`). Empty where neither was measured.
+    ``prefetch_order`` lists the swappable storages' records in the order the engine brings
+    swapped ones back (by last save, the latest first), each as (its layer, its bytes, the bytes
+    it takes in the prefetch window at least:
+    :meth:`lightning_accudnn.ops.layers.SaveSequence.prefetch_order`); a training session's
+    profiles list it from the pass's save sequence. The planner counts what the prefetch window
+    holds when the backward starts from it, and only while its entries add up, layer by layer,
+    to the layers' ``swappable_bytes`` (a profile scaled or merged since lists other bytes).
+    Empty: not listed.
     ``static_let_go_in_backward`` lists, per layer, the part of ``static_bytes`` the step no
     longer holds while the layer's backward runs (empty: none): in a profile with segments
     recomputed (:func:`lightning_accudnn.planner.recompute.recomputed_profile`), the
@@ -323,6 +331,7 @@ class StepProfile:
     outside_working_bytes: int = field(default=0, repr=False)
     swapped_pass_forward_bytes: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     static_let_go_in_backward: tuple[int, ...] = field(default=(), repr=False)
+    prefetch_order: tuple[tuple[str, int, int], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]

@@ -283,3 +283,31 @@ class SaveSequence:
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    def prefetch_order(self) -> tuple[tuple[str, int, int], ...]:
+        """The swappable records in the order the engine brings swapped ones back (by their last
+        save, the latest first), each as (its layer, its bytes, the bytes it takes in the prefetch
+        window at least): its bytes for the first record of its storage in that order, 0 for
+        the others (a storage the copy-out FIFO left on the device enters the window once, with
+        its whole bytes).
+
+        Example:
+            >>> sequence = SaveSequence()
+            >>> sequence.append("a", False, 64, kind=SWAPPABLE, record_bytes=64)
+            >>> sequence.append("b", False, 64, group=0, kind=SWAPPABLE, record_bytes=32)  # a's storage
+            >>> sequence.append("c", False, 64, group=0, kind=REUSED, record_of=0)  # a's, saved again
+            >>> sequence.prefetch_order()
+            (('a', 64, 64), ('b', 32, 0))
+        """
+        last: dict[int, int] = {}
+        for ordinal, opened in enumerate(self.record_of):
+            if self.kinds[opened] == SWAPPABLE:
+                last[opened] = ordinal
+        order = []
+        seen: set[int] = set()
+        for opened in sorted(last, key=last.__getitem__, reverse=True):
+            storage = self.groups[opened]
+            nbytes = self.record_bytes[opened]
+            order.append((self.layers[opened], nbytes, 0 if storage in seen else nbytes))
+            seen.add(storage)
+        return tuple(order)

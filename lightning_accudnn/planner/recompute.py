@@ -615,6 +615,16 @@ def _swapped_pass(profile: StepProfile) -> tuple[Mapping[str, int], list[int]]:
     return _memo.get(profile, "swapped pass", compute)
 
 
+def _surviving(profile: StepProfile, layers: list[LayerProfile]) -> tuple[tuple[str, int, int], ...]:
+    """The entries of ``profile``'s prefetch order whose layer is in ``layers`` as it was (a
+    recomputed layer saves nothing; a segment's layer saves other bytes, under its name).
+    The planner counts the window from them only if they add up to the layers' swappable
+    bytes: a segment's layer that may be swapped lists none, and they do not."""
+    unchanged = {id(layer) for layer in profile.layers}
+    names = {layer.name for layer in layers if id(layer) in unchanged}
+    return tuple(entry for entry in profile.prefetch_order if entry[0] in names)
+
+
 def rebuilding_working_bytes(layers: Sequence[LayerProfile]) -> int:
     """What a recomputed segment made of ``layers`` holds beyond its backward level and its
     transient while its backward runs: the most any of its layers holds while its forward runs
@@ -810,6 +820,7 @@ def recomputed_profile(
         resaves_listed=profile.resaves_listed,
         outside_working_bytes=profile.outside_working_bytes,
         static_let_go_in_backward=tuple(copies_let_go) if copies_before else (),
+        prefetch_order=_surviving(profile, new_layers),
     )
     return RecomputedProfile(
         derived,

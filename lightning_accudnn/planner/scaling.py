@@ -210,6 +210,7 @@ backward_seconds=0.004)
             layers=tuple(scaled),
             segments=_scaled_segments(profile, grown),
             swapped_pass_forward_bytes=(),
+            prefetch_order=(),  # another shape's records: a window admits more of smaller ones
         )
     bytes_factors, time_factors = _layer_factors(len(layers), ratio, growth, max_growth)
     scaled = []
@@ -241,6 +242,7 @@ backward_seconds=0.004)
         layers=tuple(scaled),
         segments=_scaled_segments(profile, grown),
         swapped_pass_forward_bytes=(),
+        prefetch_order=(),  # another shape's records: a window admits more of smaller ones
     )
 
 

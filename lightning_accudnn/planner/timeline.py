@@ -82,6 +82,7 @@ reported as not swapped).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from operator import add, and_, attrgetter, sub
@@ -176,6 +177,12 @@ class Simulator:
         # Model state let go when the forward ended (recomputed layers' weight copies).
         if profile.static_let_go_in_backward:
             self._backward_extra = tuple(map(sub, self._backward_extra, profile.static_let_go_in_backward))
+        # The swappable records' layers and bytes in the engine's prefetch order, where they add
+        # up to the layers' swappable bytes (else None: the window is counted full).
+        self._prefetch = _prefetch_order(profile.prefetch_order, position, self.swappable)
+        self._last_opening: tuple[tuple[bool, ...], tuple[int, tuple[int, ...], tuple[int, ...]]] | None = (
+            None
+        )
 
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
@@ -221,10 +228,12 @@ class Simulator:
         """The predicted peak in issue order (see the module docstring); no timings involved."""
         swap = self.effective(choice.swap)
         forward_levels, retired = self._forward_memory(swap, choice.max_copying_out_bytes)
-        backward_levels = [
-            kept + max(own, nxt, min(choice.prefetch_window_bytes, below))
-            for kept, own, nxt, below in self._backward_terms(retired)
-        ]
+        window = choice.prefetch_window_bytes
+        above, opening = self._opening_window(swap, window)
+        backward_levels = []
+        for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
+            held = max(own, nxt, min(window, below))
+            backward_levels.append(kept + (min(held, opening) if i > above else held))
         peak, event, index = self.floor, "static" if self.floor == self.static else "between passes", -1
         for i, level in enumerate(forward_levels):
             if level > peak:
@@ -248,27 +257,74 @@ class Simulator:
         )
         peak = max(self.floor, max(forward_levels, default=0))
         window = choice.prefetch_window_bytes
+        above, opening = self._opening_window(self.effective(choice.swap), window)
         if self.has_resaves:
-            for kept, own, nxt, below in self._backward_terms(retired):
+            for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
                 # kept + max(own, nxt, min(window, below)), in comparisons (the hot loop)
                 level = own if own > nxt else nxt
                 if below > window:
                     below = window
-                level = kept + (level if level > below else below)
+                if below > level:
+                    level = below
+                if i > above and level > opening:
+                    level = opening
+                level += kept
                 if level > peak:
                     peak = level
             return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
-        for saved, own, extra in zip(self.saved, retired, self._backward_extra, strict=True):
+        for i, (saved, own, extra) in enumerate(zip(self.saved, retired, self._backward_extra, strict=True)):
             kept_below += saved - own
             retired_below += own
-            level = kept_below + extra
-            level += max(own, next_retired, window if window < retired_below else retired_below)
+            held = max(own, next_retired, window if window < retired_below else retired_below)
+            if i > above and held > opening:
+                held = opening
+            level = kept_below + extra + held
             if level > peak:
                 peak = level
             if own > 0:
                 next_retired = own
         return peak
+
+    def _opening_window(self, swap: tuple[bool, ...], window: int) -> tuple[int, int]:
+        """(``h``, ``P``): the highest swapped layer, and at most what the prefetch window holds
+        from the backward's start until ``B_h``. The engine admits swapped records in the
+        profile's :attr:`~lightning_accudnn.profile.StepProfile.prefetch_order` while the room
+        they take fits ``window`` (the first whatever its size), and none leaves before a
+        swapped layer's backward ends. A record takes its bytes, or those of its storage when
+        the copy-out FIFO left it on the device (once per storage): counting the least room each
+        takes, the walk admits every record the engine does, and ``P`` is all their bytes. The
+        FIFO's leftovers are in ``P`` too, beside the planner's count of them (no engine's
+        leftovers are more than the planner's). ``(k, 0)`` (no level above ``h``) when the order
+        is not known."""
+        above, thresholds, helds = self._opening_steps(swap)
+        if not helds:
+            return above, 0
+        return above, helds[bisect_right(thresholds, window) - 1]
+
+    def _opening_steps(self, swap: tuple[bool, ...]) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """(``h``, ``T``, ``H``) for :meth:`_opening_window`: the window holds ``H[m]`` from the
+        least window ``T[m]`` on (``T[0]`` is 0: the first record is admitted whatever its size);
+        ``(k, (), ())`` when the order is not known."""
+        order = self._prefetch
+        if order is None:
+            return self.k, (), ()
+        last = self._last_opening
+        if last is not None and last[0] == swap:
+            return last[1]
+        above = max((i for i, swapped in enumerate(swap) if swapped), default=-1)
+        thresholds: list[int] = []
+        helds: list[int] = []
+        held = taken = 0  # what is admitted, and the least room it takes
+        for layer, nbytes, least in order:
+            if swap[layer]:
+                thresholds.append(taken + least if thresholds else 0)
+                held += nbytes
+                taken += least
+                helds.append(held)
+        steps = (above, tuple(thresholds), tuple(helds))
+        self._last_opening = (swap, steps)
+        return steps
 
     def largest_window(self, swap: Sequence[bool], limit: int | None, cap: int) -> int | None:
         """The largest prefetch window whose peak is at most ``cap`` (``None`` if even window 0
@@ -283,15 +339,27 @@ class Simulator:
             >>> simulator.largest_window((True, True, True), 0, 150) is None  # F_b: 200
             True
         """
-        forward_levels, retired = self._forward_memory(self.effective(swap), limit)
+        swap = tuple(self.effective(swap))
+        forward_levels, retired = self._forward_memory(swap, limit)
         if max(forward_levels, default=self.floor) > cap or self.floor > cap:
             return None
         largest = sum(retired)
-        for kept, own, nxt, below in self._backward_terms(retired):
-            if kept + (own if own > nxt else nxt) > cap:
+        above, thresholds, helds = self._opening_steps(swap)
+        for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
+            room = cap - kept
+            # the largest window with max(own, nxt, min(window, below)) <= room
+            fits: int | None = (
+                None if (own if own > nxt else nxt) > room else largest if below <= room else room
+            )
+            if i > above and helds:  # or with the window's opening content <= room
+                first_over = bisect_right(helds, room)
+                if first_over > 0:
+                    opening = largest if first_over == len(helds) else thresholds[first_over] - 1
+                    fits = opening if fits is None or opening > fits else fits
+            if fits is None:
                 return None
-            if kept + below > cap and cap - kept < largest:
-                largest = cap - kept
+            if fits < largest:
+                largest = fits
         return largest
 
     def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:
@@ -653,6 +721,24 @@ class Simulator:
         """Copy-out limits that behave differently in time: 0 and the sums of contiguous runs of
         swapped layers in forward order (memory grows with the limit, as for windows)."""
         return _run_sums([self.swappable[i] for i in range(self.k) if swap[i]])
+
+
+def _prefetch_order(
+    listed: Sequence[tuple[str, int, int]], position: dict[str, int], swappable: Sequence[int]
+) -> tuple[tuple[int, int, int], ...] | None:
+    """``listed`` (layer names, bytes, bytes taken in the window at least) by layer index, or
+    ``None`` when it is empty or its entries do not add up, layer by layer, to ``swappable``."""
+    if not listed:
+        return None
+    order = []
+    totals = [0] * len(swappable)
+    for name, nbytes, least in listed:
+        index = position.get(name)
+        if index is None or nbytes <= 0 or not 0 <= least <= nbytes:
+            return None
+        totals[index] += nbytes
+        order.append((index, nbytes, least))
+    return tuple(order) if totals == list(swappable) else None
 
 
 def _run_sums(sizes: Sequence[int]) -> tuple[int, ...]:

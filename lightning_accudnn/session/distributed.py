@@ -136,6 +136,10 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
         recompute_cost_ratio=max(p.recompute_cost_ratio for p in profiles),
         outside_working_bytes=max(p.outside_working_bytes for p in profiles),
         swapped_pass_forward_bytes=_merged_swapped_passes(profiles),
+        # the window admits the records of the rank it was listed on: kept where all are alike
+        prefetch_order=first.prefetch_order
+        if all(p.prefetch_order == first.prefetch_order for p in profiles)
+        else (),
     )
 
 

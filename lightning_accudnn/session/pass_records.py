@@ -240,8 +240,9 @@ class PassRecords:
         copies counted them as working memory, which the static memory holds from then on
         (:meth:`~lightning_accudnn.profile.StepProfile.rebased`)."""
         link = self._links.get(key)
+        sequence = self._sequences.get(key)
         if link is None:
-            sizes = transfer_sizes(self._sequences.get(key), self.min_swap_bytes)
+            sizes = transfer_sizes(sequence, self.min_swap_bytes)
             link = self._links[key] = probe(self.device).link_for(sizes)
         measured = StepProfile(
             layers=step.layers,
@@ -250,6 +251,7 @@ class PassRecords:
             h2d_bytes_per_second=link.h2d_bytes_per_second,
             resaves_listed=True,  # the engine lists every re-save of a swappable storage
             outside_working_bytes=step.outside_working_bytes,
+            prefetch_order=() if sequence is None else sequence.prefetch_order(),
         )
         profile = measured.with_working_bytes_added(not_allocated).rebased(static_bytes)
         copies = self.weight_copies_by_layer(key)

@@ -60,6 +60,9 @@ def profile_from_dict(data: dict[str, Any]) -> StepProfile:
         resaves_listed=bool(data.get("resaves_listed", False)),
         excluded_segments=tuple(ExcludedSegment(**item) for item in data.get("excluded_segments", [])),
         recompute_cost_ratio=float(data.get("recompute_cost_ratio", 1.0)),
+        prefetch_order=tuple(
+            (str(name), int(nbytes), int(least)) for name, nbytes, least in data.get("prefetch_order", [])
+        ),
     )
 
 

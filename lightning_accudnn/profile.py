@@ -100,6 +100,9 @@ class LayerProfile:
     see them: ``retired_alive_bytes`` is, at this layer's forward level, the most bytes of
     storages swapped before it whose copy was out and which the model's code still held (a
     residual block's input until the addition), which a plan that swaps holds beyond its level.
+    ``retired_alive_from`` lists, by the layer that saved them first, the most of those bytes
+    each layer's storages were (empty: not known); a plan adds no more than the share of the
+    layers it swaps, when the list covers ``retired_alive_bytes``.
 
     ``weight_copy_bytes`` are autocast's low-precision copies of parameters this layer saves,
     counted in the model state, not in its saves: a plan that recomputes the layer holds them
@@ -125,6 +128,7 @@ forward_seconds=0.0, backward_seconds=0.0)
     backward_working_bytes: int = field(default=0, repr=False)
     retired_alive_bytes: int = field(default=0, repr=False)
     weight_copy_bytes: int = field(default=0, repr=False)
+    retired_alive_from: tuple[tuple[str, int], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.retired_alive_bytes < 0 or self.weight_copy_bytes < 0:

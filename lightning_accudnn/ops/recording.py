@@ -178,6 +178,9 @@ def layer_usage(
             forward_working_bytes=0 if working is None else working.forward_bytes.get(name, 0),
             backward_working_bytes=0 if working is None else working.backward_bytes.get(name, 0),
             retired_alive_bytes=0 if working is None else working.retired_alive_bytes.get(name, 0),
+            retired_alive_from=()
+            if working is None
+            else tuple(sorted(working.retired_alive_from.get(name, {}).items())),
         )
         for name in forward
     )

@@ -285,7 +285,7 @@ class CopyTraffic:
                 meter = self._meter
                 if meter is not None and self._in_forward:  # the model's code may still hold it
                     reference = StorageWeakReference(storage)
-                    meter.retired(block.nbytes, reference, block)
+                    meter.retired(block.nbytes, reference, block, record.layer)
                     meter.hold(reference, storage)
 
     def _settle_copy_out(self, step: StepState | None, record: StorageRecord) -> None:

@@ -114,6 +114,9 @@ class WorkingMemory:
     backward_bytes: dict[str, int]
     outside_bytes: int
     retired_alive_bytes: dict[str, int] = field(default_factory=dict)
+    #: Per layer of ``retired_alive_bytes``: the most of those bytes each layer's storages were
+    #: (by the layer that saved them first), at any one reading of that level.
+    retired_alive_from: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class WorkingMemoryMeter:
@@ -132,8 +135,9 @@ class WorkingMemoryMeter:
     Example:
         >>> meter = WorkingMemoryMeter(lambda: 0, lambda: "fc")
         >>> meter.start(0); meter.begin_backward(0, [])
-        >>> meter.end(0, [])
-        WorkingMemory(forward_bytes={}, backward_bytes={}, outside_bytes=0, retired_alive_bytes={})
+        >>> memory = meter.end(0, [])
+        >>> memory.forward_bytes, memory.backward_bytes, memory.outside_bytes, memory.retired_alive_bytes
+        ({}, {}, 0, {})
     """
 
     def __init__(self, read_peak: Callable[[], int], current_layer: Callable[[], str]) -> None:
@@ -153,11 +157,16 @@ class WorkingMemoryMeter:
         self._reading = -1  # in backward: the highest position with a save not read
         self._let_go = 0  # bytes the ledger let go since that position's backward began
         self._allocated_for_ledger = False  # see allocating()
-        self._retired: list[tuple[int, _Expiring]] = []  # swapped storages let go in forward, alive
-        self._retired_log: list[tuple[int, object]] = []  # every one let go in forward: bytes, token
-        # Per forward reading while some were alive: position, their bytes, how many were let go.
-        self._retired_readings: list[tuple[int, int, int]] = []
+        # swapped storages let go in forward, alive: bytes, storage, the layer that saved it first
+        self._retired: list[tuple[int, _Expiring, str]] = []
+        self._retired_log: list[
+            tuple[int, object, str]
+        ] = []  # every one let go in forward: bytes, token, layer
+        # Per forward reading while some were alive: position, their bytes, how many were let go,
+        # their bytes by layer.
+        self._retired_readings: list[tuple[int, int, int, dict[str, int]]] = []
         self._retired_top: dict[int, int] | None = None  # per position: the most of them alive
+        self._retired_top_from: dict[int, dict[str, int]] = {}  # per position and layer: the most
         self._held_unread = 0  # in backward: bytes held beyond the forward, not read yet
         self._held_copies: list[tuple[int, _Expiring]] = []  # read, their copies still alive
         self._ledger_now = 0  # the ledger's bytes, as its changes were told
@@ -186,10 +195,14 @@ class WorkingMemoryMeter:
             position = len(self._order) - 1
             if self._retired:  # still alive now: alive since the last reading, and not working memory
                 self._retired = [entry for entry in self._retired if not entry[1].expired()]
-                alive = sum(nbytes for nbytes, _ in self._retired)
+                alive = 0
+                by_layer: dict[str, int] = {}
+                for nbytes, _, layer in self._retired:
+                    alive += nbytes
+                    by_layer[layer] = by_layer.get(layer, 0) + nbytes
                 unseen -= alive
                 if alive:
-                    self._retired_readings.append((position, alive, len(self._retired_log)))
+                    self._retired_readings.append((position, alive, len(self._retired_log), by_layer))
             level, tops = unseen + self._saved_so_far, self._forward_top
         if level > tops.get(position, level - 1):
             tops[position] = level
@@ -216,13 +229,14 @@ class WorkingMemoryMeter:
         self.changing(ledger_bytes)
         self._allocated_for_ledger = True
 
-    def retired(self, nbytes: int, storage: _Expiring, token: object = None) -> None:
-        """In forward the engine let go of ``nbytes`` of a swapped ``storage`` (its copy is out):
-        while the model's code still holds it, the planner's levels count it (as a plan that
-        keeps it does) and :attr:`WorkingMemory.retired_alive_bytes` says how much of it there
-        was, which a plan that swaps adds. ``token`` names it to :meth:`begin_backward`."""
-        self._retired.append((nbytes, storage))
-        self._retired_log.append((nbytes, token))
+    def retired(self, nbytes: int, storage: _Expiring, token: object = None, layer: str = "") -> None:
+        """In forward the engine let go of ``nbytes`` of a swapped ``storage`` (its copy is out),
+        which ``layer`` saved first: while the model's code still holds it, the planner's levels
+        count it (as a plan that keeps it does) and :attr:`WorkingMemory.retired_alive_bytes`
+        says how much of it there was, which a plan that swaps ``layer`` adds
+        (:attr:`WorkingMemory.retired_alive_from`). ``token`` names it to :meth:`begin_backward`."""
+        self._retired.append((nbytes, storage, layer))
+        self._retired_log.append((nbytes, token, layer))
 
     def hold(self, storage: _Counted, held: object) -> None:
         """Keep ``held`` (the storage :meth:`retired` was just told of, which ``storage`` counts)
@@ -342,14 +356,28 @@ class WorkingMemoryMeter:
         if self._retired_top is not None:
             return
         held_before = [0]
-        for nbytes, token in self._retired_log:
-            held_before.append(held_before[-1] + (nbytes if token is not None and token in held else 0))
+        held_entries = []  # (index in the log, layer, bytes) of those held
+        for index, (nbytes, token, layer) in enumerate(self._retired_log):
+            is_held = token is not None and token in held
+            held_before.append(held_before[-1] + (nbytes if is_held else 0))
+            if is_held:
+                held_entries.append((index, layer, nbytes))
         tops: dict[int, int] = {}
-        for position, alive, count in self._retired_readings:
+        tops_from: dict[int, dict[str, int]] = {}
+        for position, alive, count, by_layer in self._retired_readings:
             swapped = alive - held_before[count]
             if swapped > tops.get(position, 0):
                 tops[position] = swapped
+            own = dict(by_layer)
+            for index, layer, nbytes in held_entries:
+                if index < count and layer in own:
+                    own[layer] -= nbytes
+            most = tops_from.setdefault(position, {})
+            for layer, nbytes in own.items():
+                if nbytes > most.get(layer, 0):
+                    most[layer] = nbytes
         self._retired_top = tops
+        self._retired_top_from = tops_from
 
     def _highest_unread(self, start: int) -> int | None:
         """The highest position at or below ``start`` whose layer has a save not read yet."""
@@ -376,12 +404,17 @@ class WorkingMemoryMeter:
         saved_up_to = list(accumulate(saved_at))
         forward: dict[str, int] = {}
         retired: dict[str, int] = {}
+        retired_from: dict[str, dict[str, int]] = {}
         latest = 0
         for position, layer in enumerate(self._order):
             latest = max(latest, profile_position.get(layer, 0))
             alive = self._retired_top.get(position, 0)
             if alive and layers:
                 retired[layers[latest]] = max(retired.get(layers[latest], 0), alive)
+                most = retired_from.setdefault(layers[latest], {})
+                for origin, nbytes in self._retired_top_from.get(position, {}).items():
+                    if nbytes > most.get(origin, 0):
+                        most[origin] = nbytes
             top = self._forward_top.get(position)
             before = self._forward_top.get(-1) if position == 0 else None  # before the first save
             if before is not None:
@@ -391,4 +424,4 @@ class WorkingMemoryMeter:
                 beyond = top - saved_up_to[latest]
                 forward[name] = beyond if name not in forward else max(forward[name], beyond)
         backward = {layers[position]: top for position, top in self._backward_top.items() if position >= 0}
-        return WorkingMemory(forward, backward, self._outside, retired)
+        return WorkingMemory(forward, backward, self._outside, retired, retired_from)

@@ -54,7 +54,9 @@ the step holds ``M + StepProfile.outside_working_bytes`` (the optimizer step's t
 peak is never below it. A swapped storage retired while the model's code still holds it (a
 residual block's input until the addition) is still allocated: ``F_i``'s level adds
 ``min(A_i, bytes retired before F_i)``, ``A_i`` being ``LayerProfile.retired_alive_bytes`` (the
-most such bytes a pass that swapped everything met there). Each term is a constant per layer and
+most such bytes a pass that swapped everything met there), and no more than the bytes of the
+swapped layers' storages in it where ``LayerProfile.retired_alive_from`` lists them (a storage
+is retired only if the layer that saved it first is swapped). Each term is a constant per layer and
 plan, or grows by no more than the bytes a swap or a smaller ``L`` retires, so what follows holds
 still.
 
@@ -167,6 +169,11 @@ class Simulator:
         # Swapped storages retired while the model's code still holds them, at most, per F_i.
         self.retired_alive: tuple[int, ...] = tuple(map(attrgetter("retired_alive_bytes"), layers))
         self._retired_alive = any(self.retired_alive)
+        # Per layer, the layers whose storages those were (index, most bytes), where listed and
+        # covering them (else None: the whole of A_i, whatever is swapped).
+        self._alive_from = tuple(
+            _alive_origins(layer.retired_alive_from, layer.retired_alive_bytes, position) for layer in layers
+        )
         # What B_i holds beyond the ledger's level: its transient and its working memory (the
         # transient itself when no working memory is listed: the hot loops read one number).
         self._backward_extra = (
@@ -286,6 +293,15 @@ class Simulator:
                 next_retired = own
         return peak
 
+    def _swapped_alive(self, swap: tuple[bool, ...]) -> tuple[int, ...]:
+        """Per ``F_i``: at most the bytes of swapped storages let go and still alive there,
+        ``A_i``, or the share of the swapped layers' storages in it where
+        :attr:`~lightning_accudnn.profile.LayerProfile.retired_alive_from` lists them."""
+        return tuple(
+            most if origins is None else min(most, sum(nbytes for origin, nbytes in origins if swap[origin]))
+            for most, origins in zip(self.retired_alive, self._alive_from, strict=True)
+        )
+
     def _opening_window(self, swap: tuple[bool, ...], window: int) -> tuple[int, int]:
         """(``h``, ``P``): the highest swapped layer, and at most what the prefetch window holds
         from the backward's start until ``B_h``. The engine admits swapped records in the
@@ -375,7 +391,7 @@ class Simulator:
         fifo: deque[int] = deque()  # layers with bytes in flight, oldest first
         left = [0] * self.k  # bytes of each layer still in the FIFO
         fifo_bytes = 0
-        alive = self.retired_alive if self._retired_alive else None
+        alive = self._swapped_alive(swap) if self._retired_alive else None
         pushed = 0  # bytes swapped so far: those not in the FIFO are retired
         for i, swapped in enumerate(swap):
             nbytes = saved[i]
@@ -721,6 +737,23 @@ class Simulator:
         """Copy-out limits that behave differently in time: 0 and the sums of contiguous runs of
         swapped layers in forward order (memory grows with the limit, as for windows)."""
         return _run_sums([self.swappable[i] for i in range(self.k) if swap[i]])
+
+
+def _alive_origins(
+    listed: Sequence[tuple[str, int]], most: int, position: dict[str, int]
+) -> tuple[tuple[int, int], ...] | None:
+    """``listed`` (layer names and bytes) by layer index, or ``None`` when it is empty, names a
+    layer not in ``position`` or adds up to less than ``most`` (a profile merged since with
+    another pass's bytes)."""
+    if not listed or most <= 0:
+        return None
+    origins = []
+    for name, nbytes in listed:
+        index = position.get(name)
+        if index is None or nbytes < 0:
+            return None
+        origins.append((index, nbytes))
+    return tuple(origins) if sum(nbytes for _, nbytes in origins) >= most else None
 
 
 def _prefetch_order(

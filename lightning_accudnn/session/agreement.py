@@ -159,12 +159,14 @@ def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> Step
             known.forward_working_bytes > layer.forward_working_bytes
             or known.backward_working_bytes > layer.backward_working_bytes
             or known.retired_alive_bytes > layer.retired_alive_bytes
+            or known.retired_alive_from != layer.retired_alive_from
         ):
             layer = replace(
                 layer,
                 forward_working_bytes=max(layer.forward_working_bytes, known.forward_working_bytes),
                 backward_working_bytes=max(layer.backward_working_bytes, known.backward_working_bytes),
                 retired_alive_bytes=max(layer.retired_alive_bytes, known.retired_alive_bytes),
+                retired_alive_from=_most_by_name(layer.retired_alive_from, known.retired_alive_from),
             )
         layers.append(layer)
     return replace(
@@ -196,8 +198,25 @@ def with_times_of(
             forward_working_bytes=by_name[layer.name].forward_working_bytes,
             backward_working_bytes=by_name[layer.name].backward_working_bytes,
             retired_alive_bytes=by_name[layer.name].retired_alive_bytes,
+            retired_alive_from=by_name[layer.name].retired_alive_from,
         )
         if layer.name in by_name
         else layer
         for layer in layers
     )
+
+
+def _most_by_name(
+    a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    """Per name, the larger of the bytes ``a`` and ``b`` list (sorted by name).
+
+    Example:
+        >>> _most_by_name((("x", 5), ("y", 1)), (("y", 3),))
+        (('x', 5), ('y', 3))
+    """
+    most = dict(a)
+    for name, nbytes in b:
+        if nbytes > most.get(name, 0):
+            most[name] = nbytes
+    return tuple(sorted(most.items()))

@@ -216,14 +216,14 @@ def test_a_storage_held_beyond_the_forward_is_a_kept_save_not_working_memory():
     meter.saved("a")
     meter.changing(100)  # a's copy is out: the engine lets it go, the caller holds it
     meter.released(100)
-    meter.retired(100, held, "held")
+    meter.retired(100, held, "held", "a")
     layer[0] = "b"
     meter.changing(0)  # b's output, 50 bytes, before b saves it
     meter.acquired(50)
     meter.saved("b")
     meter.changing(50)
     meter.released(50)
-    meter.retired(50, dying, "dying")
+    meter.retired(50, dying, "dying", "b")
     meter.begin_backward(0, ["a", "b"], {"held"}, 100)  # 30 bytes of the loss's beyond them
     dying.alive = False
     meter.read("b", 0)
@@ -238,6 +238,7 @@ def test_a_storage_held_beyond_the_forward_is_a_kept_save_not_working_memory():
     meter.released(100)
     memory = meter.end(0, ["a", "b"])
     assert memory.retired_alive_bytes == {"b": 50}  # the held 100 left out
+    assert memory.retired_alive_from == {"b": {"b": 50}}  # b's own storage (a's is held)
     assert memory.forward_bytes == {"a": 50, "b": 30}
     assert memory.backward_bytes == {"a": 60, "b": 40}
 

@@ -77,7 +77,7 @@ was ``a``, whose level does not count ``b``'s saves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Protocol
@@ -159,9 +159,8 @@ class WorkingMemoryMeter:
         self._allocated_for_ledger = False  # see allocating()
         # swapped storages let go in forward, alive: bytes, storage, the layer that saved it first
         self._retired: list[tuple[int, _Expiring, str]] = []
-        self._retired_log: list[
-            tuple[int, object, str]
-        ] = []  # every one let go in forward: bytes, token, layer
+        # every one let go in forward: bytes, token, layer
+        self._retired_log: list[tuple[int, object, str]] = []
         # Per forward reading while some were alive: position, their bytes, how many were let go,
         # their bytes by layer.
         self._retired_readings: list[tuple[int, int, int, dict[str, int]]] = []
@@ -372,10 +371,7 @@ class WorkingMemoryMeter:
             for index, layer, nbytes in held_entries:
                 if index < count and layer in own:
                     own[layer] -= nbytes
-            most = tops_from.setdefault(position, {})
-            for layer, nbytes in own.items():
-                if nbytes > most.get(layer, 0):
-                    most[layer] = nbytes
+            _raise_to(tops_from.setdefault(position, {}), own)
         self._retired_top = tops
         self._retired_top_from = tops_from
 
@@ -411,10 +407,9 @@ class WorkingMemoryMeter:
             alive = self._retired_top.get(position, 0)
             if alive and layers:
                 retired[layers[latest]] = max(retired.get(layers[latest], 0), alive)
-                most = retired_from.setdefault(layers[latest], {})
-                for origin, nbytes in self._retired_top_from.get(position, {}).items():
-                    if nbytes > most.get(origin, 0):
-                        most[origin] = nbytes
+                _raise_to(
+                    retired_from.setdefault(layers[latest], {}), self._retired_top_from.get(position, {})
+                )
             top = self._forward_top.get(position)
             before = self._forward_top.get(-1) if position == 0 else None  # before the first save
             if before is not None:
@@ -425,3 +420,10 @@ class WorkingMemoryMeter:
                 forward[name] = beyond if name not in forward else max(forward[name], beyond)
         backward = {layers[position]: top for position, top in self._backward_top.items() if position >= 0}
         return WorkingMemory(forward, backward, self._outside, retired, retired_from)
+
+
+def _raise_to(most: dict[str, int], bytes_by_layer: Mapping[str, int]) -> None:
+    """Raise each of ``most``'s counts to ``bytes_by_layer``'s where that is more."""
+    for layer, nbytes in bytes_by_layer.items():
+        if nbytes > most.get(layer, 0):
+            most[layer] = nbytes

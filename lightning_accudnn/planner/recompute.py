@@ -620,6 +620,8 @@ def _surviving(profile: StepProfile, layers: list[LayerProfile]) -> tuple[tuple[
     recomputed layer saves nothing; a segment's layer saves other bytes, under its name).
     The planner counts the window from them only if they add up to the layers' swappable
     bytes: a segment's layer that may be swapped lists none, and they do not."""
+    if not profile.prefetch_order:
+        return ()
     unchanged = {id(layer) for layer in profile.layers}
     names = {layer.name for layer in layers if id(layer) in unchanged}
     return tuple(entry for entry in profile.prefetch_order if entry[0] in names)

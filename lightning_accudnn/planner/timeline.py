@@ -174,6 +174,7 @@ class Simulator:
         self._alive_from = tuple(
             _alive_origins(layer.retired_alive_from, layer.retired_alive_bytes, position) for layer in layers
         )
+        self._alive_listed = any(origins is not None for origins in self._alive_from)
         # What B_i holds beyond the ledger's level: its transient and its working memory (the
         # transient itself when no working memory is listed: the hot loops read one number).
         self._backward_extra = (
@@ -259,12 +260,11 @@ class Simulator:
             >>> simulator.peak_bytes(PlanChoice((True,), 0, 0))
             15
         """
-        forward_levels, retired = self._forward_memory(
-            self.effective(choice.swap), choice.max_copying_out_bytes
-        )
+        swap = self.effective(choice.swap)
+        forward_levels, retired = self._forward_memory(swap, choice.max_copying_out_bytes)
         peak = max(self.floor, max(forward_levels, default=0))
         window = choice.prefetch_window_bytes
-        above, opening = self._opening_window(self.effective(choice.swap), window)
+        above, opening = self._opening_window(swap, window)
         if self.has_resaves:
             for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
                 # kept + max(own, nxt, min(window, below)), in comparisons (the hot loop)
@@ -297,6 +297,8 @@ class Simulator:
         """Per ``F_i``: at most the bytes of swapped storages let go and still alive there,
         ``A_i``, or the share of the swapped layers' storages in it where
         :attr:`~lightning_accudnn.profile.LayerProfile.retired_alive_from` lists them."""
+        if not self._alive_listed:
+            return self.retired_alive
         return tuple(
             most if origins is None else min(most, sum(nbytes for origin, nbytes in origins if swap[origin]))
             for most, origins in zip(self.retired_alive, self._alive_from, strict=True)
@@ -355,7 +357,7 @@ class Simulator:
             >>> simulator.largest_window((True, True, True), 0, 150) is None  # F_b: 200
             True
         """
-        swap = tuple(self.effective(swap))
+        swap = self.effective(swap)
         forward_levels, retired = self._forward_memory(swap, limit)
         if max(forward_levels, default=self.floor) > cap or self.floor > cap:
             return None

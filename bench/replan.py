@@ -30,7 +30,7 @@ from typing import Any
 from lightning_accudnn.planner import Budget, Plan, plan_swaps
 from lightning_accudnn.profile import ExcludedSegment, LayerProfile, SegmentProfile, StepProfile
 
-_PAIRS = ("resaved_by", "small_resaved_by", "resaved_by_module")
+_PAIRS = ("resaved_by", "small_resaved_by", "resaved_by_module", "retired_alive_from")
 
 
 def _pairs(items: list[list[Any]]) -> tuple[tuple[str, int], ...]:
@@ -63,7 +63,13 @@ def profile_from_dict(data: dict[str, Any]) -> StepProfile:
         prefetch_order=tuple(
             (str(name), int(nbytes), int(least)) for name, nbytes, least in data.get("prefetch_order", [])
         ),
+        swap_host_seconds=_seconds_pair(data.get("swap_host_seconds", (0.0, 0.0))),
     )
+
+
+def _seconds_pair(values: list[float] | tuple[float, float]) -> tuple[float, float]:
+    forward, backward = values
+    return float(forward), float(backward)
 
 
 def _rate(value: float | None) -> float:

@@ -104,6 +104,11 @@ class LayerProfile:
     each layer's storages were (empty: not known); a plan adds no more than the share of the
     layers it swaps, when the list covers ``retired_alive_bytes``.
 
+    ``swappable_storages`` is how many copies out swapping the layer takes: its swappable
+    records, one per storage or per part of one that a view lineage saved (0 when unknown). A
+    plan charges each the host's time per swapped storage
+    (:attr:`StepProfile.swap_host_seconds`).
+
     ``weight_copy_bytes`` are autocast's low-precision copies of parameters this layer saves,
     counted in the model state, not in its saves: a plan that recomputes the layer holds them
     until the forward ends (autocast's cache) and again while its recomputation and backward run
@@ -129,12 +134,14 @@ forward_seconds=0.0, backward_seconds=0.0)
     retired_alive_bytes: int = field(default=0, repr=False)
     weight_copy_bytes: int = field(default=0, repr=False)
     retired_alive_from: tuple[tuple[str, int], ...] = field(default=(), repr=False)
+    swappable_storages: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.retired_alive_bytes < 0 or self.weight_copy_bytes < 0:
+        if self.retired_alive_bytes < 0 or self.weight_copy_bytes < 0 or self.swappable_storages < 0:
             raise ValueError(
-                f"layer {self.name!r}: retired_alive_bytes and weight_copy_bytes must be >= 0, got "
-                f"{self.retired_alive_bytes}, {self.weight_copy_bytes}"
+                f"layer {self.name!r}: retired_alive_bytes, weight_copy_bytes and swappable_storages "
+                f"must be >= 0, got {self.retired_alive_bytes}, {self.weight_copy_bytes}, "
+                f"{self.swappable_storages}"
             )
         if not 0 <= self.swappable_bytes <= self.saved_bytes:
             raise ValueError(
@@ -307,6 +314,13 @@ class StepProfile:
     holds when the backward starts from it, and only while its entries add up, layer by layer,
     to the layers' ``swappable_bytes`` (a profile scaled or merged since lists other bytes).
     Empty: not listed.
+    ``swap_host_seconds`` is the host's time per swapped storage in the forward and in the
+    backward: the engine's own work for it (its saved-tensor hooks, issuing its copy, bringing it
+    back, releasing it; :attr:`lightning_accudnn.ops.StepStats.swap_host_seconds` over the
+    storages swapped). A plan charges it on the compute stream, per layer's
+    ``swappable_storages``: where the host computes (the CPU) it holds the compute up, whole. A
+    training session measures it in the passes it times whole, on the CPU (on a GPU a host
+    that runs ahead hides it, and how much shows is not measured); (0, 0) unless measured.
     ``static_let_go_in_backward`` lists, per layer, the part of ``static_bytes`` the step no
     longer holds while the layer's backward runs (empty: none): in a profile with segments
     recomputed (:func:`lightning_accudnn.planner.recompute.recomputed_profile`), the
@@ -336,6 +350,7 @@ class StepProfile:
     swapped_pass_forward_bytes: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     static_let_go_in_backward: tuple[int, ...] = field(default=(), repr=False)
     prefetch_order: tuple[tuple[str, int, int], ...] = field(default=(), repr=False)
+    swap_host_seconds: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
 
     def __post_init__(self) -> None:
         names = [layer.name for layer in self.layers]
@@ -356,6 +371,12 @@ class StepProfile:
             raise ValueError(
                 f"static_let_go_in_backward must hold, per layer ({len(self.layers)}), bytes in "
                 f"[0, static_bytes={self.static_bytes}], got {let_go}"
+            )
+        if len(self.swap_host_seconds) != 2 or not all(
+            0.0 <= s < float("inf") for s in self.swap_host_seconds
+        ):
+            raise ValueError(
+                f"swap_host_seconds must be (forward, backward) seconds >= 0, got {self.swap_host_seconds}"
             )
         if not 0.0 < self.recompute_cost_ratio < float("inf"):
             raise ValueError(
@@ -401,6 +422,9 @@ class StepProfile:
                 replace(
                     layer,
                     swappable_bytes=layer.swappable_bytes + sum(moved),
+                    swappable_storages=layer.swappable_storages + len(moved)
+                    if layer.swappable_storages
+                    else 0,
                     small_storages=tuple(size for size in layer.small_storages if size < min_swap_bytes),
                     resaved_by=tuple(resaved.items()),
                     small_resaved_by=tuple(

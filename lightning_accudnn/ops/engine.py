@@ -42,6 +42,7 @@ from lightning_accudnn.ops.replay import ReplayRoute
 from lightning_accudnn.ops.runtime import Runtime, make_runtime
 from lightning_accudnn.ops.saves import StepState
 from lightning_accudnn.ops.schedule import SwapSchedule
+from lightning_accudnn.ops.timing import HostWorkTimer, WallClock
 from lightning_accudnn.ops.transfers import COPY_GROUP_BYTES, COPY_GROUP_STORAGES
 from lightning_accudnn.ops.working_memory import WorkingMemory, WorkingMemoryMeter
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES
@@ -102,6 +103,10 @@ class OffloadEngine(SaveHooks):
         self._last_observed: tuple[ReplayRoute, int] | None = None  # an observed replay: its activation peak
         self._hooked = False
         self._time_waits = False  # the pass replayed now times its waits, read at its end
+        # ... and its own host work, by this timer (which passes the waits on to pass_timer)
+        self._host_work = HostWorkTimer(
+            self.pass_timer, host_marks=isinstance(self.pass_timer.clock, WallClock)
+        )
         # Autocast was still on when the forward ended: its cache may hold weight copies beyond it.
         self._autocast_past_forward = False
 
@@ -152,7 +157,9 @@ class OffloadEngine(SaveHooks):
 
         With ``time_waits`` a pass replayed by ordinal also times compute's waits on copies,
         and its times are read at its end, the CPU waiting for the device: its
-        :attr:`StepStats.stall_seconds` say how much of its forward and backward was waiting.
+        :attr:`StepStats.stall_seconds` say how much of its forward and backward was waiting,
+        and its :attr:`StepStats.swap_host_seconds` how long the host spent in the engine's
+        own work.
 
         With ``allocated_peak`` (the device allocator's peak of allocated bytes since its previous
         call) a hooked pass measures what it holds beyond the ledger, layer by layer
@@ -175,8 +182,12 @@ class OffloadEngine(SaveHooks):
         self._recording = SaveSequence() if sequence is None else None
         # No timing events in passes replayed by ordinal, unless their waits are to be timed.
         self.runtime.timing = sequence is None or time_waits
-        self.runtime.stalls = self.timer if sequence is None else self.pass_timer
         self._time_waits = time_waits and sequence is not None
+        self.runtime.stalls = (
+            self.timer if sequence is None else self._host_work if self._time_waits else self.pass_timer
+        )
+        if self._time_waits and self._step is None:
+            self._host_work.start()
         self.runtime.begin_pass()
         if sequence is not None and not self._route.compiled_for(sequence, schedule):
             self._route = ReplayRoute(sequence, schedule)
@@ -190,9 +201,11 @@ class OffloadEngine(SaveHooks):
             self._calls = len(route)  # as if every save was seen: the step reports them all
             self._open_step().observed = False
         else:
-            hooks = torch.autograd.graph.saved_tensors_hooks(
-                self._pack_recorded if sequence is None else self._pack_replayed, self._unpack
-            )
+            pack = self._pack_recorded if sequence is None else self._pack_replayed
+            unpack = self._unpack
+            if self._time_waits:  # the engine's host time is timed too, its hooks' and its copies'
+                pack, unpack = self._host_work.timed(pack), self._host_work.timed(unpack)
+            hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         if self._step is None and sequence is None:
             self.timer.start()
         if sequence is None and allocated_peak is not None and self._step is None:
@@ -230,7 +243,13 @@ class OffloadEngine(SaveHooks):
         if torch.amp.is_autocast_available(device_type):
             self._autocast_past_forward |= torch.is_autocast_enabled(device_type)
         self.runtime.begin_pass()
-        self._issue_copies_out()
+        issue_copies_out, prefetch = self._issue_copies_out, self._prefetch
+        if self._time_waits:
+            issue_copies_out, prefetch = (
+                self._host_work.timed(issue_copies_out),
+                self._host_work.timed(prefetch),
+            )
+        issue_copies_out()
         step, recording = self._step, self._recording
         if recording is not None and step is not None:  # a hooked pass: what it swapped and the model holds
             held, held_bytes = self._keep_held_storages(step, recording)
@@ -241,10 +260,22 @@ class OffloadEngine(SaveHooks):
             self._meter.begin_backward(self.ledger.current_bytes, ())
         self.timer.end_forward()
         self.pass_timer.end_forward()
+        self._host_work.end_forward()
         if step is not None:
             step.swapped.sort(key=lambda record: record.last_save)
             step.next_prefetch = len(step.swapped) - 1
-        self._prefetch()
+        prefetch()
+
+    def _release_step(self, step: StepState) -> None:
+        """The step's backward is over: what it holds on the device goes, in stream order."""
+        while step.copying_out:
+            self._retire(step, step.copying_out.popleft())
+        if step.held_records:
+            self._release_devices(step)
+        if self._lingering:
+            self._reap()
+        self._release_lingering()
+        self._release_kept(step)
 
     def end_step(self) -> StepStats | None:
         """Close the step after backward and report what was measured.
@@ -259,14 +290,7 @@ class OffloadEngine(SaveHooks):
         self._in_forward = False
         self.timer.end_backward()
         working = self._stop_measuring(step)
-        while step.copying_out:
-            self._retire(step, step.copying_out.popleft())
-        if step.held_records:
-            self._release_devices(step)
-        if self._lingering:
-            self._reap()
-        self._release_lingering()
-        self._release_kept(step)
+        (self._host_work.timed(self._release_step) if self._time_waits else self._release_step)(step)
         replaying, recording = self._replaying, self._recording
         graph_changed = replaying is not None and (self._departed >= 0 or self._calls != len(replaying))
         if step.observed and replaying is not None:
@@ -300,6 +324,7 @@ class OffloadEngine(SaveHooks):
             observed=step.observed,
             storages_swapped_out=len(step.swapped),
             stall_seconds=stalls,
+            swap_host_seconds=self._host_work.read() if self._time_waits else (0.0, 0.0),
             outside_working_bytes=0 if working is None else working.outside_bytes,
             autocast_past_forward=self._autocast_past_forward,
         )

@@ -70,6 +70,12 @@ class StepStats:
     long compute waited on copies in its forward and in its backward, which its
     ``forward_seconds`` and ``backward_seconds`` hold; zeros otherwise (a hooked pass's times
     are without its waits already)."""
+    swap_host_seconds: tuple[float, float] = (0.0, 0.0)
+    """A pass replayed with its waits timed: the host's seconds in the engine's own work in its
+    forward and in its backward (its saved-tensor hooks, issuing its copies, prefetching,
+    releasing), less the waits on copies inside them that held the host
+    (:class:`~lightning_accudnn.ops.timing.HostWorkTimer`); zeros otherwise. On the CPU, where
+    the host computes, ``forward_seconds`` and ``backward_seconds`` hold it."""
     outside_working_bytes: int = 0
     """A hooked pass that measured its working memory (``OffloadEngine.offload(allocated_peak=...)``):
     what the device held beyond model state between the previous pass and this one (the

@@ -12,11 +12,16 @@ performance model (the link's time it models apart).
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import torch
 
+from lightning_accudnn.ops.runtime import StallListener
 from lightning_accudnn.profile import ROOT_LAYER
+
+_Arguments = ParamSpec("_Arguments")
+_Result = TypeVar("_Result")
 
 
 class Clock(Protocol):
@@ -265,3 +270,72 @@ class RecomputationTimer:
     def discard(self) -> None:
         """Forget the marks since the last call (the pass they timed measured nothing)."""
         self._marks = []
+
+
+class HostWorkTimer:
+    """The host's seconds in the engine's own work over one pass, forward and backward apart,
+    less the waits on copies inside it that held the host.
+
+    A pass replayed by ordinal with its waits timed runs its saved-tensor hooks and the work
+    around its copies through :meth:`timed`, and its runtime tells the waits on copies to
+    this timer (:meth:`stall`), which passes them on to ``stalls``. Where the marks are the
+    host's clock (``host_marks``: the CPU, whose copies are the host's work and are timed as
+    waits) a wait inside the timed work is not the engine's own; on a CUDA device a wait is an
+    event the compute stream waits on, and the host goes on. Nothing here runs in a pass whose
+    waits are not timed.
+
+    Example:
+        >>> timer = HostWorkTimer(PassTimer(WallClock()), host_marks=True)
+        >>> timer.start()
+        >>> def copy(seconds: float) -> None:  # a copy the runtime timed as a wait
+        ...     before = time.perf_counter(); time.sleep(seconds); timer.stall(before, time.perf_counter())
+        >>> timed_copy = timer.timed(copy)
+        >>> timed_copy(0.02)
+        >>> forward, backward = timer.read()
+        >>> 0.0 <= forward < 0.01, backward
+        (True, 0.0)
+    """
+
+    __slots__ = ("_blocked", "_depth", "_phase", "_seconds", "_stalls", "host_marks")
+
+    def __init__(self, stalls: StallListener, host_marks: bool) -> None:
+        self._stalls = stalls
+        self.host_marks = host_marks
+        self._seconds = [0.0, 0.0]
+        self._phase = 0  # 0: forward, 1: backward
+        self._blocked = 0.0  # seconds of waits inside the timed work, host-clock marks only
+        self._depth = 0
+
+    def start(self) -> None:
+        """A pass begins: its forward is timed from now."""
+        self._seconds = [0.0, 0.0]
+        self._phase = 0
+
+    def end_forward(self) -> None:
+        """What is timed from now is the backward's."""
+        self._phase = 1
+
+    def stall(self, before: Any, after: Any) -> None:
+        """Compute waited on copies: told to the pass's listener, and left out of the work timed."""
+        self._stalls.stall(before, after)
+        if self._depth and self.host_marks:
+            self._blocked += after - before
+
+    def timed(self, work: Callable[_Arguments, _Result]) -> Callable[_Arguments, _Result]:
+        """``work`` (a saved-tensor hook, the engine's work around its copies), its host time
+        added to the pass's."""
+
+        def timed_work(*args: _Arguments.args, **kwargs: _Arguments.kwargs) -> _Result:
+            start, blocked = time.perf_counter(), self._blocked
+            self._depth += 1
+            try:
+                return work(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                self._seconds[self._phase] += time.perf_counter() - start - (self._blocked - blocked)
+
+        return timed_work
+
+    def read(self) -> tuple[float, float]:
+        """The forward's and the backward's seconds of the pass timed."""
+        return self._seconds[0], self._seconds[1]

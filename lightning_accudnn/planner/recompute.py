@@ -779,6 +779,7 @@ def recomputed_profile(
                     forward_working_bytes=layer.forward_working_bytes,
                     backward_working_bytes=layer.backward_working_bytes,
                     retired_alive_bytes=layer.retired_alive_bytes,
+                    swappable_storages=layer.swappable_storages if swap_bytes else 0,
                 )
             )
             transient.append(0)
@@ -823,6 +824,7 @@ def recomputed_profile(
         outside_working_bytes=profile.outside_working_bytes,
         static_let_go_in_backward=tuple(copies_let_go) if copies_before else (),
         prefetch_order=_surviving(profile, new_layers),
+        swap_host_seconds=profile.swap_host_seconds,
     )
     return RecomputedProfile(
         derived,

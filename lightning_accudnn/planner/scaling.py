@@ -180,6 +180,7 @@ backward_seconds=0.004)
             scaled.append(
                 replace(
                     now,
+                    swappable_storages=layer.swappable_storages,
                     forward_seconds=layer.forward_seconds * work,
                     backward_seconds=layer.backward_seconds * work,
                     forward_working_bytes=(
@@ -234,6 +235,7 @@ backward_seconds=0.004)
                 forward_working_bytes=_scaled_working(layer.forward_working_bytes, size),
                 backward_working_bytes=_scaled_working(layer.backward_working_bytes, size),
                 retired_alive_bytes=_scaled_working(layer.retired_alive_bytes, size),
+                swappable_storages=layer.swappable_storages,  # the same storages, of other sizes
             )
         )
     grown = max(bytes_factors, default=1.0)

@@ -384,10 +384,31 @@ class _Finder:
         lengths = sorted({high, *(min(n, high + step) for step in powers_of_two(n))})
         for length in lengths:
             self.consider(_swap_of(k, swappable[:length]))
+        if self.simulator.charges_host:
+            self._offer_fewest_storages(swappable)
         if self.best is None and self.host_fits is not None:  # every prefix passes the host limit
             self.consider(fewest_bytes_swapped(self.simulator, self.cap))
         self.offer_chains()
         self._refine(swappable)
+
+    def _offer_fewest_storages(self, swappable: list[int]) -> None:
+        """Where each swapped storage costs the host time: the layers that move the most bytes
+        per storage first (in forward order among equals), the shortest run of them that fits
+        and a few longer ones, as for forward prefixes. A set of many small storages (a
+        normalization's statistics beside its input) costs more than one of few large ones
+        moving the same bytes."""
+        simulator = self.simulator
+        k, n = simulator.k, len(swappable)
+        order = sorted(swappable, key=lambda i: (-simulator.swappable[i] / max(1, simulator.storages[i]), i))
+        low, high = 0, n
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.peak(_swap_of(k, order[:middle]), 0, 0) <= self.cap:
+                high = middle
+            else:
+                low = middle
+        for length in sorted({high, *(min(n, high + step) for step in powers_of_two(n))}):
+            self.consider(_swap_of(k, order[:length]))
 
     def _refine(self, swappable: list[int]) -> None:
         """Greedy: flip one layer (largest swapped, first kept) while that helps."""

@@ -78,6 +78,11 @@ when ``B_f`` ends. The copies a backward reads are admitted before it starts eve
 window is full (re-saved bytes held until ``B_f`` ends can fill it): the engine cannot run
 ``B_j`` without them.
 
+A swapped layer's forward and backward take, on top of their compute, the host's time for
+its storages: ``StepProfile.swap_host_seconds`` per ``LayerProfile.swappable_storages`` each
+(the engine's work per swapped storage, which holds the compute stream up where the host
+computes or falls behind issuing; nothing when not measured).
+
 A layer marked swapped whose swappable bytes are 0 has nothing to copy: it is kept (and
 reported as not swapped).
 """
@@ -146,6 +151,14 @@ class Simulator:
         self.fwd = tuple(map(float, map(attrgetter("forward_seconds"), layers)))
         self.bwd = tuple(map(float, map(attrgetter("backward_seconds"), layers)))
         self.out = tuple(w / profile.d2h_bytes_per_second for w in self.swappable)
+        # A swapped layer's forward and backward on the compute stream, with the host's time
+        # for its storages (the same tuples as fwd and bwd when that time is not measured).
+        host_forward, host_backward = profile.swap_host_seconds
+        self.storages: tuple[int, ...] = tuple(map(attrgetter("swappable_storages"), layers))
+        self.fwd_swapped = tuple(f + n * host_forward for f, n in zip(self.fwd, self.storages, strict=True))
+        self.bwd_swapped = tuple(b + n * host_backward for b, n in zip(self.bwd, self.storages, strict=True))
+        #: Whether a swapped storage costs the host time the plan charges (measured and counted).
+        self.charges_host = bool((host_forward or host_backward) and any(self.storages))
         position = {name: i for i, name in enumerate(self.names)}
         # Per layer: (index of the later layer that saves it last, bytes), later layers only.
         self.resaved = tuple(
@@ -577,6 +590,9 @@ class Simulator:
         self, swap: tuple[bool, ...], choice: PlanChoice, record: bool
     ) -> tuple[StepTimes, list[LayerTiming] | None]:
         k, fwd, bwd, out, swappable = self.k, self.fwd, self.bwd, self.out, self.swappable
+        if self.charges_host:
+            fwd = tuple(map(_either, swap, self.fwd_swapped, fwd))
+            bwd = tuple(map(_either, swap, self.bwd_swapped, bwd))
         limit, window = choice.max_copying_out_bytes, choice.prefetch_window_bytes
         h2d = self.profile.h2d_bytes_per_second
         now = 0.0  # compute stream clock
@@ -739,6 +755,10 @@ class Simulator:
         """Copy-out limits that behave differently in time: 0 and the sums of contiguous runs of
         swapped layers in forward order (memory grows with the limit, as for windows)."""
         return _run_sums([self.swappable[i] for i in range(self.k) if swap[i]])
+
+
+def _either(chosen: bool, if_chosen: float, otherwise: float) -> float:
+    return if_chosen if chosen else otherwise
 
 
 def _alive_origins(

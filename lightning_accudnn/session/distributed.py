@@ -121,6 +121,7 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
                 forward_working_bytes=max(layer.forward_working_bytes for layer in candidates),
                 backward_working_bytes=max(layer.backward_working_bytes for layer in candidates),
                 retired_alive_bytes=max(layer.retired_alive_bytes for layer in candidates),
+                swappable_storages=max(layer.swappable_storages for layer in candidates),
             )
         )
     return dataclasses.replace(
@@ -134,6 +135,10 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
             {entry.name: entry for p in reversed(profiles) for entry in p.excluded_segments}.values()
         ),
         recompute_cost_ratio=max(p.recompute_cost_ratio for p in profiles),
+        swap_host_seconds=(
+            max(p.swap_host_seconds[0] for p in profiles),
+            max(p.swap_host_seconds[1] for p in profiles),
+        ),
         outside_working_bytes=max(p.outside_working_bytes for p in profiles),
         swapped_pass_forward_bytes=_merged_swapped_passes(profiles),
         # the window admits the records of the rank it was listed on: kept where all are alike

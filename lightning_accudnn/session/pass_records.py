@@ -10,6 +10,7 @@ bytes, walked again only when they may have changed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from torch import nn
 from lightning_accudnn.ops import StepStats, SwapSchedule
 from lightning_accudnn.ops.layers import HELD, SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile
+from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
 from lightning_accudnn.profiling.static_memory import (
     model_state_bytes,
@@ -29,7 +31,7 @@ from lightning_accudnn.session.plan_book import PassKey
 from lightning_accudnn.session.steady_memo import ResidentSaves, SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
 
-__all__ = ["SMALLEST_COPY_OUT_LIMIT", "PassRecords"]
+__all__ = ["SMALLEST_COPY_OUT_LIMIT", "PassRecords", "with_storage_counts"]
 
 #: The copy-out limit of the safest mode, which the profiling pass runs under: one storage in
 #: flight at a time (the least memory any plan holds, as the planner's smallest budget assumes).
@@ -244,14 +246,15 @@ class PassRecords:
         if link is None:
             sizes = transfer_sizes(sequence, self.min_swap_bytes)
             link = self._links[key] = probe(self.device).link_for(sizes)
+        order = () if sequence is None else sequence.prefetch_order()
         measured = StepProfile(
-            layers=step.layers,
+            layers=with_storage_counts(step.layers, order),
             static_bytes=measured_against,
             d2h_bytes_per_second=link.d2h_bytes_per_second,
             h2d_bytes_per_second=link.h2d_bytes_per_second,
             resaves_listed=True,  # the engine lists every re-save of a swappable storage
             outside_working_bytes=step.outside_working_bytes,
-            prefetch_order=() if sequence is None else sequence.prefetch_order(),
+            prefetch_order=order,
         )
         profile = measured.with_working_bytes_added(not_allocated).rebased(static_bytes)
         copies = self.weight_copies_by_layer(key)
@@ -262,3 +265,24 @@ class PassRecords:
             for layer in profile.layers
         )
         return replace(profile, layers=layers)
+
+
+def with_storage_counts(
+    layers: tuple[LayerProfile, ...], prefetch_order: tuple[tuple[str, int, int], ...]
+) -> tuple[LayerProfile, ...]:
+    """``layers`` with their :attr:`~lightning_accudnn.profile.LayerProfile.swappable_storages`:
+    the swappable records each opened, from the pass's ``prefetch_order`` (one entry per record).
+
+    Example:
+        >>> layers = (LayerProfile("norm", 48, 48), LayerProfile("relu", 32, 32))
+        >>> order = (("relu", 32, 32), ("norm", 32, 32), ("norm", 8, 8), ("norm", 8, 8))
+        >>> [layer.swappable_storages for layer in with_storage_counts(layers, order)]
+        [3, 1]
+    """
+    counts = Counter(layer for layer, _, _ in prefetch_order)
+    return tuple(
+        replace(layer, swappable_storages=counts[layer.name])
+        if counts[layer.name] != layer.swappable_storages
+        else layer
+        for layer in layers
+    )

@@ -53,6 +53,7 @@ from lightning_accudnn.session.warm_times import (
     recompute_cost_departs,
     scaled_backward,
     scaled_to_forward,
+    swap_host_departs,
 )
 
 __all__ = ["PassRunner", "RunningPass"]
@@ -435,10 +436,15 @@ class PassRunner:
     @staticmethod
     def _recosted(plan: Plan, profile: StepProfile) -> bool:
         """Whether ``plan``, just timed in full (:meth:`SteadyCosts.recost_due`), misjudges the
-        compute or the recomputation ``profile`` (planned from next) charges by too much
-        (:func:`~lightning_accudnn.session.warm_times.compute_departs`,
-        :func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`): it is made again."""
-        return compute_departs(plan, profile) or recompute_cost_departs(plan, profile)
+        compute, the recomputation or the host's time per swapped storage ``profile`` (planned
+        from next) charges by too much (:func:`~lightning_accudnn.session.warm_times.compute_departs`,
+        :func:`~lightning_accudnn.session.warm_times.recompute_cost_departs`,
+        :func:`~lightning_accudnn.session.warm_times.swap_host_departs`): it is made again."""
+        return (
+            compute_departs(plan, profile)
+            or recompute_cost_departs(plan, profile)
+            or swap_host_departs(plan, profile)
+        )
 
     def _keep_new_plan(
         self, key: PassKey, profile: StepProfile, *, current: bool, in_background: bool = False

@@ -20,6 +20,15 @@ recomputing 7 segments of ResNet-152 made 43 ``cudaMalloc`` and 33 ``cudaFree`` 
 free-and-retry, and timed its recomputations at 7.1 times the forward they repeat, where the
 plan recomputing 19 segments at the forward's cost measured 117.2 ms for 120.7 predicted.
 
+The same passes time the host's work in the engine (its hooks, issuing and bringing back its
+copies: :attr:`~lightning_accudnn.ops.StepStats.swap_host_seconds`). Where the passes are timed
+on the host's clock (the CPU, whose host computes: its work is in the times, whole), the forward
+and the backward are taken less it where the pass swapped, and profiles planned from then charge
+it per swapped storage (:attr:`StepProfile.swap_host_seconds`, the least per storage timed), so
+that a plan of many small storages is costed above one of few large ones. Where a device's
+events time them (CUDA), a host that runs ahead of the device hides its work, and how much of it
+shows in the device's time is not measured: plans there charge none per storage.
+
 Profiles planned from then charge a forward no longer than the fastest timed
 (:func:`~lightning_accudnn.session.warm_times.scaled_forward`), the fastest backward timed
 (:func:`~lightning_accudnn.session.warm_times.scaled_backward`), each segment timed its fastest
@@ -33,8 +42,10 @@ ends, a plan whose compute or recomputation, charged so, moves its step by more 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lightning_accudnn.ops import StepStats
-from lightning_accudnn.ops.timing import Clock, RecomputationTimer
+from lightning_accudnn.ops.timing import Clock, RecomputationTimer, WallClock
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.session.plan_book import PassKey
 from lightning_accudnn.session.warm_times import (
@@ -90,6 +101,10 @@ class SteadyCosts:
         self._times: dict[PassKey, dict[tuple[str, bool], float]] = {}
         self._forwards: dict[PassKey, float] = {}  # the fastest forward a timed pass computed
         self._backwards: dict[PassKey, float] = {}  # the fastest backward, less waits and recomputations
+        # The least host seconds per swapped storage a timed pass spent, forward and backward.
+        self._host_costs: dict[PassKey, tuple[float, float]] = {}
+        # Passes timed on the host's clock hold the host's work in their times (see the module doc).
+        self._host_clock = isinstance(clock, WallClock)
         # The last ratio asked for: the profile and the times it was computed from, and it.
         self._ratios: dict[PassKey, tuple[StepProfile, dict[tuple[str, bool], float], float | None]] = {}
         self._timed_passes: dict[PassKey, tuple[Plan, int]] = {}  # the plan timed, passes timed
@@ -136,6 +151,15 @@ class SteadyCosts:
         forward_stalls, backward_stalls = step.stall_seconds
         forward = step.forward_seconds - forward_stalls
         backward = step.backward_seconds - backward_stalls - sum(seconds for _, seconds in recomputations)
+        storages = step.storages_swapped_out if self._host_clock else 0
+        host_forward, host_backward = step.swap_host_seconds
+        if storages and forward - host_forward > 0.0 and backward - host_backward > 0.0:
+            # The engine's host work is charged per swapped storage: the compute is without it.
+            forward -= host_forward
+            backward -= host_backward
+            per_storage = (host_forward / storages, host_backward / storages)
+            known = self._host_costs.get(key, per_storage)
+            self._host_costs[key] = (min(per_storage[0], known[0]), min(per_storage[1], known[1]))
         if forward > 0.0:
             self._forwards[key] = min(forward, self._forwards.get(key, forward))
         if backward > 0.0:
@@ -175,7 +199,11 @@ class SteadyCosts:
 
     def charged(self, key: PassKey, profile: StepProfile) -> StepProfile:
         """``profile`` with a forward no longer than ``key``'s fastest timed one, its fastest
-        timed backward, charging recomputation as timed (itself when nothing was timed)."""
+        timed backward (both less the engine's host work), the host's time per swapped storage
+        timed, charging recomputation as timed (itself when nothing was timed)."""
+        host_costs = self._host_costs.get(key)
+        if host_costs is not None and host_costs != profile.swap_host_seconds:
+            profile = replace(profile, swap_host_seconds=host_costs)
         forward = self._forwards.get(key)
         if forward is not None:
             profile = scaled_forward(profile, forward)

@@ -41,6 +41,7 @@ __all__ = [
     "scaled_backward",
     "scaled_forward",
     "scaled_to_forward",
+    "swap_host_departs",
     "with_recomputations",
 ]
 
@@ -142,6 +143,28 @@ def compute_departs(plan: Plan, profile: StepProfile) -> bool:
     planned = sum(layer.forward_seconds + layer.backward_seconds for layer in plan.profile.layers)
     measured = sum(layer.forward_seconds + layer.backward_seconds for layer in profile.layers)
     return abs(planned - measured) > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
+
+
+def swap_host_departs(plan: Plan, profile: StepProfile) -> bool:
+    """Whether the host's time per swapped storage ``profile`` charges
+    (:attr:`~lightning_accudnn.profile.StepProfile.swap_host_seconds`) moves ``plan``'s predicted
+    step, over the storages it swaps, by more than :data:`RECOMPUTE_COST_TOLERANCE` of it from
+    what it was charged (the plan then misjudges many small copies against a few large ones).
+
+    Example:
+        >>> from dataclasses import replace
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1.0, 1.0, swappable_storages=3) for i in range(4))
+        >>> plan = plan_swaps(StepProfile(layers, 0), 250)
+        >>> len(plan.swapped_layers), plan.predicted_step_seconds
+        (4, 8.0)
+        >>> [swap_host_departs(plan, replace(plan.profile, swap_host_seconds=(s, s))) for s in (0.04, 0.06)]
+        [False, True]
+    """
+    storages = {layer.name: layer.swappable_storages for layer in plan.profile.layers}
+    swapped = sum(storages.get(name, 0) for name in plan.swapped_layers)
+    charged, measured = sum(plan.profile.swap_host_seconds), sum(profile.swap_host_seconds)
+    return swapped * abs(measured - charged) > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
 
 
 def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool], float]) -> float | None:

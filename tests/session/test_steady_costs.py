@@ -149,3 +149,40 @@ def test_a_plan_that_recomputes_nothing_has_no_recomputation_timer():
         assert costs.timer_for(plan_swaps(profile, 10**6), hooked=hooked, timed=timed) is None
         assert costs.timer_for(None, hooked=hooked, timed=timed) is None
     assert costs.timer_for(_plan(), hooked=False, timed=False) is None  # replayed, not timed
+
+
+def _swapping_plan():
+    layers = (
+        LayerProfile("a", 100, 100, 4.0, 8.0, swappable_storages=4),
+        LayerProfile("b", 100, 100, 4.0, 2.0, swappable_storages=6),
+    )
+    return plan_swaps(StepProfile(layers, 0), 200)
+
+
+def _swapped_step(forward, backward, host, storages=4):
+    return StepStats(
+        0, 0, 0.0, 0, 0, forward, backward, layers=(), timed=False,
+        storages_swapped_out=storages, swap_host_seconds=host,
+    )  # fmt: skip
+
+
+def test_the_engines_host_work_is_charged_per_swapped_storage_not_as_compute():
+    plan = _swapping_plan()
+    costs = SteadyCosts(StepClock())
+    for forward, backward, host in ((6.0, 12.0, (0.4, 0.8)), (5.0, 11.0, (0.8, 0.4))):
+        assert costs.begin_pass(KEY, plan, hooked=False, contended=False)
+        costs.pass_ended(KEY, plan, None, _swapped_step(forward, backward, host))
+    charged = costs.charged(KEY, plan.profile)
+    assert charged.swap_host_seconds == (0.1, 0.1)  # the least per storage, forward and backward
+    assert sum(layer.forward_seconds for layer in charged.layers) == pytest.approx(4.2)  # 5 less 0.8
+    assert sum(layer.backward_seconds for layer in charged.layers) == pytest.approx(10.6)  # 11 less 0.4
+
+
+def test_a_pass_that_swapped_nothing_charges_no_host_time_and_keeps_its_own():
+    plan = _swapping_plan()
+    costs = SteadyCosts(StepClock())
+    assert costs.begin_pass(KEY, plan, hooked=False, contended=False)
+    costs.pass_ended(KEY, plan, None, _swapped_step(6.0, 12.0, (0.4, 0.8), storages=0))
+    charged = costs.charged(KEY, plan.profile)
+    assert charged.swap_host_seconds == (0.0, 0.0)
+    assert sum(layer.forward_seconds for layer in charged.layers) == pytest.approx(6.0)

@@ -204,7 +204,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """
     header = (
         "| strategy | status | budget | peak | peak source | reserved | ledger | vs oracle "
-        "| step ms | fwd+bwd ms | host ms "
+        "| step ms | fwd+bwd ms | host ms | engine host ms "
         "| samples/s | swapped out/step | LB ms | bound ratio | predicted peak | predicted ms "
         "| peak/pred | time/pred |"
     )
@@ -228,6 +228,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                     fmt_ms(get("median_step_seconds")),
                     fmt_ms(get("median_fwd_bwd_seconds")),
                     fmt_ms(get("median_fwd_bwd_issue_seconds")),
+                    fmt_ms(get("engine_host_seconds")),
                     fmt_ratio(get("samples_per_second"), 1),
                     fmt_bytes(get("bytes_swapped_out")),
                     fmt_ms(get("lower_bound_seconds")),

@@ -47,6 +47,10 @@ class ResultRow:
     #: ``median_fwd_bwd_seconds``, the device waited for the host.
     median_fwd_bwd_issue_seconds: float | None = None
     median_optimizer_seconds: float | None = None
+    #: AccUDNN rows: the host's time per step in the engine's work for its swapped storages
+    #: (their count times the seconds per storage the session measured): against the host ms,
+    #: how much of the host's issue time the engine's swaps take.
+    engine_host_seconds: float | None = None
     samples_per_second: float | None = None
     step_seconds: list[float] | None = None
     bytes_swapped_out: int | None = None

@@ -393,6 +393,12 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
     row.ledger_peak_bytes = max(step["ledger_peak_bytes"] for step in measured)
     row.engine_peak_bytes = max(step["engine_peak_bytes"] for step in measured)
     row.engine_step_seconds = median([step["engine_step_seconds"] for step in measured])
+    engine_host = [
+        step["storages_swapped_out"] * step["swap_host_seconds"]
+        for step in measured
+        if step["swap_host_seconds"] is not None
+    ]
+    row.engine_host_seconds = median(engine_host) if engine_host else None
     row.profiling_steps_measured = sum(1 for step in measured if step["profiling"])
     plan_ids = [step["plan_id"] for step in measured]
     row.replans_during_measurement = sum(1 for a, b in zip(plan_ids, plan_ids[1:], strict=False) if a != b)

@@ -107,6 +107,8 @@ class AccUDNN(Technique):
             "predicted_peak_bytes": stats.predicted_peak_bytes,
             "predicted_step_seconds": stats.predicted_step_seconds,
             "graph_changed": stats.graph_changed,
+            "storages_swapped_out": stats.storages_swapped_out,
+            "swap_host_seconds": stats.swap_host_seconds,
             "plan_id": id(self.plan),
         }
 

@@ -349,8 +349,11 @@ class PassRunner:
             # agreement merges them.
             self._keep_new_plan(key, measured.profile_to_plan(), current=True, in_background=refining)
         ratio = costs.ratio(key, profile)
-        if costs.timing(key) or ratio is not None:
-            stats = self.stats = replace(stats, steady_timing=costs.timing(key), recompute_cost_ratio=ratio)
+        host = costs.host_seconds_per_storage(key)
+        if costs.timing(key) or ratio is not None or host is not None:
+            stats = self.stats = replace(
+                stats, steady_timing=costs.timing(key), recompute_cost_ratio=ratio, swap_host_seconds=host
+            )
         if self._planning_seconds or self._background_seconds:
             stats = self.stats = replace(
                 stats,

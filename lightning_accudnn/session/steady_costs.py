@@ -27,7 +27,8 @@ and the backward are taken less it where the pass swapped, and profiles planned 
 it per swapped storage (:attr:`StepProfile.swap_host_seconds`, the least per storage timed), so
 that a plan of many small storages is costed above one of few large ones. Where a device's
 events time them (CUDA), a host that runs ahead of the device hides its work, and how much of it
-shows in the device's time is not measured: plans there charge none per storage.
+shows in the device's time is not measured: plans there charge none per storage, and the session
+reports what it measured (:attr:`~lightning_accudnn.session.OffloadStats.swap_host_seconds`).
 
 Profiles planned from then charge a forward no longer than the fastest timed
 (:func:`~lightning_accudnn.session.warm_times.scaled_forward`), the fastest backward timed
@@ -151,15 +152,15 @@ class SteadyCosts:
         forward_stalls, backward_stalls = step.stall_seconds
         forward = step.forward_seconds - forward_stalls
         backward = step.backward_seconds - backward_stalls - sum(seconds for _, seconds in recomputations)
-        storages = step.storages_swapped_out if self._host_clock else 0
+        storages = step.storages_swapped_out
         host_forward, host_backward = step.swap_host_seconds
         if storages and forward - host_forward > 0.0 and backward - host_backward > 0.0:
-            # The engine's host work is charged per swapped storage: the compute is without it.
-            forward -= host_forward
-            backward -= host_backward
             per_storage = (host_forward / storages, host_backward / storages)
             known = self._host_costs.get(key, per_storage)
             self._host_costs[key] = (min(per_storage[0], known[0]), min(per_storage[1], known[1]))
+            if self._host_clock:  # charged per swapped storage: the compute is without it
+                forward -= host_forward
+                backward -= host_backward
         if forward > 0.0:
             self._forwards[key] = min(forward, self._forwards.get(key, forward))
         if backward > 0.0:
@@ -201,7 +202,7 @@ class SteadyCosts:
         """``profile`` with a forward no longer than ``key``'s fastest timed one, its fastest
         timed backward (both less the engine's host work), the host's time per swapped storage
         timed, charging recomputation as timed (itself when nothing was timed)."""
-        host_costs = self._host_costs.get(key)
+        host_costs = self._host_costs.get(key) if self._host_clock else None
         if host_costs is not None and host_costs != profile.swap_host_seconds:
             profile = replace(profile, swap_host_seconds=host_costs)
         forward = self._forwards.get(key)
@@ -214,6 +215,14 @@ class SteadyCosts:
         if not times:
             return profile
         return with_recomputations(profile, times, recompute_cost_ratio(profile, times))
+
+    def host_seconds_per_storage(self, key: PassKey) -> float | None:
+        """The least host seconds per swapped storage, forward and backward together, that the
+        engine's own work took in ``key``'s passes timed whole (``None`` until a pass that
+        swapped was timed), on any device: on a GPU, set against the step's host issue time, it
+        tells whether the host holds the device up."""
+        costs = self._host_costs.get(key)
+        return None if costs is None else costs[0] + costs[1]
 
     def plain_backward(self, key: PassKey, backward_seconds: float) -> float:
         """The fastest backward a hooked pass of ``key`` under a plan that recomputes took,

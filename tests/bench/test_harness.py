@@ -102,6 +102,8 @@ def test_oracle_and_accudnn_report_bounds_and_predictions(cpu_run: tuple[dict, P
     for key in ("lower_bound_seconds", "bound_ratio", "predicted_peak_bytes", "predicted_step_seconds"):
         assert half[key] is not None and half[key] > 0, key
     assert half["peak_reduction"] is not None and half["plan"]["swapped_layers"] > 0
+    # The engine's host time for its swaps, measured by the session: part of the host's issue time.
+    assert 0 < half["engine_host_seconds"] <= half["median_fwd_bwd_issue_seconds"]
     assert data["lower_bound_profile"] == "accudnn-2x"
     assert oracle["lower_bound_seconds"] is not None and oracle["bound_ratio"] is not None
     # The same batches and seed for every strategy: the first loss is the same wherever it ran.

@@ -186,3 +186,27 @@ def test_a_pass_that_swapped_nothing_charges_no_host_time_and_keeps_its_own():
     charged = costs.charged(KEY, plan.profile)
     assert charged.swap_host_seconds == (0.0, 0.0)
     assert sum(layer.forward_seconds for layer in charged.layers) == pytest.approx(6.0)
+
+
+class DeviceClock:
+    """Marks a device's events would give: not the host's clock."""
+
+    def mark(self) -> float:
+        return 0.0
+
+    def seconds_between(self, start: float, end: float) -> float:
+        return end - start
+
+    def ready(self, mark: float) -> bool:
+        return True
+
+
+def test_a_device_clock_reports_the_host_time_per_storage_and_charges_none():
+    plan = _swapping_plan()
+    costs = SteadyCosts(DeviceClock())
+    assert costs.begin_pass(KEY, plan, hooked=False, contended=False)
+    costs.pass_ended(KEY, plan, None, _swapped_step(6.0, 12.0, (0.4, 0.8)))
+    assert costs.host_seconds_per_storage(KEY) == pytest.approx(0.3)  # (0.4 + 0.8) / 4
+    charged = costs.charged(KEY, plan.profile)
+    assert charged.swap_host_seconds == (0.0, 0.0)
+    assert sum(layer.forward_seconds for layer in charged.layers) == pytest.approx(6.0)  # as timed

@@ -201,9 +201,9 @@ class Simulator:
         # The swappable records' layers and bytes in the engine's prefetch order, where they add
         # up to the layers' swappable bytes (else None: the window is counted full).
         self._prefetch = _prefetch_order(profile.prefetch_order, position, self.swappable)
-        self._last_opening: tuple[tuple[bool, ...], tuple[int, tuple[int, ...], tuple[int, ...]]] | None = (
-            None
-        )
+        self._last_opening: (
+            tuple[tuple[bool, ...], tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] | None
+        ) = None
 
     def _index_resaves(self) -> None:
         """Per layer whose bytes later layers save again: (layer, [(last save, bytes)] by last
@@ -250,7 +250,7 @@ class Simulator:
         swap = self.effective(choice.swap)
         forward_levels, retired = self._forward_memory(swap, choice.max_copying_out_bytes)
         window = choice.prefetch_window_bytes
-        above, opening = self._opening_window(swap, window)
+        above, opening = self._opening_window(swap, window, retired)
         backward_levels = []
         for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
             held = max(own, nxt, min(window, below))
@@ -277,7 +277,7 @@ class Simulator:
         forward_levels, retired = self._forward_memory(swap, choice.max_copying_out_bytes)
         peak = max(self.floor, max(forward_levels, default=0))
         window = choice.prefetch_window_bytes
-        above, opening = self._opening_window(swap, window)
+        above, opening = self._opening_window(swap, window, retired)
         if self.has_resaves:
             for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
                 # kept + max(own, nxt, min(window, below)), in comparisons (the hot loop)
@@ -317,43 +317,50 @@ class Simulator:
             for most, origins in zip(self.retired_alive, self._alive_from, strict=True)
         )
 
-    def _opening_window(self, swap: tuple[bool, ...], window: int) -> tuple[int, int]:
+    def _opening_window(self, swap: tuple[bool, ...], window: int, retired: Sequence[int]) -> tuple[int, int]:
         """(``h``, ``P``): the highest swapped layer, and at most what the prefetch window holds
-        from the backward's start until ``B_h``. The engine admits swapped records in the
-        profile's :attr:`~lightning_accudnn.profile.StepProfile.prefetch_order` while the room
-        they take fits ``window`` (the first whatever its size), and none leaves before a
-        swapped layer's backward ends. A record takes its bytes, or those of its storage when
-        the copy-out FIFO left it on the device (once per storage): counting the least room each
-        takes, the walk admits every record the engine does, and ``P`` is all their bytes. The
-        FIFO's leftovers are in ``P`` too, beside the planner's count of them (no engine's
-        leftovers are more than the planner's). ``(k, 0)`` (no level above ``h``) when the order
-        is not known."""
-        above, thresholds, helds = self._opening_steps(swap)
-        if not helds:
+        from the backward's start until ``B_h`` beyond what the levels count on the device
+        already. The engine admits swapped records in the profile's
+        :attr:`~lightning_accudnn.profile.StepProfile.prefetch_order` while the room they take
+        fits ``window`` (the first whatever its size), and none leaves before a swapped layer's
+        backward ends. A record takes its bytes, or those of its storage when the copy-out FIFO
+        left it on the device (once per storage): counting the least room each takes, the walk
+        admits every record the engine does. Of a layer's records admitted, ``P`` counts no more
+        than its ``retired`` bytes: each of its storages is on the device once at most (where
+        saved, or as the copy brought back), the levels count ``W_j - R_j`` of them there
+        already, and the engine's FIFO leaves no more of a layer than the planner's does.
+        ``(k, 0)`` (no level above ``h``) when the order is not known."""
+        above, thresholds, layers, sizes = self._opening_steps(swap)
+        if not thresholds:
             return above, 0
-        return above, helds[bisect_right(thresholds, window) - 1]
+        admitted = bisect_right(thresholds, window)
+        return above, _capped_sums(layers[:admitted], sizes[:admitted], retired)[-1]
 
-    def _opening_steps(self, swap: tuple[bool, ...]) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-        """(``h``, ``T``, ``H``) for :meth:`_opening_window`: the window holds ``H[m]`` from the
-        least window ``T[m]`` on (``T[0]`` is 0: the first record is admitted whatever its size);
-        ``(k, (), ())`` when the order is not known."""
+    def _opening_steps(
+        self, swap: tuple[bool, ...]
+    ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(``h``, ``T``, layers, bytes) for :meth:`_opening_window`: the engine admits the first
+        ``m`` swapped records of the prefetch order (their layers and bytes) from the least
+        window ``T[m - 1]`` on (``T[0]`` is 0: the first record is admitted whatever its size);
+        ``(k, (), (), ())`` when the order is not known."""
         order = self._prefetch
         if order is None:
-            return self.k, (), ()
+            return self.k, (), (), ()
         last = self._last_opening
         if last is not None and last[0] == swap:
             return last[1]
         above = max((i for i, swapped in enumerate(swap) if swapped), default=-1)
         thresholds: list[int] = []
-        helds: list[int] = []
-        held = taken = 0  # what is admitted, and the least room it takes
+        layers: list[int] = []
+        sizes: list[int] = []
+        taken = 0  # the least room the records admitted take
         for layer, nbytes, least in order:
             if swap[layer]:
                 thresholds.append(taken + least if thresholds else 0)
-                held += nbytes
                 taken += least
-                helds.append(held)
-        steps = (above, tuple(thresholds), tuple(helds))
+                layers.append(layer)
+                sizes.append(nbytes)
+        steps = (above, tuple(thresholds), tuple(layers), tuple(sizes))
         self._last_opening = (swap, steps)
         return steps
 
@@ -375,7 +382,8 @@ class Simulator:
         if max(forward_levels, default=self.floor) > cap or self.floor > cap:
             return None
         largest = sum(retired)
-        above, thresholds, helds = self._opening_steps(swap)
+        above, thresholds, layers, sizes = self._opening_steps(swap)
+        helds = _capped_sums(layers, sizes, retired) if thresholds else []
         for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
             room = cap - kept
             # the largest window with max(own, nxt, min(window, below)) <= room
@@ -755,6 +763,25 @@ class Simulator:
         """Copy-out limits that behave differently in time: 0 and the sums of contiguous runs of
         swapped layers in forward order (memory grows with the limit, as for windows)."""
         return _run_sums([self.swappable[i] for i in range(self.k) if swap[i]])
+
+
+def _capped_sums(layers: Sequence[int], sizes: Sequence[int], caps: Sequence[int]) -> list[int]:
+    """Running sums of ``sizes``, each layer's part no more than its cap (never decreasing).
+
+    Example:
+        >>> _capped_sums([0, 1, 0], [5, 7, 5], [6, 10, 6])
+        [5, 12, 13]
+    """
+    sums = []
+    counted: dict[int, int] = {}
+    total = 0
+    for layer, nbytes in zip(layers, sizes, strict=True):
+        before = counted.get(layer, 0)
+        now = min(caps[layer], before + nbytes)
+        counted[layer] = now
+        total += now - before
+        sums.append(total)
+    return sums
 
 
 def _either(chosen: bool, if_chosen: float, otherwise: float) -> float:

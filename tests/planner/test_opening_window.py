@@ -27,11 +27,14 @@ def test_the_levels_above_the_swapped_layers_hold_the_admitted_records_only():
     listed = _simulator(ORDER).memory(choice)
     unlisted = _simulator(()).memory(choice)
     # B_kept: its 300 bytes and s3's, which the copy-out FIFO left on the device; the engine's
-    # window then holds s3 (first in the order) and nothing more (s2 would take it to 200).
-    # Counted full, the window adds 150 retired bytes.
-    assert listed.backward_levels[4] == 300 + 100 + 0 + 100  # (s3 twice: as leftover, in the window)
+    # window then holds s3 (first in the order), where it is, and nothing more (s2 would take it
+    # to 200). Counted full, the window adds 150 retired bytes.
+    assert listed.backward_levels[4] == 300 + 100 + 0
     assert unlisted.backward_levels[4] == 300 + 100 + 150
     assert listed.backward_levels[:4] == unlisted.backward_levels[:4]
+    wider = PlanChoice((True,) * 4 + (False,), prefetch_window_bytes=250, max_copying_out_bytes=0)
+    # s3 in the window where it is, s2 brought back: one copy of 100 bytes beside the levels' count
+    assert _simulator(ORDER).memory(wider).backward_levels[4] == 300 + 100 + 100
 
 
 def test_an_order_that_does_not_add_up_to_the_layers_is_not_used():

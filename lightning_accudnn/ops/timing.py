@@ -323,9 +323,11 @@ class HostWorkTimer:
 
     def timed(self, work: Callable[_Arguments, _Result]) -> Callable[_Arguments, _Result]:
         """``work`` (a saved-tensor hook, the engine's work around its copies), its host time
-        added to the pass's."""
+        added to the pass's (once: work timed inside other timed work is the outer one's)."""
 
         def timed_work(*args: _Arguments.args, **kwargs: _Arguments.kwargs) -> _Result:
+            if self._depth:
+                return work(*args, **kwargs)
             start, blocked = time.perf_counter(), self._blocked
             self._depth += 1
             try:

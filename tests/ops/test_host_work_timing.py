@@ -94,3 +94,16 @@ def test_the_timed_work_leaves_its_count_even_when_it_raises(failing):
         timer.timed(work)()
     timer.timed(lambda: timer.stall(0.0, 5.0))()
     assert timer.read()[0] < 0.0  # the wait was inside timed work: subtracted, whatever raised
+
+
+def test_work_timed_inside_timed_work_counts_once():
+    timer = HostWorkTimer(PassTimer(WallClock()), host_marks=True)
+    timer.start()
+
+    def inner():
+        time.sleep(0.01)
+
+    timed_inner = timer.timed(inner)
+    timer.timed(lambda: timed_inner())()
+    forward, _ = timer.read()
+    assert 0.01 <= forward < 0.02  # the sleep once, not twice

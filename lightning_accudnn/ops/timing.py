@@ -291,8 +291,8 @@ class HostWorkTimer:
         ...     before = time.perf_counter(); time.sleep(seconds); timer.stall(before, time.perf_counter())
         >>> timed_copy = timer.timed(copy)
         >>> timed_copy(0.02)
-        >>> forward, backward = timer.read()
-        >>> 0.0 <= forward < 0.01, backward
+        >>> forward, backward = timer.read()  # the copy's 20 ms are not the engine's own
+        >>> 0.0 <= forward < 0.02, backward
         (True, 0.0)
     """
 

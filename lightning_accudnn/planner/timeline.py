@@ -31,7 +31,8 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
   holds ``M + sum_{j<=i} (S_j - R_j)`` plus the window's content, counted as
   ``max(R_i, R_n, min(w, sum_{j<=i} R_j))`` where ``n`` is the next layer below ``i`` with
   ``R_n > 0``: the engine may consume ``i``'s storages one by one and refill the window with
-  later ones before ``B_i`` ends, or hold one storage of ``n`` alone.
+  later ones before ``B_i`` ends, or hold one storage of ``n`` alone (so ``R_n`` is at most
+  ``n``'s largest record where ``StepProfile.prefetch_order`` lists the records).
 * Storages saved again by a later layer (``LayerProfile.resaved_by``: ``W`` bytes of layer
   ``f`` last saved by layer ``p > f``) come back for ``B_p`` and are consumed when ``B_f`` ends.
   The planner does not know which of ``f``'s bytes were retired, so it takes the worst case:
@@ -40,7 +41,9 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
   bounded by ``min(w, sum_{j<=i} R_j - E_i)``, and the storage admitted alone is one of the
   nearest position ``n < i`` with something to bring: ``Q_n = R_n - H_n(i)`` plus the re-saved
   bytes whose last save is ``n`` replaces ``R_n`` (an ``H_n(i)`` that over-counts ``E_i`` under-counts
-  ``Q_n`` by no more). The level never grows when ``R_f`` grows, so the facts below still hold.
+  ``Q_n`` by no more), at most the largest record of ``n`` and of the layers whose bytes arrive
+  there, where the records are listed. The level never grows when ``R_f`` grows, so the facts
+  below still hold.
 
 **Working memory (what the ledger never sees).** A layer's ``LayerProfile.forward_working_bytes``
 ``F'_i`` is added to its forward level (what the step holds at most beyond it while ``F_i``
@@ -201,6 +204,15 @@ class Simulator:
         # The swappable records' layers and bytes in the engine's prefetch order, where they add
         # up to the layers' swappable bytes (else None: the window is counted full).
         self._prefetch = _prefetch_order(profile.prefetch_order, position, self.swappable)
+        # Per layer, its largest swappable record (its whole swappable bytes when the records are
+        # not listed): the most of it the engine brings back alone, past the window.
+        self._largest: tuple[int, ...] = self.swappable
+        if self._prefetch is not None:
+            largest = [0] * self.k
+            for layer, nbytes, _ in self._prefetch:
+                if nbytes > largest[layer]:
+                    largest[layer] = nbytes
+            self._largest = tuple(largest)
         self._last_opening: (
             tuple[tuple[bool, ...], tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] | None
         ) = None
@@ -293,6 +305,7 @@ class Simulator:
                     peak = level
             return peak
         kept_below, retired_below, next_retired = self.static, 0, 0
+        largest = self._largest
         for i, (saved, own, extra) in enumerate(zip(self.saved, retired, self._backward_extra, strict=True)):
             kept_below += saved - own
             retired_below += own
@@ -303,7 +316,7 @@ class Simulator:
             if level > peak:
                 peak = level
             if own > 0:
-                next_retired = own
+                next_retired = own if own < largest[i] else largest[i]
         return peak
 
     def _swapped_alive(self, swap: tuple[bool, ...]) -> tuple[int, ...]:
@@ -469,12 +482,13 @@ class Simulator:
         retired_below = 0
         next_retired = 0  # R_n of the nearest layer n < i with R_n > 0
         extra = self._backward_extra
+        largest = self._largest
         for i in range(self.k):
             kept_below += self.saved[i] - retired[i]
             retired_below += retired[i]
             terms.append((kept_below + extra[i], retired[i], next_retired, retired_below))
             if retired[i] > 0:
-                next_retired = retired[i]
+                next_retired = retired[i] if retired[i] < largest[i] else largest[i]
         return terms
 
     def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
@@ -518,7 +532,7 @@ class Simulator:
         terms = []
         kept_below = self.static
         retired_below = 0
-        saved, transient = self.saved, self._backward_extra
+        saved, transient, largest = self.saved, self._backward_extra, self._largest
         fixed = -1  # the nearest position below i that does not vary, with bytes...
         fixed_content = 0  # ...and those bytes
         # varying[low:high]: the varying positions above fixed and below i (both only grow)
@@ -527,7 +541,7 @@ class Simulator:
             if i > 0:
                 n = i - 1
                 if retired[n] > 0 and n not in varies:
-                    fixed, fixed_content = n, retired[n]
+                    fixed, fixed_content = n, min(retired[n], largest[n])
             own = retired[i]
             kept_below += saved[i] - own
             retired_below += own
@@ -542,11 +556,14 @@ class Simulator:
                     n = varying[at]
                     held_n = held.get(n)
                     content = retired[n] - (held_n.get(i, 0) if held_n is not None else 0)
+                    alone = largest[n] if content > 0 else 0  # the largest record it may bring alone
                     for first, moved in arrivals.get(n, no_arrivals):
                         back = retired[first] - held[first].get(i, 0)
-                        content += back if back < moved else moved
+                        if back > 0 and moved > 0:
+                            content += back if back < moved else moved
+                            alone = max(alone, largest[first])
                     if content > 0:
-                        next_retired = content
+                        next_retired = content if content < alone else alone
                         break
             held_early = early[i]
             terms.append(

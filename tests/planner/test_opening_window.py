@@ -80,3 +80,16 @@ def test_the_largest_window_is_the_largest_that_fits(profile, data):
     unlisted = Simulator(replace(profile, prefetch_order=()))
     assert unlisted.largest_window(swap, limit, cap) in (None, *range(largest + 1))  # never more room
     assert peak(largest + 1) > cap or peak(10**9) <= cap
+
+
+def test_below_the_highest_swapped_layer_one_record_alone_is_at_most_the_largest():
+    """At window 0 the engine brings back one record at a time: while ``B_b`` runs it may hold
+    one of ``a``'s alone, at most its 80-byte record, not the layer's 100 bytes."""
+    layers = (LayerProfile("a", 100, 100), LayerProfile("b", 100, 100), LayerProfile("kept", 300, 300))
+    order = (("kept", 300, 300), ("b", 100, 100), ("a", 80, 80), ("a", 20, 20))
+    choice = PlanChoice((True, True, False), prefetch_window_bytes=0, max_copying_out_bytes=0)
+    listed = Simulator(StepProfile(layers, static_bytes=0, prefetch_order=order)).memory(choice)
+    unlisted = Simulator(StepProfile(layers, static_bytes=0)).memory(choice)
+    # B_b: b where the copy-out FIFO left it (100), and a's record alone: 80 listed, 100 not
+    assert listed.backward_levels[1] == 100 + 80
+    assert unlisted.backward_levels[1] == 100 + 100

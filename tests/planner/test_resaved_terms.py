@@ -1,5 +1,7 @@
 """The simulator's backward terms with re-saved storages equal their direct definition.
 
+The storage admitted alone is bounded by the largest record of the layers it may come from.
+
 ``Simulator._backward_terms_resaved`` finds, for each layer, the nearest layer below it with
 bytes to bring back by one pass over the positions whose content does not depend on the
 layer; the reference below scans down from every layer, as the definition reads (and as the
@@ -34,8 +36,17 @@ def _direct_terms(sim, retired):
             arriving = sum(min(retired[f] - held[f].get(i, 0), moved) for f, moved in arrivals[n])
             return retired[n] - held[n].get(i, 0) + arriving
 
-        below = (left_at(n) for n in reversed(range(i)))
-        next_retired = next((content for content in below if content > 0), 0)
+        def alone_at(n, i=i):  # the largest record at n the engine may bring back alone
+            own = sim._largest[n] if retired[n] - held[n].get(i, 0) > 0 else 0
+            arriving = [
+                sim._largest[f]
+                for f, moved in arrivals[n]
+                if retired[f] - held[f].get(i, 0) > 0 and moved > 0
+            ]
+            return max([own, *arriving])
+
+        below = ((left_at(n), n) for n in reversed(range(i)))
+        next_retired = next((min(content, alone_at(n)) for content, n in below if content > 0), 0)
         extra = sim.transient[i] + sim.backward_working[i]
         terms.append((kept_below + early + extra, retired[i], next_retired, retired_below - early))
     return terms
@@ -56,6 +67,8 @@ def _random_case(rng, k, resave_share):
     sim.backward_working = [rng.choice([0, rng.randint(0, 20)]) for _ in range(k)]
     sim._backward_extra = [t + w for t, w in zip(sim.transient, sim.backward_working, strict=True)]
     sim._index_resaves()
+    # Each layer's largest record: its whole bytes, or less (records listed).
+    sim._largest = tuple(rng.choice([1000, rng.randint(1, 60)]) for _ in range(k))
     retired = [rng.choice([0, 0, rng.randint(0, 60)]) for _ in range(k)]
     return sim, retired
 

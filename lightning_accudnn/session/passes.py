@@ -313,6 +313,8 @@ class PassRunner:
                 )
                 times_of = None
             recost = self._recosted(current.plan, profile)
+            if recost:
+                self.steady_costs.recosted(key)
         else:
             recost = False
         scheduled = (profiling or self.refining(key)) and not graph_changed

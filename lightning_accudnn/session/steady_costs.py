@@ -38,7 +38,9 @@ others the timed ones' ratio of time to forward
 (:func:`~lightning_accudnn.session.warm_times.with_recomputations`). Once the last timed pass
 ends, a plan whose compute or recomputation, charged so, moves its step by more than
 :data:`~lightning_accudnn.session.warm_times.RECOMPUTE_COST_TOLERANCE` is made again
-(:meth:`SteadyCosts.recost_due`).
+(:meth:`SteadyCosts.recost_due`), once per pass kind: the plan made again is timed too (its
+recomputations, for the plans to come), but not made again from its own timings, whose noise
+would keep moving it.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class SteadyCosts:
         self._ratios: dict[PassKey, tuple[StepProfile, dict[tuple[str, bool], float], float | None]] = {}
         self._timed_passes: dict[PassKey, tuple[Plan, int]] = {}  # the plan timed, passes timed
         self._due: set[PassKey] = set()
+        self._recosted: set[PassKey] = set()  # a re-cost made the plan again: never again
         self._plain_backwards: dict[PassKey, float] = {}
         self._hooked: list[tuple[str, float]] = []  # the hooked pass that just ended
         self._timing_now: PassKey | None = None  # the replayed pass running now is timed
@@ -173,10 +176,18 @@ class SteadyCosts:
             self._due.add(key)
 
     def recost_due(self, key: PassKey) -> bool:
-        """Whether ``key``'s plan was timed in full since the last call: it is then re-costed."""
+        """Whether ``key``'s plan was timed in full since the last call: it is then re-costed,
+        unless a re-cost made ``key``'s plan again already (:meth:`recosted`): the plan made
+        again from the passes timed whole is timed too, for the plans to come, but not made
+        again from its own timings, whose noise would keep moving it."""
         due = key in self._due
         self._due.discard(key)
-        return due
+        return due and key not in self._recosted
+
+    def recosted(self, key: PassKey) -> None:
+        """A re-cost of ``key``'s plan made it again: the plan made then stays
+        (:meth:`recost_due`), until a pass fails (:meth:`abandon`)."""
+        self._recosted.add(key)
 
     def timing(self, key: PassKey) -> bool:
         """Whether passes of ``key`` are being timed whole, or were and the plan is not re-costed
@@ -240,6 +251,7 @@ class SteadyCosts:
         self._hooked = []
         self._timing_now = None
         self._timed_passes.clear()
+        self._recosted.clear()
 
 
 def _same_choices(plan: Plan, other: Plan) -> bool:

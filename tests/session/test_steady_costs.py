@@ -210,3 +210,16 @@ def test_a_device_clock_reports_the_host_time_per_storage_and_charges_none():
     charged = costs.charged(KEY, plan.profile)
     assert charged.swap_host_seconds == (0.0, 0.0)
     assert sum(layer.forward_seconds for layer in charged.layers) == pytest.approx(6.0)  # as timed
+
+
+def test_a_plan_made_again_by_a_recost_is_timed_but_not_made_again_from_its_own_timings():
+    clock, first, other = StepClock(), _plan(), None
+    costs = SteadyCosts(clock, passes=1)
+    assert _run_pass(costs, first, clock)
+    assert costs.recost_due(KEY)  # the first plan's timings: re-costed
+    costs.recosted(KEY)  # ... and made again
+    other = plan_swaps(first.profile, 330, policy="swap")
+    assert _run_pass(costs, other, clock)  # the plan made again is timed (its costs are kept)
+    assert not costs.recost_due(KEY) and not costs.timing(KEY)  # but not re-costed
+    costs.abandon()  # a failed pass: the plan made after it may be re-costed once
+    assert _run_pass(costs, first, clock) and costs.recost_due(KEY)

@@ -36,7 +36,8 @@ Profiles planned from then charge a forward no longer than the fastest timed
 recomputation (:func:`~lightning_accudnn.session.warm_times.fastest_recomputations`), and the
 others the timed ones' ratio of time to forward
 (:func:`~lightning_accudnn.session.warm_times.with_recomputations`). Once the last timed pass
-ends, a plan whose compute or recomputation, charged so, moves its step by more than
+ends, a plan whose compute, recomputation or host time per swapped storage, charged so, moves
+its step by more than
 :data:`~lightning_accudnn.session.warm_times.RECOMPUTE_COST_TOLERANCE` is made again
 (:meth:`SteadyCosts.recost_due`), once per pass kind: the plan made again is timed too (its
 recomputations, for the plans to come), but not made again from its own timings, whose noise

@@ -155,6 +155,14 @@ class Plan:
         )
 
     @property
+    def swapped_storages(self) -> int:
+        """Storages copied out (and back in) per step, where the profile counts them
+        (:attr:`~lightning_accudnn.profile.LayerProfile.swappable_storages`)."""
+        return sum(
+            layer.swappable_storages for layer, s in zip(self.profile.layers, self.swap, strict=True) if s
+        )
+
+    @property
     def recompute_seconds(self) -> float:
         """Predicted forward time run again in backward."""
         return self.step.recompute_seconds if self.step is not None else 0.0

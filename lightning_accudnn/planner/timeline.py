@@ -158,10 +158,13 @@ class Simulator:
         # for its storages (the same tuples as fwd and bwd when that time is not measured).
         host_forward, host_backward = profile.swap_host_seconds
         self.storages: tuple[int, ...] = tuple(map(attrgetter("swappable_storages"), layers))
-        self.fwd_swapped = tuple(f + n * host_forward for f, n in zip(self.fwd, self.storages, strict=True))
-        self.bwd_swapped = tuple(b + n * host_backward for b, n in zip(self.bwd, self.storages, strict=True))
         #: Whether a swapped storage costs the host time the plan charges (measured and counted).
         self.charges_host = bool((host_forward or host_backward) and any(self.storages))
+        self.fwd_swapped, self.bwd_swapped = self.fwd, self.bwd
+        if self.charges_host:
+            storages = self.storages
+            self.fwd_swapped = tuple(f + n * host_forward for f, n in zip(self.fwd, storages, strict=True))
+            self.bwd_swapped = tuple(b + n * host_backward for b, n in zip(self.bwd, storages, strict=True))
         position = {name: i for i, name in enumerate(self.names)}
         # Per layer: (index of the later layer that saves it last, bytes), later layers only.
         self.resaved = tuple(

@@ -161,10 +161,9 @@ def swap_host_departs(plan: Plan, profile: StepProfile) -> bool:
         >>> [swap_host_departs(plan, replace(plan.profile, swap_host_seconds=(s, s))) for s in (0.04, 0.06)]
         [False, True]
     """
-    storages = {layer.name: layer.swappable_storages for layer in plan.profile.layers}
-    swapped = sum(storages.get(name, 0) for name in plan.swapped_layers)
     charged, measured = sum(plan.profile.swap_host_seconds), sum(profile.swap_host_seconds)
-    return swapped * abs(measured - charged) > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
+    moved = plan.swapped_storages * abs(measured - charged)
+    return moved > RECOMPUTE_COST_TOLERANCE * plan.predicted_step_seconds
 
 
 def recompute_cost_ratio(profile: StepProfile, seconds: Mapping[tuple[str, bool], float]) -> float | None:

@@ -64,8 +64,6 @@ def test_the_search_swaps_few_storages_where_each_costs_the_host(share):
         PlanChoice(blind.swap, blind.prefetch_window_bytes, blind.max_copying_out_bytes)
     )
     assert chosen.predicted_step_seconds <= blind_charged.step_seconds
-    swapped = [layer for layer, swaps in zip(layers, chosen.swap, strict=True) if swaps]
-    storages = sum(layer.swappable_storages for layer in swapped)
-    needed = len(swapped)
-    assert storages <= needed + 3 * 2  # activations first: at most two normalizations beside them
+    needed = len(chosen.swapped_layers)
+    assert chosen.swapped_storages <= needed + 3 * 2  # activations first: at most two normalizations
     assert chosen.lower_bound_seconds <= chosen.predicted_step_seconds

@@ -394,9 +394,9 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
     row.engine_peak_bytes = max(step["engine_peak_bytes"] for step in measured)
     row.engine_step_seconds = median([step["engine_step_seconds"] for step in measured])
     engine_host = [
-        step["storages_swapped_out"] * step["swap_host_seconds"]
+        step["storages_swapped_out"] * step["host_seconds_per_swapped_storage"]
         for step in measured
-        if step["swap_host_seconds"] is not None
+        if step["host_seconds_per_swapped_storage"] is not None
     ]
     row.engine_host_seconds = median(engine_host) if engine_host else None
     row.profiling_steps_measured = sum(1 for step in measured if step["profiling"])

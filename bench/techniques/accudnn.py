@@ -108,7 +108,7 @@ class AccUDNN(Technique):
             "predicted_step_seconds": stats.predicted_step_seconds,
             "graph_changed": stats.graph_changed,
             "storages_swapped_out": stats.storages_swapped_out,
-            "swap_host_seconds": stats.swap_host_seconds,
+            "host_seconds_per_swapped_storage": stats.host_seconds_per_swapped_storage,
             "plan_id": id(self.plan),
         }
 

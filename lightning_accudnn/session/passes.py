@@ -354,7 +354,10 @@ class PassRunner:
         host = costs.host_seconds_per_storage(key)
         if costs.timing(key) or ratio is not None or host is not None:
             stats = self.stats = replace(
-                stats, steady_timing=costs.timing(key), recompute_cost_ratio=ratio, swap_host_seconds=host
+                stats,
+                steady_timing=costs.timing(key),
+                recompute_cost_ratio=ratio,
+                host_seconds_per_swapped_storage=host,
             )
         if self._planning_seconds or self._background_seconds:
             stats = self.stats = replace(

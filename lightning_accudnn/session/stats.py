@@ -52,12 +52,13 @@ class OffloadStats:
     the plan may be made again from them. ``recompute_cost_ratio`` is what their recomputations
     took over the forward time they repeat, as measured so far for this pass's kind (``None``
     until one was timed): on a GPU whose host issues the recomputed kernels more slowly than the
-    device runs them, above 1. ``swap_host_seconds`` is the host's time per swapped storage in
-    the engine's own work (its hooks, issuing its copy, bringing it back, releasing it), forward
-    and backward together, the least measured so far for this pass's kind in its passes timed
-    whole (``None`` until one that swapped was): times ``storages_swapped_out``, the host time
-    the engine adds to a step. ``graph_changed`` says the pass, replayed by ordinal, saved other
-    than the sequence it replayed: the next pass of its kind runs hooked and is planned from (a
+    device runs them, above 1. ``host_seconds_per_swapped_storage`` is the host's time in the
+    engine's own work per swapped storage (its hooks, issuing its copy, bringing it back,
+    releasing it), forward and backward together, the least measured so far for this pass's
+    kind in its passes timed whole (``None`` until one that swapped was): times
+    ``storages_swapped_out``, the host time the engine adds to a step. ``graph_changed`` says
+    the pass, replayed by ordinal, saved other than the sequence it replayed: the next pass of
+    its kind runs hooked and is planned from (a
     pass after pass with it set is a graph that changes every step, or saves the engine cannot
     replay).
 
@@ -93,7 +94,7 @@ class OffloadStats:
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
     graph_changed: bool = False
-    swap_host_seconds: float | None = None
+    host_seconds_per_swapped_storage: float | None = None
 
     @property
     def peak_error(self) -> float | None:
@@ -127,7 +128,7 @@ class OffloadStats:
             "timed",
             "steady_timing",
             "recompute_cost_ratio",
-            "swap_host_seconds",
+            "host_seconds_per_swapped_storage",
         )
         values = {name: getattr(self, name) for name in names}
         metrics = {f"accudnn/{name}": float(value) for name, value in values.items() if value is not None}

@@ -28,7 +28,7 @@ it per swapped storage (:attr:`StepProfile.swap_host_seconds`, the least per sto
 that a plan of many small storages is costed above one of few large ones. Where a device's
 events time them (CUDA), a host that runs ahead of the device hides its work, and how much of it
 shows in the device's time is not measured: plans there charge none per storage, and the session
-reports what it measured (:attr:`~lightning_accudnn.session.OffloadStats.swap_host_seconds`).
+reports what it measured (:attr:`~lightning_accudnn.session.OffloadStats.host_seconds_per_swapped_storage`).
 
 Profiles planned from then charge a forward no longer than the fastest timed
 (:func:`~lightning_accudnn.session.warm_times.scaled_forward`), the fastest backward timed

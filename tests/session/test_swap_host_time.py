@@ -39,8 +39,8 @@ def test_plans_after_the_steady_passes_charge_the_host_time_of_each_swapped_stor
     assert charged[0] == (0.0, 0.0)  # planned from the profiling pass: nothing measured yet
     forward, backward = charged[-1]
     assert forward > 0.0 and backward > 0.0
-    assert session.stats is not None and session.stats.swap_host_seconds is not None
-    assert session.stats.swap_host_seconds <= forward + backward  # the least measured since
+    assert session.stats is not None and session.stats.host_seconds_per_swapped_storage is not None
+    assert session.stats.host_seconds_per_swapped_storage <= forward + backward  # the least measured since
     layers = session.plan.profile.layers
     assert all(layer.swappable_storages > 0 for layer in layers if layer.swappable_bytes > 0)
     assert session.plan.swapped_layers

@@ -42,8 +42,9 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
   nearest position ``n < i`` with something to bring: ``Q_n = R_n - H_n(i)`` plus the re-saved
   bytes whose last save is ``n`` replaces ``R_n`` (an ``H_n(i)`` that over-counts ``E_i`` under-counts
   ``Q_n`` by no more), at most the largest record of ``n`` and of the layers whose bytes arrive
-  there, where the records are listed. The level never grows when ``R_f`` grows, so the facts
-  below still hold.
+  there (one record comes alone; a layer's record is at most its swappable bytes where the
+  records are not listed). The level never grows when ``R_f`` grows, so the facts below still
+  hold.
 
 **Working memory (what the ledger never sees).** A layer's ``LayerProfile.forward_working_bytes``
 ``F'_i`` is added to its forward level (what the step holds at most beyond it while ``F_i``

@@ -42,8 +42,12 @@ PINNED = 3
 #: or was no activation (a parameter, a tensor subclass, another device: left to autograd);
 FILTERED = 4
 #: or opened a record of a storage the model's code holds beyond the forward (the batch): a
-#: swap of it frees nothing, so it stays on the device (:attr:`.SwapSchedule.resident_saves`).
+#: swap of it frees nothing, so it stays on the device (:attr:`.SwapSchedule.held_records`).
 HELD = 5
+
+#: A record named the same way in every hooked pass of a graph, whatever the pass recomputes:
+#: its layer and its index among the records that layer opens (in save order).
+RecordName = tuple[str, int]
 
 
 @dataclass
@@ -283,6 +287,30 @@ class SaveSequence:
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    def held_records(self) -> frozenset[RecordName]:
+        """The :data:`RecordName` of each record opened :data:`HELD`.
+
+        Example:
+            >>> sequence = SaveSequence()
+            >>> sequence.append("a", False, 64, kind=SWAPPABLE, record_bytes=64)
+            >>> sequence.append("b", False, 64, kind=SWAPPABLE, record_bytes=64)
+            >>> sequence.append("b", False, 0, kind=FILTERED)
+            >>> sequence.append("b", False, 64, group=1, kind=REUSED, record_of=1)
+            >>> sequence.append("b", False, 32, kind=HELD, record_bytes=32)
+            >>> sequence.held_records()
+            frozenset({('b', 1)})
+        """
+        opened: dict[str, int] = {}
+        held = []
+        for layer, kind in zip(self.layers, self.kinds, strict=True):
+            if kind in (REUSED, FILTERED):
+                continue
+            index = opened.get(layer, 0)
+            opened[layer] = index + 1
+            if kind == HELD:
+                held.append((layer, index))
+        return frozenset(held)
 
     def prefetch_order(self) -> tuple[tuple[str, int, int], ...]:
         """The swappable records in the order the engine brings swapped ones back (by their last

@@ -242,7 +242,7 @@ class SaveRecords(CopyTraffic):
     ) -> StorageRecord:
         start, end = record_extent(root, tensor, storage_nbytes, extent)
         nbytes = end - start
-        held = ordinal in self._schedule.resident_saves
+        held = self._recording is not None and bool(self._schedule.held_records) and self._held(step, layer)
         allowed = nbytes > 0 and not excluded and not held and _keep_on_device_depth.get() == 0
         swappable = allowed and nbytes >= self.min_swap_bytes
         step.layer_saved[layer] = step.layer_saved.get(layer, 0) + nbytes
@@ -255,6 +255,13 @@ class SaveRecords(CopyTraffic):
         block = entry.block
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
         return StorageRecord(layer, start, end, ordinal + 1, swap, swappable, root, block, ordinal, kind)
+
+    def _held(self, step: StepState, layer: str) -> bool:
+        """Whether the record ``layer`` opens now in a hooked pass is one the schedule names held
+        (:attr:`.SwapSchedule.held_records`)."""
+        index = step.layer_records.get(layer, 0)
+        step.layer_records[layer] = index + 1
+        return (layer, index) in self._schedule.held_records
 
     def _host_can_hold(self, nbytes: int) -> bool:
         """False only when the schedule keeps what passes the host cap and this would."""
@@ -292,7 +299,7 @@ class SaveRecords(CopyTraffic):
         nothing, and its copy brought back would sit beside it: its records become :data:`HELD`
         in the pass's sequence and are reported as not swappable, so that the plans made from the
         pass keep it, and so do the passes their schedules run
-        (:attr:`.SwapSchedule.resident_saves`). Returns those storages' blocks and the bytes of
+        (:attr:`.SwapSchedule.held_records`). Returns those storages' blocks and the bytes of
         their records."""
         if self._meter is not None:  # what only the meter holds is no longer alive
             self._meter.boundary()

@@ -109,6 +109,7 @@ class StepState:
         self.layer_saved: dict[str, int] = {}
         self.layer_swappable: dict[str, int] = {}
         self.layer_small: dict[str, list[int]] = {}  # sizes kept only for being below min_swap_bytes
+        self.layer_records: dict[str, int] = {}  # hooked pass naming held records: records opened per layer
         # Hooked pass: per record saved again by another layer, the saving layer (by its index in
         # ``layer_saved``) from whose backward on the record is needed: the last re-save's.
         self.resaved_from: dict[StorageRecord, int] = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from lightning_accudnn.ops.layers import RecordName
+
 
 @dataclass(frozen=True)
 class SwapSchedule:
@@ -24,10 +26,10 @@ class SwapSchedule:
     on the device (still counted as swappable) instead of raising
     :class:`~lightning_accudnn.ops.HostMemoryExceeded`: the profiling pass measures every
     activation within any host cap, and the plan made from it is checked against the cap.
-    ``resident_saves`` holds the ordinals (in the step's save order) of saves whose storage
-    stays on the device whatever their layer: storages an earlier pass of the same graph found
-    the model's code holding beyond the forward (:data:`.layers.HELD`), which a swap would copy
-    out and back without freeing them.
+    ``held_records`` names the records (:data:`.layers.RecordName`) whose storages stay on the
+    device whatever their layer: storages an earlier pass of the same graph found the model's
+    code holding beyond the forward (:data:`.layers.HELD`), which a swap would copy out and back
+    without freeing them. A hooked pass reads it (a replayed one keeps what its sequence says).
 
     Example:
         >>> schedule = SwapSchedule.swap_layers_named(["layer1.0.conv1"], prefetch_window_bytes=2**26)
@@ -37,7 +39,7 @@ class SwapSchedule:
         True
         >>> SwapSchedule.keep_layers_named(["fc"]).swaps("a_new_layer")
         True
-        >>> 0 in SwapSchedule.swap_everything().with_resident_saves({0}).resident_saves
+        >>> ("conv1", 0) in SwapSchedule.swap_everything().with_held_records({("conv1", 0)}).held_records
         True
     """
 
@@ -46,7 +48,7 @@ class SwapSchedule:
     max_copying_out_bytes: int | None = None
     keep_layers: frozenset[str] = frozenset()
     keep_beyond_host_limit: bool = False
-    resident_saves: frozenset[int] = frozenset()
+    held_records: frozenset[RecordName] = frozenset()
 
     def __post_init__(self) -> None:
         if self.prefetch_window_bytes < 0:
@@ -82,9 +84,9 @@ class SwapSchedule:
     ) -> SwapSchedule:
         return cls(None, prefetch_window_bytes, max_copying_out_bytes, frozenset(names))
 
-    def with_resident_saves(self, ordinals: Iterable[int]) -> SwapSchedule:
-        """This schedule, keeping the storages the saves at ``ordinals`` open on the device."""
-        return replace(self, resident_saves=frozenset(ordinals))
+    def with_held_records(self, names: Iterable[RecordName]) -> SwapSchedule:
+        """This schedule, keeping the storages of the records ``names`` on the device."""
+        return replace(self, held_records=frozenset(names))
 
     def swaps(self, layer: str) -> bool:
         if layer in self.keep_layers:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from lightning_accudnn.ops import StepStats, SwapSchedule
-from lightning_accudnn.ops.layers import HELD, SaveSequence
+from lightning_accudnn.ops.layers import RecordName, SaveSequence
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
@@ -28,7 +28,7 @@ from lightning_accudnn.profiling.static_memory import (
     optimizer_step_temporaries_bytes,
 )
 from lightning_accudnn.session.plan_book import PassKey
-from lightning_accudnn.session.steady_memo import ResidentSaves, SteadyMemo
+from lightning_accudnn.session.steady_memo import SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
 
 __all__ = ["SMALLEST_COPY_OUT_LIMIT", "PassRecords", "with_storage_counts"]
@@ -56,10 +56,10 @@ class PassRecords:
         self.observe_every = observe_every
         self.steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
         self._sequences: dict[PassKey, SaveSequence] = {}
-        # Per pass kind, the segments its sequence ran recomputed and the ordinals of the saves
-        # whose storages it found held beyond the forward (``HELD``): a schedule under a plan
-        # recomputing those segments keeps them (:attr:`SwapSchedule.resident_saves`).
-        self._resident: dict[PassKey, ResidentSaves] = {}
+        # Per pass kind, the records (by layer and index, whatever the pass recomputes) whose
+        # storages a pass found held beyond the forward (``HELD``): every later schedule keeps
+        # them (:attr:`SwapSchedule.held_records`), for a pass that keeps one cannot find it again.
+        self._held: dict[PassKey, frozenset[RecordName]] = {}
         self._recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each sequence ran under
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         # The same per layer saving them, where autocast's cache went with the forward (see record).
@@ -102,7 +102,7 @@ class PassRecords:
             return SwapSchedule.swap_everything(
                 max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
             )
-        return self.steady.schedule(key, plan, self._resident.get(key))
+        return self.steady.schedule(key, plan, self._held.get(key))
 
     def observation_due(self, key: PassKey) -> bool:
         """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in
@@ -173,9 +173,8 @@ class PassRecords:
                 {} if step.autocast_past_forward else {k: v for k, v in copies_by_layer.items() if v}
             )
             self._sequences[key] = step.sequence
-            recomputed = self._recomputed[key] = () if plan is None else plan.recomputed
-            held = frozenset(ordinal for ordinal, kind in enumerate(step.sequence.kinds) if kind == HELD)
-            self._resident[key] = (recomputed, held)
+            self._recomputed[key] = () if plan is None else plan.recomputed
+            self._held[key] = self._held.get(key, frozenset()) | step.sequence.held_records()
             self._links.pop(key, None)
         else:
             copies = self.weight_copy_bytes(key)
@@ -186,7 +185,6 @@ class PassRecords:
     def forget_sequence(self, key: PassKey) -> None:
         """``key``'s graph departed from its sequence: its next pass runs hooked."""
         self._sequences.pop(key, None)
-        self._resident.pop(key, None)
         self._swapped_pass.pop(key, None)
 
     def note_swapped_pass(self, key: PassKey, step: StepStats, profile: StepProfile) -> None:

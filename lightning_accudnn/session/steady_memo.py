@@ -15,15 +15,12 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from lightning_accudnn.ops import SwapSchedule
+from lightning_accudnn.ops.layers import RecordName
 from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.session.recompute_pass import schedule_for
 
-__all__ = ["ResidentSaves", "SteadyMemo"]
-
-#: The segments a pass kind's sequence ran recomputed, and the ordinals of its saves whose
-#: storages the step held beyond the forward.
-ResidentSaves = tuple[tuple[str, ...], frozenset[int]]
+__all__ = ["SteadyMemo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +59,19 @@ class SteadyMemo:
     """
 
     def __init__(self) -> None:
-        self._schedules: dict[Hashable, tuple[Plan, ResidentSaves | None, SwapSchedule]] = {}
+        self._schedules: dict[Hashable, tuple[Plan, frozenset[RecordName] | None, SwapSchedule]] = {}
         self._conclusions: dict[Hashable, _Conclusion] = {}
 
-    def schedule(self, key: Hashable, plan: Plan, resident: ResidentSaves | None = None) -> SwapSchedule:
-        """:func:`schedule_for` ``plan``, made once per plan and ``resident`` (the same objects) of
-        the pass kind ``key``. ``resident`` is ``(recomputed segments, ordinals)``: the saves at
-        those ordinals keep their storages on the device under a plan recomputing those segments
-        (the ordinals are those of a sequence recorded under them)."""
+    def schedule(self, key: Hashable, plan: Plan, held: frozenset[RecordName] | None = None) -> SwapSchedule:
+        """:func:`schedule_for` ``plan``, made once per plan and ``held`` (the same objects) of the
+        pass kind ``key``, keeping the storages of the ``held`` records on the device
+        (:attr:`~lightning_accudnn.ops.SwapSchedule.held_records`)."""
         made = self._schedules.get(key)
-        if made is None or made[0] is not plan or made[1] is not resident:
+        if made is None or made[0] is not plan or made[1] is not held:
             schedule = schedule_for(plan)
-            if resident is not None and resident[1] and resident[0] == plan.recomputed:
-                schedule = schedule.with_resident_saves(resident[1])
-            made = self._schedules[key] = (plan, resident, schedule)
+            if held:
+                schedule = schedule.with_held_records(held)
+            made = self._schedules[key] = (plan, held, schedule)
         return made[2]
 
     def conclusion(

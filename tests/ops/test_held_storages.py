@@ -39,7 +39,8 @@ def test_the_batch_is_found_held_and_kept_by_a_schedule_naming_it():
     first = next(layer for layer in profiled.layers if layer.name == "0")
     assert (first.saved_bytes, first.swappable_bytes) == (x.nbytes, 0)
 
-    keeping = SWAP_ALL.with_resident_saves(held)
+    assert sequence.held_records() == {("0", 0)}
+    keeping = SWAP_ALL.with_held_records(sequence.held_records())
     hooked, hooked_grads = _step(engine, model, x, keeping)
     assert hooked.bytes_swapped_out == profiled.bytes_swapped_out - x.nbytes
     assert hooked.sequence is not None and hooked.sequence.kinds[held[0]] == HELD

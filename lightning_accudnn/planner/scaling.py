@@ -51,7 +51,15 @@ from dataclasses import dataclass, replace
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
 
-__all__ = ["DEFAULT_MAX_GROWTH", "ShapeRatio", "fit_growth", "plan_covers", "scale_profile", "shape_ratio"]
+__all__ = [
+    "DEFAULT_MAX_GROWTH",
+    "ShapeRatio",
+    "borrowed_measurements",
+    "fit_growth",
+    "plan_covers",
+    "scale_profile",
+    "shape_ratio",
+]
 
 #: Growth exponent assumed for a layer whose exponent is unknown: attention weights grow with
 #: the square of the sequence length (or of the number of image patches).
@@ -246,6 +254,54 @@ backward_seconds=0.004)
         swapped_pass_forward_bytes=(),
         prefetch_order=(),  # another shape's records: a window admits more of smaller ones
     )
+
+
+def borrowed_measurements(layer: LayerProfile, timed: LayerProfile) -> LayerProfile:
+    """``layer``, from a pass that measured its bytes only (a pass replayed by ordinal times no
+    layer and sees no re-saves), with what ``timed``, the same layer in a timed pass, measured:
+    its times, re-saves, working memory and retired bytes still alive. Where the two saved other
+    bytes (the timed pass ran another batch shape: a short batch runs a longer one's plan),
+    these follow the ratio of the saved bytes, as :func:`scale_profile` carries a measured
+    layer; the re-saves never pass ``layer``'s swappable bytes.
+
+    Example:
+        >>> long = LayerProfile("tanh", 512, 512, 2e-3, 4e-3, resaved_by=(("fc2", 512),))
+        >>> short = borrowed_measurements(LayerProfile("tanh", 256, 256), long)
+        >>> short.forward_seconds, short.backward_seconds, short.resaved_by
+        (0.001, 0.002, (('fc2', 256),))
+    """
+    if timed.saved_bytes == layer.saved_bytes or not (timed.saved_bytes and layer.saved_bytes):
+        factor = 1.0
+        forward_working, backward_working = timed.forward_working_bytes, timed.backward_working_bytes
+        retired_alive, alive_from = timed.retired_alive_bytes, timed.retired_alive_from
+    else:
+        factor = layer.saved_bytes / timed.saved_bytes
+        forward_working = _scaled_working(timed.forward_working_bytes, factor)
+        backward_working = _scaled_working(timed.backward_working_bytes, factor)
+        retired_alive = _scaled_working(timed.retired_alive_bytes, factor)
+        alive_from = _scaled_bytes(timed.retired_alive_from, factor)
+    resaved, left = [], layer.swappable_bytes
+    for later, nbytes in timed.resaved_by:
+        moved = min(left, math.ceil(nbytes * factor))
+        if moved:
+            resaved.append((later, moved))
+            left -= moved
+    return replace(
+        layer,
+        forward_seconds=timed.forward_seconds * factor,
+        backward_seconds=timed.backward_seconds * factor,
+        resaved_by=tuple(resaved),
+        resaved_by_module=_scaled_bytes(timed.resaved_by_module, factor),
+        forward_working_bytes=forward_working,
+        backward_working_bytes=backward_working,
+        retired_alive_bytes=retired_alive,
+        retired_alive_from=alive_from,
+    )
+
+
+def _scaled_bytes(listed: tuple[tuple[str, int], ...], factor: float) -> tuple[tuple[str, int], ...]:
+    """Bytes listed by name, each ``factor`` times as many (rounded up)."""
+    return tuple((name, math.ceil(nbytes * factor)) for name, nbytes in listed)
 
 
 def _scaled_working(nbytes: int, factor: float) -> int:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from lightning_accudnn.planner.plan import Plan
+from lightning_accudnn.planner.scaling import borrowed_measurements
 from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.session.plan_book import PassKey
@@ -180,7 +181,8 @@ def with_times_of(
     layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
 ) -> tuple[LayerProfile, ...]:
     """The layers of an untimed pass with the times, the re-saves and the working memory an
-    earlier, timed pass of it measured (a pass replayed by ordinal sees none of them).
+    earlier, timed pass of it measured (a pass replayed by ordinal sees none of them), at the
+    untimed pass's bytes (:func:`~lightning_accudnn.planner.scaling.borrowed_measurements`).
 
     Example:
         >>> untimed = (LayerProfile("fc", 10, 10, 0.0, 0.0),)
@@ -189,19 +191,7 @@ def with_times_of(
     """
     by_name = {layer.name: layer for layer in timed}
     return tuple(
-        replace(
-            layer,
-            forward_seconds=by_name[layer.name].forward_seconds,
-            backward_seconds=by_name[layer.name].backward_seconds,
-            resaved_by=by_name[layer.name].resaved_by,
-            resaved_by_module=by_name[layer.name].resaved_by_module,
-            forward_working_bytes=by_name[layer.name].forward_working_bytes,
-            backward_working_bytes=by_name[layer.name].backward_working_bytes,
-            retired_alive_bytes=by_name[layer.name].retired_alive_bytes,
-            retired_alive_from=by_name[layer.name].retired_alive_from,
-        )
-        if layer.name in by_name
-        else layer
+        layer if layer.name not in by_name else borrowed_measurements(layer, by_name[layer.name])
         for layer in layers
     )
 

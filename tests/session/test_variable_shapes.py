@@ -229,3 +229,23 @@ def test_the_short_last_batch_of_an_epoch_is_scaled_not_profiled():
     short = steps[3][0]
     assert short.bytes_swapped_out > 0 and short.ledger_peak_bytes <= budget
     assert all(stats.ledger_peak_bytes <= budget for stats, _ in steps)
+
+
+def test_a_shape_run_under_a_larger_shapes_plan_borrows_its_times_at_its_own_bytes():
+    """A smaller batch runs the plan of a larger one (``covered``); its passes replayed untimed
+    borrow the plan's layer times and re-saves, which that plan measured at the larger shape:
+    they are taken at the smaller shape's bytes (a re-save of 512 rows does not fit a layer
+    that saved 256), and the run trains on, bitwise like the loop without the session, through
+    the re-cost of its timed passes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 1))  # Tanh's output, saved again
+    batches = [
+        torch.randn(rows, 64, generator=torch.Generator().manual_seed(i))
+        for i, rows in enumerate([512] * 3 + [256] * 8)
+    ]
+    config = OffloadConfig(budget="8GB", min_swap_bytes=0, plan_in_background=False)
+    with pytest.warns(UserWarning, match="CPU"), OffloadSession(config, "cpu") as session:
+        steps = _train(session, model, lambda module, x: module(x).square().mean(), batches)
+    sources = _sources(steps)
+    assert sources[:4] == ["profiling", "profiled", "refined", "covered"], sources
+    assert len(steps) == len(batches)

@@ -56,10 +56,12 @@ class PassRecords:
         self.observe_every = observe_every
         self.steady = SteadyMemo()  # replayed passes: schedules and conclusions reused while they hold
         self._sequences: dict[PassKey, SaveSequence] = {}
-        # Per pass kind, the records (by layer and index, whatever the pass recomputes) whose
-        # storages a pass found held beyond the forward (``HELD``): every later schedule keeps
-        # them (:attr:`SwapSchedule.held_records`), for a pass that keeps one cannot find it again.
-        self._held: dict[PassKey, frozenset[RecordName]] = {}
+        # Per model and position in the step (whatever the batch's shapes: a shape planned from
+        # another's never profiles), the records (by layer and index, whatever the pass
+        # recomputes) whose storages a pass found held beyond the forward (``HELD``): every later
+        # schedule keeps them (:attr:`SwapSchedule.held_records`), for a pass that keeps one cannot
+        # find it again.
+        self._held: dict[tuple[int, int], frozenset[RecordName]] = {}
         self._recomputed: dict[PassKey, tuple[str, ...]] = {}  # the segments each sequence ran under
         self._weight_copy_bytes: dict[PassKey, int] = {}  # autocast's weight copies, per pass kind
         # The same per layer saving them, where autocast's cache went with the forward (see record).
@@ -102,7 +104,7 @@ class PassRecords:
             return SwapSchedule.swap_everything(
                 max_copying_out_bytes=SMALLEST_COPY_OUT_LIMIT, keep_beyond_host_limit=True
             )
-        return self.steady.schedule(key, plan, self._held.get(key))
+        return self.steady.schedule(key, plan, self._held.get((key.model, key.position)))
 
     def observation_due(self, key: PassKey) -> bool:
         """Whether this replayed pass of ``key`` must pass the engine's hooks to its end: one in
@@ -174,7 +176,8 @@ class PassRecords:
             )
             self._sequences[key] = step.sequence
             self._recomputed[key] = () if plan is None else plan.recomputed
-            self._held[key] = self._held.get(key, frozenset()) | step.sequence.held_records()
+            held = (key.model, key.position)
+            self._held[held] = self._held.get(held, frozenset()) | step.sequence.held_records()
             self._links.pop(key, None)
         else:
             copies = self.weight_copy_bytes(key)

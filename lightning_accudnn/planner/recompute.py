@@ -76,7 +76,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from types import MappingProxyType
@@ -538,6 +538,23 @@ def resaved_inside(layer: LayerProfile, segment: str) -> int:
     return total
 
 
+def _most_of_each(lists: Iterable[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
+    """Per name, the most bytes any of ``lists`` gives it (sorted by name); ``()`` when one of
+    them is empty (not listed).
+
+    Example:
+        >>> _most_of_each([(("a", 5), ("b", 1)), (("b", 3),)])
+        (('a', 5), ('b', 3))
+    """
+    most: dict[str, int] = {}
+    for listed in lists:
+        if not listed:
+            return ()
+        for name, nbytes in listed:
+            most[name] = max(most.get(name, 0), nbytes)
+    return tuple(sorted(most.items()))
+
+
 def rerun_forward_working_bytes(layers: Sequence[LayerProfile]) -> int:
     """What a recomputed segment made of ``layers`` holds beyond its forward level (its inputs)
     while its forward runs, at most: its layers' outputs are saved by none, but each is alive
@@ -700,6 +717,21 @@ def recomputed_profile(
             sources[segment][source] = left - taken
         return taken
 
+    def alive_from(listed: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+        """``LayerProfile.retired_alive_from`` of a new layer: each layer listed under the new
+        layer it is in (a recomputed segment's layers under the segment, which never swaps);
+        ``()`` (not listed) when one is not a profile layer."""
+        merged: dict[str, int] = {}
+        moved = False
+        for origin, nbytes in listed:
+            where = index.get(origin)
+            if where is None:
+                return ()
+            name = names[position[where]]
+            moved = moved or name != origin
+            merged[name] = merged.get(name, 0) + nbytes
+        return tuple(sorted(merged.items())) if moved else tuple(listed)
+
     for i in resaving:
         layer = layers[i]
         group = position[i]
@@ -751,6 +783,9 @@ def recomputed_profile(
         copies_let_go.append(min(copies_before, profile.static_bytes))
         if span is None:
             layer = layers[indices[0]]
+            origins = alive_from(layer.retired_alive_from)
+            if origins != layer.retired_alive_from:
+                layer = replace(layer, retired_alive_from=origins)
             if swappable and not extra_resident[g] and not layer.resaved_by:
                 new_layers.append(layer)  # unchanged, as below (most layers of a large profile)
                 transient.append(0)
@@ -779,6 +814,7 @@ def recomputed_profile(
                     forward_working_bytes=layer.forward_working_bytes,
                     backward_working_bytes=layer.backward_working_bytes,
                     retired_alive_bytes=layer.retired_alive_bytes,
+                    retired_alive_from=layer.retired_alive_from,
                     swappable_storages=layer.swappable_storages if swap_bytes else 0,
                 )
             )
@@ -808,6 +844,9 @@ def recomputed_profile(
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
                     forward_working_bytes=forward_working,
                     retired_alive_bytes=max(layer.retired_alive_bytes for layer in inner),
+                    retired_alive_from=_most_of_each(
+                        alive_from(layer.retired_alive_from) for layer in inner if layer.retired_alive_bytes
+                    ),
                     backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
                 )
             )

@@ -58,11 +58,12 @@ the step holds ``M + StepProfile.outside_working_bytes`` (the optimizer step's t
 peak is never below it. A swapped storage retired while the model's code still holds it (a
 residual block's input until the addition) is still allocated: ``F_i``'s level adds
 ``min(A_i, bytes retired before F_i)``, ``A_i`` being ``LayerProfile.retired_alive_bytes`` (the
-most such bytes a pass that swapped everything met there), and no more than the bytes of the
-swapped layers' storages in it where ``LayerProfile.retired_alive_from`` lists them (a storage
-is retired only if the layer that saved it first is swapped). Each term is a constant per layer and
-plan, or grows by no more than the bytes a swap or a smaller ``L`` retires, so what follows holds
-still.
+most such bytes a pass that swapped everything met there), and where
+``LayerProfile.retired_alive_from`` lists the layers whose storages they are, no more of each
+than it retired before ``F_i`` (a storage is retired only if the layer that saved it first is
+swapped, and only once the copy-out FIFO let it go: until then the level counts it in
+flight). Each term is a constant per layer and plan, or grows by no more than the bytes a swap
+or a smaller ``L`` retires, so what follows holds still.
 
 So the peak never increases when a layer is swapped, nor when ``L`` or ``w`` shrink: the least
 peak of any plan is swapping every swappable layer with ``L = w = 0``.
@@ -194,7 +195,6 @@ class Simulator:
         self._alive_from = tuple(
             _alive_origins(layer.retired_alive_from, layer.retired_alive_bytes, position) for layer in layers
         )
-        self._alive_listed = any(origins is not None for origins in self._alive_from)
         # What B_i holds beyond the ledger's level: its transient and its working memory (the
         # transient itself when no working memory is listed: the hot loops read one number).
         self._backward_extra = (
@@ -323,17 +323,6 @@ class Simulator:
                 next_retired = own if own < largest[i] else largest[i]
         return peak
 
-    def _swapped_alive(self, swap: tuple[bool, ...]) -> tuple[int, ...]:
-        """Per ``F_i``: at most the bytes of swapped storages let go and still alive there,
-        ``A_i``, or the share of the swapped layers' storages in it where
-        :attr:`~lightning_accudnn.profile.LayerProfile.retired_alive_from` lists them."""
-        if not self._alive_listed:
-            return self.retired_alive
-        return tuple(
-            most if origins is None else min(most, sum(nbytes for origin, nbytes in origins if swap[origin]))
-            for most, origins in zip(self.retired_alive, self._alive_from, strict=True)
-        )
-
     def _opening_window(self, swap: tuple[bool, ...], window: int, retired: Sequence[int]) -> tuple[int, int]:
         """(``h``, ``P``): the highest swapped layer, and at most what the prefetch window holds
         from the backward's start until ``B_h`` beyond what the levels count on the device
@@ -431,14 +420,24 @@ class Simulator:
         fifo: deque[int] = deque()  # layers with bytes in flight, oldest first
         left = [0] * self.k  # bytes of each layer still in the FIFO
         fifo_bytes = 0
-        alive = self._swapped_alive(swap) if self._retired_alive else None
+        alive = self.retired_alive if self._retired_alive else None
+        alive_from = self._alive_from
         pushed = 0  # bytes swapped so far: those not in the FIFO are retired
         for i, swapped in enumerate(swap):
             nbytes = saved[i]
             if alive is None:
                 level(held + fifo_bytes + nbytes)
             else:
-                level(held + fifo_bytes + nbytes + min(alive[i], pushed - fifo_bytes))
+                origins = alive_from[i]
+                if origins is None:
+                    still = pushed - fifo_bytes
+                else:  # of each listed layer swapped, no more than it retired so far
+                    still = 0
+                    for origin, most in origins:
+                        if origin < i and swap[origin]:
+                            retired_bytes = swappable[origin] - left[origin]
+                            still += most if most < retired_bytes else retired_bytes
+                level(held + fifo_bytes + nbytes + min(alive[i], still))
             if not swapped:
                 held += nbytes
                 continue

@@ -39,7 +39,9 @@ pass that swapped everything held, ``StepProfile.swapped_pass_forward_bytes``, a
 pass held at each layer: :func:`swapped_pass_forward_bound`), and in backward, on top of
 its transient, the most any of its layers holds while its backward runs *or while its forward
 runs again* (the forward that rebuilds the saves runs inside that backward): the largest of its
-layers' forward and backward working bytes. The step's ``outside_working_bytes`` is unchanged.
+layers' forward and backward working bytes, or, recomputed whole, less where the order its
+saves are rebuilt and read in never has them all alive beside it
+(:func:`rerun_backward_working_bytes`). The step's ``outside_working_bytes`` is unchanged.
 
 Autocast's weight copies of a recomputed segment's layers (``LayerProfile.weight_copy_bytes``,
 counted in the model state) live in autocast's cache until the forward ends and are made again
@@ -97,6 +99,7 @@ __all__ = [
     "nested_span",
     "policy_spans",
     "rebuilding_working_bytes",
+    "rerun_backward_working_bytes",
     "swapped_pass_forward_bound",
     "rerun_forward_working_bytes",
     "recomputed_profile",
@@ -660,6 +663,42 @@ def rebuilding_working_bytes(layers: Sequence[LayerProfile]) -> int:
     )
 
 
+def rerun_backward_working_bytes(layers: Sequence[LayerProfile]) -> int:
+    """What a segment made of ``layers``, recomputed whole, holds beyond its backward level and
+    its transient (all its layers' saves) while its backward runs, following the order its
+    saves are rebuilt in: the less of :func:`rebuilding_working_bytes` and what the saves
+    alive at each moment leave room for (negative when they are never all alive at once).
+
+    The recomputation saves the layers' tensors in order and each goes once its layer's backward
+    read it. So while the forward runs again up to layer ``j`` (holding what it holds beyond its
+    saves then, never less than nothing: model state not made yet in a forward may be made by
+    then) the saves up to ``j`` are alive, beside what the last layer's backward holds beyond its
+    saves (the gradient the segment's backward starts from, at most); and while layer ``j``'s
+    backward runs, the saves up to ``j`` beside what it holds beyond them. Where that is more
+    than :func:`rebuilding_working_bytes` (which counts every save rebuilt beside the most any
+    layer holds, but not the gradient beside the forward run again), that is taken.
+
+    Example:
+        >>> layers = [LayerProfile("b.x", 100, 100, forward_working_bytes=30, backward_working_bytes=200),
+        ...           LayerProfile("b.y", 100, 100, backward_working_bytes=25)]
+        >>> rebuilding_working_bytes(layers)  # b.x's backward beside all 200 saved bytes
+        200
+        >>> rerun_backward_working_bytes(layers)  # b.x's backward beside its own 100: 300, less 200
+        100
+    """
+    saved = rerun = 0
+    most: int | None = None
+    for layer in layers:
+        saved += layer.saved_bytes
+        rerun = max(rerun, saved + max(0, layer.forward_working_bytes))
+        level = saved + layer.backward_working_bytes
+        most = level if most is None else max(most, level)
+    if most is None:
+        return 0
+    rebuilt = rerun + max(0, layers[-1].backward_working_bytes)
+    return min(rebuilding_working_bytes(layers), max(most, rebuilt) - saved)
+
+
 def recomputed_profile(
     profile: StepProfile, spans: Sequence[SegmentSpan], *, swappable: bool = True
 ) -> RecomputedProfile:
@@ -847,7 +886,13 @@ def recomputed_profile(
                     retired_alive_from=_most_of_each(
                         alive_from(layer.retired_alive_from) for layer in inner if layer.retired_alive_bytes
                     ),
-                    backward_working_bytes=rebuilding_working_bytes(inner) if working else 0,
+                    backward_working_bytes=(
+                        0
+                        if not working
+                        else rerun_backward_working_bytes(inner)
+                        if span.rebuilt_bytes is None and not span.inner
+                        else rebuilding_working_bytes(inner)
+                    ),
                 )
             )
             saved = sum(layer.saved_bytes for layer in inner)

@@ -128,15 +128,17 @@ def _segment_profile(x: tuple[int, int], y: tuple[int, int], head: tuple[int, in
 
 @pytest.mark.parametrize(
     ("x", "y", "extra"),
-    [((70, 10), (20, 40), 70), ((5, 10), (20, 90), 90), ((0, 0), (0, 0), 0)],
+    # (rebuilding forward) blk.x's 70 are held beside blk.x's 100 B rebuilt, not all 200: blk.x
+    # again 170, blk.y 220 and then the gradient blk's backward starts from (at most blk.y's 40),
+    # 260 = 200 + 60. (backward) that way 310 = 200 + 110: more than blk.y's 90 beside all 200.
+    [((70, 10), (20, 40), 60), ((5, 10), (20, 90), 90), ((0, 0), (0, 0), 0)],
     ids=["rebuilding forward", "backward", "none"],
 )
-def test_a_recomputed_layer_holds_the_larger_of_forward_and_backward_working_memory_on_its_transient(
-    x, y, extra
-):
+def test_a_recomputed_layer_holds_the_working_memory_of_its_layers_beside_its_saves_rebuilt(x, y, extra):
     """blk recomputed: its layer holds its 40 B of inputs; head counts blk's 30 B of outputs once
     more (230 B). B_blk holds stem + blk = 80, plus blk's 200 B of saves rebuilt (its transient),
-    plus the most any of blk's layers holds while its forward runs again or its backward runs.
+    plus the most any of blk's layers holds while its forward runs again or its backward runs,
+    or less, where the order the saves are rebuilt in and read in leaves no more room.
     F_blk holds 80 plus, at most, blk's layers' outputs up to each (their saves: 100, 200) and
     that layer's own working memory; head's levels 310 plus its own. Nothing
     recomputed peaks at 449 (B_head): the plan recomputes blk."""
@@ -301,6 +303,15 @@ def _rebuilt_peak(plan, profile: StepProfile) -> int:
         inner = [profile.layers[i] for i in indices]
         if len(indices) > 1 or layer.name not in position:  # recomputed: its forward runs again
             working = max(max(one.forward_working_bytes, one.backward_working_bytes) for one in inner)
+            span = next(span for span in spans if span.name == layer.name)
+            if span.rebuilt_bytes is None and not span.inner:  # whole: each save alive until read
+                rebuilt, rerun, backward = 0, 0, []
+                for one in inner:
+                    rebuilt += one.saved_bytes
+                    rerun = max(rerun, rebuilt + max(0, one.forward_working_bytes))
+                    backward.append(rebuilt + one.backward_working_bytes)
+                ordered = max(*backward, rerun + max(0, inner[-1].backward_working_bytes)) - rebuilt
+                working = min(working, ordered)
         else:
             working = inner[0].backward_working_bytes
         levels.append(level + working)

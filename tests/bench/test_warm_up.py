@@ -31,10 +31,15 @@ def test_the_warm_up_waits_for_the_technique_to_settle(monkeypatch, unsettled, w
 
 
 def test_an_accudnn_row_measures_no_timed_pass():
-    config = RunConfig(torch.device("cpu"), warmup=2, steps=3, min_swap_bytes=0)
+    """With the headline's warm-up (six steps, up to twelve), a session settles before the
+    measured steps: its profiling pass, its timed passes and the steady passes it times whole
+    (and a plan made again from them) run in the warm-up; tiny's settles at its ninth or tenth
+    step. (Two steps, up to four, end the warm-up before the steady passes are timed: a plan
+    made again from them may then replace the one measured.)"""
+    config = RunConfig(torch.device("cpu"), warmup=6, steps=3, min_swap_bytes=0)
     workload = tiny()
     oracle = run_strategy(workload, StrategySpec("oracle", "oracle"), config).row
     budget = oracle.static_bytes + (oracle.ledger_peak_bytes - oracle.static_bytes) // 2
     row = run_strategy(workload, StrategySpec("accudnn", "accudnn", {"budget_bytes": budget}), config).row
     assert row.status == "ok", row.error
-    assert row.warmup_steps > 2 and row.profiling_steps_measured == 0 and row.replans_during_measurement == 0
+    assert row.warmup_steps > 6 and row.profiling_steps_measured == 0 and row.replans_during_measurement == 0

@@ -94,3 +94,31 @@ def test_stats_are_exposed_and_logged():
     logged = [m for m in logger.metrics if "accudnn/bytes_swapped_out" in m]
     assert len(logged) == 3
     assert {"accudnn/bytes_swapped_in", "accudnn/wait_seconds", "accudnn/peak_device_bytes"} <= set(logged[0])
+
+
+@pytest.mark.parametrize("share", [0.5, None], ids=["half the activations", "ample"])
+def test_an_epoch_whose_last_batch_is_short_trains_on_equal_to_plain_fit(share):
+    """37 samples in batches of 8 (``drop_last=False``): each epoch ends on a batch of 5, which
+    runs under the plan of the batches of 8 and is timed and planned again as the epochs go on.
+    Four epochs train through and equal plain training in every bit, whether the budget makes
+    the plan swap or not."""
+    plain_model, swapped_model = copies("cnn")
+    samples = torch.utils.data.Subset(loader("cnn", batches=5).dataset, range(37))
+
+    def epochs() -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(samples, batch_size=8, shuffle=False)
+
+    trainer_for("auto", max_steps=-1, max_epochs=4).fit(plain_model, epochs())
+    recorder = StatsRecorder()
+    if share is None:
+        strategy = AccUDNNStrategy(budget="8GB", min_swap_bytes=0)
+    else:
+        strategy = swapping_strategy("cnn", share)
+    trainer_for(strategy, max_steps=-1, max_epochs=4, callbacks=[recorder]).fit(swapped_model, epochs())
+
+    assert len(recorder.stats) == 4 * 5
+    assert (share is None) != any(stats.bytes_swapped_out > 0 for stats in recorder.stats[1:])
+    for (name, a), b in zip(
+        plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), f"{name} differs"

@@ -61,6 +61,22 @@ class LayerChoice(str, Enum):
     RECOMPUTE = "recompute"
 
 
+def most_bytes_by_name(*listed: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """Per name, the most bytes the lists give it (sorted by name): bytes listed by layer, such
+    as :attr:`LayerProfile.retired_alive_from`, from several measurements at once.
+
+    Example:
+        >>> most_bytes_by_name((("x", 5), ("y", 1)), (("y", 3),))
+        (('x', 5), ('y', 3))
+    """
+    most = dict(listed[0]) if listed else {}
+    for later in listed[1:]:
+        for name, nbytes in later:
+            if nbytes > most.get(name, 0):
+                most[name] = nbytes
+    return tuple(sorted(most.items()))
+
+
 @dataclass(frozen=True)
 class LayerProfile:
     """One layer invocation, in forward order.

@@ -78,13 +78,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import TypeVar, cast
 
-from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, StepProfile
+from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, StepProfile, most_bytes_by_name
 
 T = TypeVar("T")
 
@@ -541,23 +541,6 @@ def resaved_inside(layer: LayerProfile, segment: str) -> int:
     return total
 
 
-def _most_of_each(lists: Iterable[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
-    """Per name, the most bytes any of ``lists`` gives it (sorted by name); ``()`` when one of
-    them is empty (not listed).
-
-    Example:
-        >>> _most_of_each([(("a", 5), ("b", 1)), (("b", 3),)])
-        (('a', 5), ('b', 3))
-    """
-    most: dict[str, int] = {}
-    for listed in lists:
-        if not listed:
-            return ()
-        for name, nbytes in listed:
-            most[name] = max(most.get(name, 0), nbytes)
-    return tuple(sorted(most.items()))
-
-
 def rerun_forward_working_bytes(layers: Sequence[LayerProfile]) -> int:
     """What a recomputed segment made of ``layers`` holds beyond its forward level (its inputs)
     while its forward runs, at most: its layers' outputs are saved by none, but each is alive
@@ -771,6 +754,12 @@ def recomputed_profile(
             merged[name] = merged.get(name, 0) + nbytes
         return tuple(sorted(merged.items())) if moved else tuple(listed)
 
+    def alive_from_all(inner: Sequence[LayerProfile]) -> tuple[tuple[str, int], ...]:
+        """A recomputed segment's ``retired_alive_from``: per layer listed, the most any of its
+        layers with retired bytes alive lists; ``()`` when one of them lists none."""
+        lists = [alive_from(layer.retired_alive_from) for layer in inner if layer.retired_alive_bytes]
+        return () if not all(lists) else most_bytes_by_name(*lists)
+
     for i in resaving:
         layer = layers[i]
         group = position[i]
@@ -883,9 +872,7 @@ def recomputed_profile(
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
                     forward_working_bytes=forward_working,
                     retired_alive_bytes=max(layer.retired_alive_bytes for layer in inner),
-                    retired_alive_from=_most_of_each(
-                        alive_from(layer.retired_alive_from) for layer in inner if layer.retired_alive_bytes
-                    ),
+                    retired_alive_from=alive_from_all(inner),
                     backward_working_bytes=(
                         0
                         if not working

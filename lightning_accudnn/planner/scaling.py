@@ -226,12 +226,6 @@ backward_seconds=0.004)
     for layer, size, work in zip(layers, bytes_factors, time_factors, strict=True):
         saved = math.ceil(layer.saved_bytes * size)
         swappable = min(saved, math.ceil(layer.swappable_bytes * size))
-        resaved, left = [], swappable
-        for later, nbytes in layer.resaved_by:
-            moved = min(left, math.ceil(nbytes * size))
-            if moved:
-                resaved.append((later, moved))
-                left -= moved
         scaled.append(
             LayerProfile(
                 layer.name,
@@ -239,7 +233,7 @@ backward_seconds=0.004)
                 swappable_bytes=swappable,
                 forward_seconds=layer.forward_seconds * work,
                 backward_seconds=layer.backward_seconds * work,
-                resaved_by=tuple(resaved),
+                resaved_by=_scaled_resaves(layer.resaved_by, size, swappable),
                 forward_working_bytes=_scaled_working(layer.forward_working_bytes, size),
                 backward_working_bytes=_scaled_working(layer.backward_working_bytes, size),
                 retired_alive_bytes=_scaled_working(layer.retired_alive_bytes, size),
@@ -280,23 +274,36 @@ def borrowed_measurements(layer: LayerProfile, timed: LayerProfile) -> LayerProf
         backward_working = _scaled_working(timed.backward_working_bytes, factor)
         retired_alive = _scaled_working(timed.retired_alive_bytes, factor)
         alive_from = _scaled_bytes(timed.retired_alive_from, factor)
-    resaved, left = [], layer.swappable_bytes
-    for later, nbytes in timed.resaved_by:
-        moved = min(left, math.ceil(nbytes * factor))
-        if moved:
-            resaved.append((later, moved))
-            left -= moved
     return replace(
         layer,
         forward_seconds=timed.forward_seconds * factor,
         backward_seconds=timed.backward_seconds * factor,
-        resaved_by=tuple(resaved),
+        resaved_by=_scaled_resaves(timed.resaved_by, factor, layer.swappable_bytes),
         resaved_by_module=_scaled_bytes(timed.resaved_by_module, factor),
         forward_working_bytes=forward_working,
         backward_working_bytes=backward_working,
         retired_alive_bytes=retired_alive,
         retired_alive_from=alive_from,
     )
+
+
+def _scaled_resaves(
+    resaved_by: tuple[tuple[str, int], ...], factor: float, swappable_bytes: int
+) -> tuple[tuple[str, int], ...]:
+    """``LayerProfile.resaved_by`` at ``factor`` times the bytes (rounded up), in order, no more
+    than ``swappable_bytes`` in all.
+
+    Example:
+        >>> _scaled_resaves((("b", 60), ("c", 40)), 1.5, 120)
+        (('b', 90), ('c', 30))
+    """
+    resaved, left = [], swappable_bytes
+    for later, nbytes in resaved_by:
+        moved = min(left, math.ceil(nbytes * factor))
+        if moved:
+            resaved.append((later, moved))
+            left -= moved
+    return tuple(resaved)
 
 
 def _scaled_bytes(listed: tuple[tuple[str, int], ...], factor: float) -> tuple[tuple[str, int], ...]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.planner.scaling import borrowed_measurements
-from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.profile import LayerProfile, StepProfile, most_bytes_by_name
 from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
 from lightning_accudnn.session.plan_book import PassKey
 
@@ -167,7 +167,7 @@ def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> Step
                 forward_working_bytes=max(layer.forward_working_bytes, known.forward_working_bytes),
                 backward_working_bytes=max(layer.backward_working_bytes, known.backward_working_bytes),
                 retired_alive_bytes=max(layer.retired_alive_bytes, known.retired_alive_bytes),
-                retired_alive_from=_most_by_name(layer.retired_alive_from, known.retired_alive_from),
+                retired_alive_from=most_bytes_by_name(layer.retired_alive_from, known.retired_alive_from),
             )
         layers.append(layer)
     return replace(
@@ -194,19 +194,3 @@ def with_times_of(
         layer if layer.name not in by_name else borrowed_measurements(layer, by_name[layer.name])
         for layer in layers
     )
-
-
-def _most_by_name(
-    a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]
-) -> tuple[tuple[str, int], ...]:
-    """Per name, the larger of the bytes ``a`` and ``b`` list (sorted by name).
-
-    Example:
-        >>> _most_by_name((("x", 5), ("y", 1)), (("y", 3),))
-        (('x', 5), ('y', 3))
-    """
-    most = dict(a)
-    for name, nbytes in b:
-        if nbytes > most.get(name, 0):
-            most[name] = nbytes
-    return tuple(sorted(most.items()))

@@ -37,14 +37,20 @@ Layers ``1..k`` run forward ``F_1..F_k`` then backward ``B_k..B_1``. ``W_i`` is 
   ``f`` last saved by layer ``p > f``) come back for ``B_p`` and are consumed when ``B_f`` ends.
   The planner does not know which of ``f``'s bytes were retired, so it takes the worst case:
   ``E_i``, the sum over such ``f < i <= p`` of ``H_f(i) = min(R_f, bytes of f re-saved at or
-  above i)``, is added to the level of every ``B_i`` in between; the window's other content is
-  bounded by ``min(w, sum_{j<=i} R_j - E_i)``, and the storage admitted alone is one of the
-  nearest position ``n < i`` with something to bring: ``Q_n = R_n - H_n(i)`` plus the re-saved
-  bytes whose last save is ``n`` replaces ``R_n`` (an ``H_n(i)`` that over-counts ``E_i`` under-counts
-  ``Q_n`` by no more), at most the largest record of ``n`` and of the layers whose bytes arrive
-  there (one record comes alone; a layer's record is at most its swappable bytes where the
-  records are not listed). The level never grows when ``R_f`` grows, so the facts below still
-  hold.
+  above i)``, is what ``B_i`` may hold of them. They are in the window: the engine brings records
+  back in reverse order of last save and counts each in the window until it is consumed. So the
+  records read only below ``i`` come after ``i``'s and those held, and while one of them is on
+  the device the last admitted was admitted by the window's rule (within ``w``, or alone); else
+  the window holds ``i``'s and the held ones, ``R_i + E_i``. The window's content is counted as
+  ``max(R_i + E_i, Q_n, min(w, sum_{j<=i} R_j))``, where the storage admitted alone is one of
+  the nearest position ``n < i`` with something to bring: ``Q_n = R_n - H_n(i)`` plus the
+  re-saved bytes whose last save is ``n`` replaces ``R_n`` (an ``H_n(i)`` that over-counts ``E_i``
+  under-counts ``Q_n`` by no more), at most the largest record of ``n`` and of the layers whose
+  bytes arrive there (one record comes alone; a layer's record is at most its swappable bytes
+  where the records are not listed). Above the highest swapped layer a held record may have
+  been read on demand past the window's opening content: there the content is at most that
+  opening content plus ``E_i``. The level never grows when ``R_f`` grows (what ``R_f`` adds to
+  ``E_i`` or the window, the kept bytes lose), so the facts below still hold.
 
 **Working memory (what the ledger never sees).** A layer's ``LayerProfile.forward_working_bytes``
 ``F'_i`` is added to its forward level (what the step holds at most beyond it while ``F_i``
@@ -248,7 +254,7 @@ class Simulator:
         # and the backward terms of the last retired bytes: a search often asks again at once
         # (the time after the memory, another window). Read them, never change them.
         self._last_forward: tuple[tuple[bool, ...], int | None, list[int], list[int]] | None = None
-        self._last_terms: tuple[list[int], list[tuple[int, int, int, int]]] | None = None
+        self._last_terms: tuple[list[int], list[tuple[int, int, int, int, int]]] | None = None
 
     def effective(self, swap: Sequence[bool]) -> tuple[bool, ...]:
         """``swap`` with layers that have nothing swappable marked kept."""
@@ -268,9 +274,9 @@ class Simulator:
         window = choice.prefetch_window_bytes
         above, opening = self._opening_window(swap, window, retired)
         backward_levels = []
-        for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
-            held = max(own, nxt, min(window, below))
-            backward_levels.append(kept + (min(held, opening) if i > above else held))
+        for i, (kept, needed, nxt, below, early) in enumerate(self._backward_terms(retired)):
+            held = max(needed, nxt, min(window, below))
+            backward_levels.append(kept + (min(held, opening + early) if i > above else held))
         peak, event, index = self.floor, "static" if self.floor == self.static else "between passes", -1
         for i, level in enumerate(forward_levels):
             if level > peak:
@@ -295,15 +301,15 @@ class Simulator:
         window = choice.prefetch_window_bytes
         above, opening = self._opening_window(swap, window, retired)
         if self.has_resaves:
-            for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
-                # kept + max(own, nxt, min(window, below)), in comparisons (the hot loop)
-                level = own if own > nxt else nxt
+            for i, (kept, needed, nxt, below, early) in enumerate(self._backward_terms(retired)):
+                # kept + max(needed, nxt, min(window, below)), in comparisons (the hot loop)
+                level = needed if needed > nxt else nxt
                 if below > window:
                     below = window
                 if below > level:
                     level = below
-                if i > above and level > opening:
-                    level = opening
+                if i > above and level > opening + early:
+                    level = opening + early
                 level += kept
                 if level > peak:
                     peak = level
@@ -390,14 +396,14 @@ class Simulator:
         largest = sum(retired)
         above, thresholds, layers, sizes = self._opening_steps(swap)
         helds = _capped_sums(layers, sizes, retired) if thresholds else []
-        for i, (kept, own, nxt, below) in enumerate(self._backward_terms(retired)):
+        for i, (kept, needed, nxt, below, early) in enumerate(self._backward_terms(retired)):
             room = cap - kept
-            # the largest window with max(own, nxt, min(window, below)) <= room
+            # the largest window with max(needed, nxt, min(window, below)) <= room
             fits: int | None = (
-                None if (own if own > nxt else nxt) > room else largest if below <= room else room
+                None if (needed if needed > nxt else nxt) > room else largest if below <= room else room
             )
-            if i > above and helds:  # or with the window's opening content <= room
-                first_over = bisect_right(helds, room)
+            if i > above and helds:  # or with the window's opening content and E_i <= room
+                first_over = bisect_right(helds, room - early)
                 if first_over > 0:
                     opening = largest if first_over == len(helds) else thresholds[first_over] - 1
                     fits = opening if fits is None or opening > fits else fits
@@ -465,11 +471,10 @@ class Simulator:
         self._last_forward = (swap, limit, forward_levels, retired)
         return forward_levels, retired
 
-    def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
-        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j) + E_i`` plus what ``B_i`` holds on top,
-        its transient and working memory, ``R_i``, ``Q_n``,
-        ``sum_{j<=i} R_j - E_i``); without re-saved storages ``E_i = 0`` and ``Q_n = R_n``
-        (see the module docstring)."""
+    def _backward_terms(self, retired: list[int]) -> list[tuple[int, int, int, int, int]]:
+        """Per layer ``i``: (``M + sum_{j<=i} (S_j - R_j)`` plus what ``B_i`` holds on top,
+        its transient and working memory, ``R_i + E_i``, ``Q_n``, ``sum_{j<=i} R_j``, ``E_i``);
+        without re-saved storages ``E_i = 0`` and ``Q_n = R_n`` (see the module docstring)."""
         last = self._last_terms
         if last is not None and last[0] is retired:  # kept alive there: no other list has its id
             return last[1]
@@ -479,7 +484,7 @@ class Simulator:
         self._last_terms = (retired, terms)
         return terms
 
-    def _backward_terms_plain(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
+    def _backward_terms_plain(self, retired: list[int]) -> list[tuple[int, int, int, int, int]]:
         terms = []
         kept_below = self.static
         retired_below = 0
@@ -489,12 +494,12 @@ class Simulator:
         for i in range(self.k):
             kept_below += self.saved[i] - retired[i]
             retired_below += retired[i]
-            terms.append((kept_below + extra[i], retired[i], next_retired, retired_below))
+            terms.append((kept_below + extra[i], retired[i], next_retired, retired_below, 0))
             if retired[i] > 0:
                 next_retired = retired[i] if retired[i] < largest[i] else largest[i]
         return terms
 
-    def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int]]:
+    def _backward_terms_resaved(self, retired: list[int]) -> list[tuple[int, int, int, int, int]]:
         k = self.k
         if not any(retired[first] for first in self._resaving):
             return self._backward_terms_plain(retired)  # nothing re-saved is retired: no E_i, Q_n = R_n
@@ -569,14 +574,8 @@ class Simulator:
                         next_retired = content if content < alone else alone
                         break
             held_early = early[i]
-            terms.append(
-                (
-                    kept_below + held_early + transient[i],
-                    own,
-                    next_retired,
-                    retired_below - held_early,
-                )
-            )
+            needed = own + held_early
+            terms.append((kept_below + transient[i], needed, next_retired, retired_below, held_early))
         return terms
 
     # -- time -----------------------------------------------------------------------------

@@ -104,10 +104,11 @@ def test_the_swaps_the_figures_rely_on_happened(quick: tuple[dict, Path]) -> Non
     for name in ("deep_narrow/accudnn-half", "deep_narrow/accudnn-half-statistics-kept"):
         assert all(fit["swapped_storages_per_step"] > 0 for fit in fits[name]), name
         assert all(fit["observed_steps"] == 0 for fit in fits[name]), name
-    # Keeping the LayerNorm statistics leaves fewer storages to swap for about as many bytes.
+    # Keeping the LayerNorm statistics leaves no more storages to swap (at the quick size the plan
+    # of every storage swappable may swap no statistic either: then they swap as many).
     half, kept_statistics = fits["deep_narrow/accudnn-half"], fits["deep_narrow/accudnn-half-statistics-kept"]
     for every, kept in zip(half, kept_statistics, strict=True):
-        assert kept["swapped_storages_per_step"] < every["swapped_storages_per_step"]
+        assert kept["swapped_storages_per_step"] <= every["swapped_storages_per_step"]
     fraction = data["deep_narrow"]["measured_swapped_fraction"]
     assert 0 < fraction["low"] <= fraction["high"] < 1
     planned = data["budgets"]["deep_narrow_half"]["planned_swapped_fraction"]

@@ -48,7 +48,7 @@ def _direct_terms(sim, retired):
         below = ((left_at(n), n) for n in reversed(range(i)))
         next_retired = next((min(content, alone_at(n)) for content, n in below if content > 0), 0)
         extra = sim.transient[i] + sim.backward_working[i]
-        terms.append((kept_below + early + extra, retired[i], next_retired, retired_below - early))
+        terms.append((kept_below + extra, retired[i] + early, next_retired, retired_below, early))
     return terms
 
 

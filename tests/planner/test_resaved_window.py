@@ -1,0 +1,279 @@
+"""Storages saved again by a later layer share the prefetch window with the rest: the planner's
+backward level counts them in it, and still bounds the engine.
+
+The engine brings a storage first saved by layer ``f`` and last saved by a later ``p`` back for
+``B_p``, in its place in the prefetch order (reverse order of last save), counted in the window's
+used bytes until ``B_f`` has read it and let it go. While ``B_i`` runs (``f < i <= p``) the window
+holds such storages, ``i``'s own, and storages read only below ``i``, which come after both in
+the order: so either one of the latter was the last admitted, under the window's rule (the used
+bytes within the window, or that storage alone), or the window holds no more than ``R_i + E_i``.
+
+``resaving_ledger_peak`` is an independent reference of that engine, storage by storage: layers'
+bytes split into storages at random, each re-saved entry one storage, the forward's copy-out FIFO,
+the backward reading each layer's storages and the re-saved ones in a random order, prefetching
+before every read, and reading on demand what the prefetch did not bring.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_accudnn.planner import LayerProfile, StepProfile
+from lightning_accudnn.planner.timeline import PlanChoice, Simulator
+
+
+def _split(total: int, rng: random.Random | None) -> list[int]:
+    """``total`` bytes as a random list of positive storage sizes (one storage without ``rng``)."""
+    if rng is None:
+        return [total] if total else []
+    parts, left = [], total
+    while left > 0:
+        size = rng.randint(1, left)
+        parts.append(size)
+        left -= size
+    return parts
+
+
+@dataclass(frozen=True)
+class _Storage:
+    nbytes: int
+    first: int  # the layer that saves it first (the one whose backward lets it go)
+    last: tuple[int, float]  # its last save: the layer, and its place among that layer's saves
+    swappable: bool
+
+
+def _storages(profile: StepProfile, rng: random.Random, whole_layers: bool = False) -> list[_Storage]:
+    """The step's saved storages in forward order: each layer's swappable bytes split at random
+    (one storage per re-saved entry), its resident bytes too (one storage of each kind with
+    ``whole_layers``)."""
+    split = None if whole_layers else rng
+    position = {layer.name: i for i, layer in enumerate(profile.layers)}
+    storages = []
+    for i, layer in enumerate(profile.layers):
+        resaved = [(position[name], nbytes) for name, nbytes in layer.resaved_by]
+        rest = layer.swappable_bytes - sum(nbytes for _, nbytes in resaved)
+        blocks = [(nbytes, last, True) for last, nbytes in resaved]
+        blocks += [(nbytes, i, True) for nbytes in _split(rest, split)]
+        blocks += [(nbytes, i, False) for nbytes in _split(layer.resident_bytes, split)]
+        rng.shuffle(blocks)
+        storages += [
+            _Storage(nbytes, i, (last, rng.random()), swappable) for nbytes, last, swappable in blocks
+        ]
+    return storages
+
+
+def _prefetch_order(profile: StepProfile, storages: list[_Storage]) -> tuple[tuple[str, int, int], ...]:
+    """The engine's prefetch order of the swappable storages (latest last save first), as a
+    profile lists it."""
+    swappable = sorted((s for s in storages if s.swappable), key=lambda s: s.last, reverse=True)
+    return tuple((profile.layers[s.first].name, s.nbytes, s.nbytes) for s in swappable)
+
+
+def resaving_ledger_peak(
+    profile: StepProfile,
+    swap: list[bool],
+    window: int,
+    limit: int | None,
+    storages: list[_Storage],
+    rng: random.Random,
+) -> int:
+    """The most bytes the engine holds on the device in issue order (static memory, saved
+    storages and copies brought back; no working memory), the backward reading in an order
+    ``rng`` draws."""
+    level = peak = profile.static_bytes
+    fifo: deque[tuple[int, int]] = deque()
+    fifo_bytes = 0
+    swapped: set[int] = set()
+    reads: list[list[int]] = [[] for _ in profile.layers]  # storages each backward reads
+    for sid, storage in enumerate(storages):
+        reads[storage.first].append(sid)
+        if storage.last[0] != storage.first:
+            reads[storage.last[0]].append(sid)
+        level += storage.nbytes
+        peak = max(peak, level)
+        if storage.swappable and swap[storage.first]:
+            swapped.add(sid)
+            fifo.append((sid, storage.nbytes))
+            fifo_bytes += storage.nbytes
+            while limit is not None and fifo_bytes > limit and len(fifo) > 1:
+                _, retired = fifo.popleft()
+                fifo_bytes -= retired
+                level -= retired
+    on_host = swapped - {sid for sid, _ in fifo}
+    order = sorted(on_host, key=lambda sid: storages[sid].last, reverse=True)
+    fetched: set[int] = set()
+    used = 0
+    next_index = 0
+
+    def bring_back(sid: int) -> None:
+        nonlocal used, level, peak
+        fetched.add(sid)
+        used += storages[sid].nbytes
+        level += storages[sid].nbytes
+        peak = max(peak, level)
+
+    def prefetch() -> None:
+        nonlocal next_index
+        while next_index < len(order):
+            sid = order[next_index]
+            if sid not in fetched:
+                if used > 0 and used + storages[sid].nbytes > window:
+                    return
+                bring_back(sid)
+            next_index += 1
+
+    for i in range(len(profile.layers) - 1, -1, -1):
+        pending = list(reads[i])
+        rng.shuffle(pending)
+        for sid in pending:
+            prefetch()
+            if sid in on_host and sid not in fetched:
+                bring_back(sid)  # read before the prefetch got to it: brought back on demand
+            if storages[sid].first == i:  # its first saver's backward has read it: let go
+                level -= storages[sid].nbytes
+                if sid in fetched:
+                    used -= storages[sid].nbytes
+        prefetch()
+    return peak
+
+
+@st.composite
+def resaving_profiles(draw, max_layers: int = 7) -> StepProfile:
+    """Profiles whose layers' bytes are often saved again by a later layer."""
+    count = draw(st.integers(2, max_layers))
+    layers = []
+    for i in range(count):
+        saved = draw(st.integers(0, 100))
+        swappable = draw(st.one_of(st.just(saved), st.integers(0, saved)))
+        resaved_by: tuple[tuple[str, int], ...] = ()
+        if i < count - 1 and swappable > 0 and draw(st.booleans()):
+            later = draw(st.lists(st.integers(i + 1, count - 1), min_size=1, max_size=2, unique=True))
+            left = swappable
+            entries = []
+            for p in later:
+                if left == 0:
+                    break
+                nbytes = draw(st.integers(1, left))
+                entries.append((f"layer{p}", nbytes))
+                left -= nbytes
+            resaved_by = tuple(entries)
+        layers.append(LayerProfile(f"layer{i}", saved, swappable, resaved_by=resaved_by))
+    return StepProfile(tuple(layers), static_bytes=draw(st.integers(0, 50)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    resaving_profiles(),
+    st.lists(st.sampled_from([True, True, False]), min_size=7, max_size=7),
+    st.sampled_from([0, 1, 30, 60, 100, 150, 250, 1000]),
+    st.sampled_from([0, 0, 1, 40, 150, None]),
+    st.booleans(),
+    st.integers(0, 2**32),
+)
+def test_the_predicted_peak_bounds_the_engine_with_resaves_in_the_window(
+    profile, swap, window, limit, listed, seed
+):
+    """Whatever the split, the orders and whether the profile lists the prefetch order (which
+    bounds what the window holds above the highest swapped layer)."""
+    swap = swap[: len(profile.layers)]
+    rng = random.Random(seed)
+    for _ in range(5):
+        storages = _storages(profile, rng)
+        planned = replace(profile, prefetch_order=_prefetch_order(profile, storages)) if listed else profile
+        predicted = Simulator(planned).memory(PlanChoice(tuple(swap), window, limit)).peak_bytes
+        assert resaving_ledger_peak(profile, swap, window, limit, storages, rng) <= predicted
+
+
+def test_a_resaved_storage_brought_back_in_the_window_is_counted_once():
+    """``a``'s 100 bytes are saved again by ``d``; ``b``, ``c`` and ``d`` save 100 each and ``e`` 1,
+    all swapped, a copy-out limit of 0 (only ``e``'s byte stays in the FIFO), a window of 200,
+    10 bytes static. ``d``'s storage and ``a``'s come back first (their last save is ``d``'s),
+    filling the window; then ``c``'s once ``d``'s is let go, ``b``'s once ``c``'s is: the window
+    never holds more than 200 bytes, ``a``'s among them. Counting ``a``'s storage beside a full
+    window, as if the window did not hold it, gave 310 (at ``B_d`` and ``B_c``)."""
+    profile = StepProfile(
+        (
+            LayerProfile("a", 100, 100, resaved_by=(("d", 100),)),
+            LayerProfile("b", 100, 100),
+            LayerProfile("c", 100, 100),
+            LayerProfile("d", 100, 100),
+            LayerProfile("e", 1, 1),
+        ),
+        static_bytes=10,
+    )
+    swap = [True] * 5
+    measured = set()
+    for seed in range(20):
+        rng = random.Random(seed)
+        storages = _storages(profile, rng, whole_layers=True)
+        measured.add(resaving_ledger_peak(profile, swap, 200, 0, storages, rng))
+    assert measured == {211}
+    choice = PlanChoice(tuple(swap), 200, 0)
+    memory = Simulator(profile).memory(choice)
+    assert memory.peak_bytes == Simulator(profile).peak_bytes(choice) == 211
+    assert memory.backward_levels[2:4] == (210, 210)
+
+
+def test_above_the_swapped_layers_a_resaved_storage_read_on_demand_passes_the_opening_content():
+    """Above the highest swapped layer (``c``) the levels count what the window admitted when the
+    backward started, and the re-saved storages read since: ``a``'s 100 bytes, saved again by
+    ``e``, come first in the order and fill a window of 100; ``b``'s, saved again by ``d``, do not
+    fit, and ``B_d`` reads them on demand. Both are on the device while ``d``'s backward runs
+    (``c``'s byte stays in the copy-out FIFO)."""
+    profile = StepProfile(
+        (
+            LayerProfile("a", 100, 100, resaved_by=(("e", 100),)),
+            LayerProfile("b", 100, 100, resaved_by=(("d", 100),)),
+            LayerProfile("c", 1, 1),
+            LayerProfile("d", 0, 0),
+            LayerProfile("e", 0, 0),
+        ),
+        static_bytes=10,
+    )
+    swap = [True, True, True, False, False]
+    rng = random.Random(0)
+    storages = _storages(profile, rng, whole_layers=True)
+    listed = replace(profile, prefetch_order=_prefetch_order(profile, storages))
+    measured = resaving_ledger_peak(profile, swap, 100, 0, storages, rng)
+    assert measured == 10 + 1 + 200
+    choice = PlanChoice(tuple(swap), 100, 0)
+    memory = Simulator(listed).memory(choice)
+    assert memory.backward_levels[3] == measured
+    assert memory.peak_bytes == Simulator(listed).peak_bytes(choice) == measured
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    resaving_profiles(),
+    st.lists(st.sampled_from([True, True, False]), min_size=7, max_size=7),
+    st.sampled_from([0, 0, 40, None]),
+    st.integers(0, 600),
+    st.booleans(),
+    st.integers(0, 2**32),
+)
+def test_the_largest_window_with_resaves_is_the_largest_that_fits(profile, swap, limit, cap, listed, seed):
+    if listed:
+        profile = replace(
+            profile, prefetch_order=_prefetch_order(profile, _storages(profile, random.Random(seed)))
+        )
+    simulator = Simulator(profile)
+    swap = tuple(swap[: len(profile.layers)])
+    peak = lambda window: simulator.peak_bytes(PlanChoice(swap, window, limit))  # noqa: E731
+    assert all(
+        peak(window) == simulator.memory(PlanChoice(swap, window, limit)).peak_bytes
+        for window in (0, 40, 10**6)
+    )
+    largest = simulator.largest_window(swap, limit, cap)
+    if largest is None:
+        assert peak(0) > cap
+        return
+    assert peak(largest) <= cap
+    # a window above the bytes that come back is reported as that many bytes
+    assert peak(largest + 1) > cap or largest == sum(
+        simulator._forward_memory(simulator.effective(swap), limit)[1]
+    )

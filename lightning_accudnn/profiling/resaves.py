@@ -34,9 +34,11 @@ class ResaveLog:
 
     def note(self, key: int, layer: str, saving: Mapping[str, None]) -> None:
         """``layer`` saves the storage ``key`` again; ``saving`` holds the layers that saved
-        something of their own so far, in order."""
+        something of their own so far, in order. Where ``layer`` saved before, the re-save is
+        placed at the latest of them (a submodule may have run since ``layer``'s own code first
+        saved: the re-save's backward comes before that submodule's)."""
         if layer in saving:
-            self.resaved_from[key] = list(saving).index(layer)
+            self.resaved_from[key] = len(saving) - 1
             self.resaved_module.pop(key, None)
         else:
             self.resaved_from[key] = len(saving)

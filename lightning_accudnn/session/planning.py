@@ -160,13 +160,20 @@ class SessionPlanning:
                 raise HostMemoryExceeded(str(named_error)) from named_error
             except BudgetTooSmallError as refusal:
                 named_refusal = named_for_reserve(refusal, budget_for)
-                enough = named_refusal.with_host_memory_for_all_bytes
-                if enough is None or budget < enough:
-                    if named_refusal is refusal:
-                        raise
-                    raise named_refusal from None  # the same refusal, its budgets named for the reserve
-                message = host_limit_message(capacity, host_bytes, named_refusal, budget)
-                raise HostMemoryExceeded(message) from named_refusal
+                # The error raised holds this frame in its traceback, and the frame its callers'
+                # (the forward's tensors, where a pass plans): a local holding an error would make
+                # a cycle that keeps them alive until the cyclic collector runs, though the caller
+                # caught and dropped the error.
+                try:
+                    enough = named_refusal.with_host_memory_for_all_bytes
+                    if enough is None or budget < enough:
+                        if named_refusal is refusal:
+                            raise
+                        raise named_refusal from None  # the same refusal, its budgets named for the reserve
+                    message = host_limit_message(capacity, host_bytes, named_refusal, budget)
+                    raise HostMemoryExceeded(message) from named_refusal
+                finally:
+                    del named_refusal
             return plan if route is None else replace(plan, route=route)
 
         return make

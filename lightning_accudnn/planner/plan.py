@@ -422,13 +422,18 @@ def plan_swaps(
         least = _least_peak(profile, policy)
         computed = swap_everything_peak_bytes(profile)
         min_budget = max(least, floor) + reserve_bytes
+        # Only a host limit that cannot take every activation keeps storages on the device in
+        # that pass: a measured peak above the computed one is the host's doing only then.
+        host_short = costs is not None and host_limit_bytes is not None and sum(costs) > host_limit_bytes
         raise BudgetTooSmallError(
             min_budget,
             budget_bytes,
             reserve_bytes,
             _smaller_min_swap_bytes(profile, min_budget, reserve_bytes, policy, floor),
             profiling_binds=floor > least,
-            with_host_memory_for_all_bytes=max(least, computed) + reserve_bytes if floor > computed else None,
+            with_host_memory_for_all_bytes=(
+                max(least, computed) + reserve_bytes if floor > computed and host_short else None
+            ),
         )
     host_limit = host_limit_bytes if host_limit_bytes is not None else 0
     host_fits = None if costs is None else lambda swap: _host_bytes_of(costs, swap) <= host_limit

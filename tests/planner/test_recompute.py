@@ -115,16 +115,35 @@ def test_no_budget_below_the_profiling_pass_even_where_only_recomputation_would_
 def test_a_measured_profiling_peak_replaces_the_computed_one():
     """The session passes its profiling pass's ledger peak: above the computed one when the
     host-memory limit kept storages on the device (the error then says what host memory for
-    everything would need), below it when the storages split better than the worst case."""
+    everything would need, where the limit cannot take every activation), below it when the
+    storages split better than the worst case."""
     profile = _unswappable_blocks()  # computed: 210; least peak recomputing: 120
     assert min_budget_bytes(profile, policy="swap", profiling_peak_bytes=250) == 250
     assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=150) == 150
     assert min_budget_bytes(profile, policy="auto", profiling_peak_bytes=100) == 120
     assert min_budget_bytes(profile, policy="swap", profiling_peak_bytes=100) == 210
+    swappable = sum(layer.swappable_bytes for layer in profile.layers)
     with pytest.raises(BudgetTooSmallError, match="raise host_memory_limit") as caught:
-        plan_swaps(profile, 249, reserve_bytes=4, policy="swap", profiling_peak_bytes=250)
+        plan_swaps(
+            profile,
+            249,
+            reserve_bytes=4,
+            policy="swap",
+            profiling_peak_bytes=250,
+            host_limit_bytes=swappable - 1,
+        )
     assert caught.value.min_budget_bytes == 254 and caught.value.profiling_binds
     assert caught.value.with_host_memory_for_all_bytes == 214
+    # A host limit that takes every activation (or none given) kept nothing on the device: the
+    # measured peak is the step's own, and the error does not send the user to the host limit.
+    for limit in (swappable, None):
+        with pytest.raises(BudgetTooSmallError) as caught:
+            plan_swaps(
+                profile, 249, reserve_bytes=4, policy="swap", profiling_peak_bytes=250, host_limit_bytes=limit
+            )
+        assert caught.value.min_budget_bytes == 254
+        assert caught.value.with_host_memory_for_all_bytes is None
+        assert "host_memory_limit" not in str(caught.value)
     plan = plan_swaps(profile, 254, reserve_bytes=4, policy="recompute", profiling_peak_bytes=250)
     assert plan.min_budget_bytes == 254 and plan.profiling_peak_bytes == 250
     assert plan.to_dict()["profiling_peak_bytes"] == 250

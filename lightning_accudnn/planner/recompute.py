@@ -21,8 +21,12 @@ engine's ledger and on the device, never below either):
   except the bytes the next segment, recomputed too, takes as inputs (matched by storage:
   ``SegmentProfile.input_sources``), which that segment's layer counts once. A recomputed
   segment's inputs that a kept layer saved first are not counted again by the segment when
-  that layer's innermost segment made them (``input_sources``): a residual block's input,
-  saved by the previous block's last activation. The segment's
+  that layer's innermost segment made them (``input_sources``) and the segment saves that
+  layer's storages again: a residual block's input, saved by the previous block's last
+  activation. A re-save made before the segment, by a module outside it that saves nothing of
+  its own (``LayerProfile.resaved_by_module``), shows no input of it, though it is listed under
+  the segment's first layer (an attention block's output saved again by its projection, whose
+  output the segment takes). The segment's
   outputs (``SegmentProfile.output_bytes``) are counted so too, less those re-saves: a
   profile that does not list re-saves (a FakeTensor trace's) still counts every output;
 * a storage saved again by a layer inside a recomputed segment is taken as saved again by
@@ -541,6 +545,17 @@ def resaved_inside(layer: LayerProfile, segment: str) -> int:
     return total
 
 
+def resaved_outside(layer: LayerProfile, segment: str) -> int:
+    """Bytes of ``layer``'s ``resaved_by_module`` saved again by a module outside ``segment``.
+
+    Example:
+        >>> layer = LayerProfile("a", 10, 10, resaved_by=(("b.x", 10),), resaved_by_module=(("a.proj", 10),))
+        >>> resaved_outside(layer, "b"), resaved_outside(layer, "a")
+        (10, 0)
+    """
+    return sum(nbytes for _, nbytes in layer.resaved_by_module) - resaved_inside(layer, segment)
+
+
 def rerun_forward_working_bytes(layers: Sequence[LayerProfile]) -> int:
     """What a recomputed segment made of ``layers`` holds beyond its forward level (its inputs)
     while its forward runs, at most: its layers' outputs are saved by none, but each is alive
@@ -782,7 +797,10 @@ def recomputed_profile(
                 made = resaves.setdefault(group, {})
                 made[name] = made.get(name, 0) + nbytes
                 if target is not None and i in innermost:  # the segment's inputs, saved here first?
-                    covered[later] += take(later, innermost[i], nbytes)
+                    # Not the bytes a module outside the segment saved again last (one before it
+                    # is listed under its first layer); those after it too, on the safe side.
+                    made_before = resaved_outside(layer, target.name)
+                    covered[later] += take(later, innermost[i], max(0, nbytes - made_before))
                 continue
             leaving[group] += nbytes
             if later == group + 1 and target is not None:  # the next segment's inputs, made here?

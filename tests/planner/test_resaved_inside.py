@@ -61,3 +61,41 @@ def test_module_resaves_beyond_the_listed_ones_count_for_nothing():
     profile = StepProfile(layers, 0, segments=segments, resaves_listed=True)
     step = recomputed_profile(profile, candidate_spans(profile), swappable=False)
     assert [layer.saved_bytes for layer in step.profile.layers] == [40, 70]
+
+
+def _input_profile(module: tuple[tuple[str, int], ...]) -> StepProfile:
+    """A segment ``a`` whose layer's 40 bytes are saved again (listed under the next segment's
+    first layer, ``b.conv``) by ``module``, then a segment ``b`` whose 40 bytes of inputs ``a`` made."""
+    layers = (
+        LayerProfile("a.attn", 100, 100, resaved_by=(("b.conv", 40),), resaved_by_module=module),
+        LayerProfile("b.conv", 40, 40),
+        LayerProfile("b.bn", 50, 50),
+    )
+    segments = (
+        SegmentProfile("a", 40, output_bytes=40),
+        SegmentProfile("b", 40, output_bytes=40, input_sources=(("a", 40),)),
+    )
+    return StepProfile(layers, 0, segments=segments, resaves_listed=True)
+
+
+@pytest.mark.parametrize(
+    ("module", "held"),
+    [
+        ((), 0),  # saved again by b.conv: b's inputs, saved by a.attn already
+        ((("b.view", 40),), 0),  # by a module inside b: likewise
+        ((("a.proj", 40),), 40),  # by a module before b: not b's inputs, which b holds itself
+        ((("a.proj", 30), ("b.view", 10)), 30),  # a part before b, a part inside it
+    ],
+)
+def test_a_resave_before_a_recomputed_segment_does_not_show_its_inputs_saved_already(module, held):
+    """A kept layer's storage saved again last by a module before a recomputed segment that
+    saves nothing of its own is listed under the segment's first layer; it is not the segment's
+    input (the output of an attention block saved again by its projection, not the projection's
+    output the next block takes), so the segment's layer still holds its inputs. Counted as held
+    already, a selective segment after an attention block was planned 4 KB under what the engine
+    saw, and the pass under that plan departed from it."""
+    profile = _input_profile(module)
+    (span,) = [span for span in candidate_spans(profile) if span.name == "b"]
+    step = recomputed_profile(profile, [span], swappable=False)
+    saved = [(layer.name, layer.saved_bytes) for layer in step.profile.layers]
+    assert saved == [("a.attn", 100), ("b", held)]

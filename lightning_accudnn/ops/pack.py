@@ -609,7 +609,14 @@ class SaveHooks(SaveRecords):
             record.pending_unpacks -= 1
             meter = self._meter
             if meter is not None:
-                meter.read(record.layer, self.ledger.current_bytes, step.saved_again_by.get(number))
+                meter.read(
+                    record.layer,
+                    self.ledger.current_bytes,
+                    step.saved_again_by.get(number),
+                    None if kept is not None else record.fetched,
+                )
+                if self._lingering:  # the copies the meter let go of, dead now: off the count
+                    self._reap()
         if record.pending_unpacks == 0 and not record.read_in_forward and not self._in_forward:
             self._release_device(step if step is self._step else None, record)
         return tensor

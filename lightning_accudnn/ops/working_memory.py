@@ -29,6 +29,14 @@ anywhere:
   first in the order and is read first). Bytes let go from the prefetch window are not taken
   off: the engine fills that room again with the next copies at once, which the level counts
   in their place (:meth:`WorkingMemoryMeter.window_freed`).
+* A swapped save's device tensor (a copy brought back, or the storage the copy-out FIFO left on
+  the device) is held by no one but the op that reads it, where a plan that keeps the save has
+  autograd hold it until the saving op's backward is done. The two can differ: a non-reentrant
+  checkpoint reads the inputs it saved to recompute its segment, whose backward runs before
+  the checkpoint's own, which then lets the kept inputs go. The meter holds such a tensor from
+  its read until the layer's backward is over (:meth:`WorkingMemoryMeter.read`), as the level
+  counts it: a copy dead early would leave the readings short of what a plan that keeps the
+  layer holds, by its bytes (the ledger counts a copy until the engine finds it dead).
 * A swapped storage the engine lets go in forward (its copy is out) is still allocated while
   the model's code holds it (a residual block's input until the addition). Until it dies it is
   taken off the unseen bytes of the forward's readings, as the level of a plan that keeps it
@@ -171,6 +179,8 @@ class WorkingMemoryMeter:
         self._ledger_now = 0  # the ledger's bytes, as its changes were told
         # In forward: retired storages held here (a reference each), to be let go between readings.
         self._holding: list[tuple[_Counted, object]] = []
+        # In backward: the device tensors of the swapped saves read at the reading's position.
+        self._read_copies: list[object] = []
 
     def start(self, ledger_bytes: int) -> None:
         """The pass starts, with ``ledger_bytes`` (model state) on the ledger: the allocator's
@@ -308,11 +318,22 @@ class WorkingMemoryMeter:
         self._reading = len(layers) - 1 if highest is None else highest
         self._let_go = 0
 
-    def read(self, layer: str, ledger_bytes: int, saved_again_by: tuple[str, int] | None = None) -> None:
+    def read(
+        self,
+        layer: str,
+        ledger_bytes: int,
+        saved_again_by: tuple[str, int] | None = None,
+        copy: object = None,
+    ) -> None:
         """Autograd reads a save of ``layer`` (once per save). Once the highest layer with saves
         to read has none left, its backward is over at the next read of another layer's (the op
         that read its last save held it until then); later readings go to the next one down
         with saves to read (none left: they stay).
+
+        ``copy`` is the device tensor of a swapped save read in backward, held here until the
+        readings go to a layer further down (the module docstring says why). It is let go right
+        after a reading: the engine, whose ledger counts a copy brought back until it finds it
+        dead, is to look for the dead copies then.
 
         ``saved_again_by`` names, for a save of ``layer``'s storage made again by a later layer,
         that layer and the position it takes if it is not among the profile's layers (the next
@@ -337,7 +358,12 @@ class WorkingMemoryMeter:
                 self.changing(ledger_bytes)
                 self._reading = below
                 self._let_go = 0
+                if self._read_copies:
+                    self._read_copies = []
+                    self._read_peak()  # since the reading just taken: nothing but those frees
         self._unread[layer] = self._unread.get(layer, 0) - 1
+        if copy is not None and self._in_backward:
+            self._read_copies.append(copy)
 
     def _settle_held_copies(self) -> None:
         """The held storages read whose copies died since the last reading: off the count."""
@@ -390,6 +416,7 @@ class WorkingMemoryMeter:
         that had saved: a layer's first save may be one of an earlier layer's storages (no
         growth of the ledger), so the order of first growths can differ."""
         self.changing(ledger_bytes)
+        self._read_copies = []
         self._settle_retired(())
         assert self._retired_top is not None
         profile_position = {layer: position for position, layer in enumerate(layers)}

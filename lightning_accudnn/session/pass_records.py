@@ -28,6 +28,7 @@ from lightning_accudnn.profiling.static_memory import (
     optimizer_step_temporaries_bytes,
 )
 from lightning_accudnn.session.plan_book import PassKey
+from lightning_accudnn.session.shapes import same_pass_other_shape
 from lightning_accudnn.session.steady_memo import SteadyMemo
 from lightning_accudnn.session.transfers import transfer_sizes
 
@@ -135,8 +136,26 @@ class PassRecords:
         return self._state_bytes
 
     def weight_copy_bytes(self, key: PassKey) -> int:
-        """Autocast's weight copies ``key``'s last hooked pass counted (model state, never swapped)."""
-        return self._weight_copy_bytes.get(key, 0)
+        """Autocast's weight copies ``key``'s last hooked pass counted (model state, never swapped).
+
+        A batch shape no pass counted yet holds those of the other shapes of its pass (the same
+        weights cast, whatever the batch: the most any of them counted). A plan made for another
+        shape, run for it, counts them in its static memory and not in its working memory
+        (:meth:`~lightning_accudnn.profile.StepProfile.rebased`): without them its prediction
+        would be short of them.
+
+        Example:
+            >>> records = PassRecords(torch.device("cpu"), min_swap_bytes=0, observe_every=2)
+            >>> long, short = (PassKey(1, (((8, size), torch.int64),), 0) for size in (64, 32))
+            >>> records._weight_copy_bytes[long] = 2_048
+            >>> records.weight_copy_bytes(short), records.weight_copy_bytes(PassKey(2, (), 0))
+            (2048, 0)
+        """
+        copies = self._weight_copy_bytes.get(key)
+        if copies is not None:
+            return copies
+        counted = self._weight_copy_bytes.items()
+        return max((nbytes for other, nbytes in counted if same_pass_other_shape(other, key)), default=0)
 
     def weight_copies_by_layer(self, key: PassKey) -> Mapping[str, int]:
         """:meth:`weight_copy_bytes` per layer saving them, for ``key``'s last hooked pass whose

@@ -278,3 +278,42 @@ def test_a_cnn_over_shrinking_and_regrowing_batches_stays_within_its_predictions
     planned = [step for step in seen if step.predicted is not None]
     assert len(seen) == len(sizes) and len(planned) == len(sizes) - 1
     assert all(step.peak <= step.predicted for step in planned), planned
+
+
+def test_a_shape_planned_from_another_under_autocast_counts_the_weight_copies_that_shape_found():
+    """Under autocast a shape's profiling pass finds the weights' bfloat16 copies and counts them
+    as model state from then on, taking them off its working memory. A later shape, run under a
+    plan made from that profile (scaled to it, or another shape's reused), holds the same copies
+    (the same weights cast, whatever the batch): its model state counts them before its own pass
+    found them, or the plan's prediction is short of them (batch 34 under a plan scaled from
+    batch 16: 30,992 B held, 30,241 predicted; batch 32 under batch 34's plan: 30,400 held,
+    30,236 predicted). Every planned step's peak stays within its prediction (the ops' own
+    tensors as the allocator, the optimizer's step and state counted)."""
+    sizes = [16, 34, 34, 32]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 10))
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(step)
+        rows = sizes[step]
+        return torch.randn(rows, 16, generator=generator), torch.randint(0, 10, (rows,), generator=generator)
+
+    def loss(module: nn.Module, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        features, labels = inputs
+        return F.cross_entropy(module(features).float(), labels)
+
+    seen, _ = run_counted(
+        model,
+        batch,
+        loss,
+        len(sizes),
+        autocast=True,
+        momentum=0.9,
+        counted_optimizer=True,
+        budget=10**10,
+        reserve_bytes=0,
+        min_swap_bytes=0,
+    )
+    planned = [step for step in seen if step.predicted is not None]
+    assert len(planned) == len(sizes) - 1, "one profiling pass: the other shapes are planned from it"
+    assert all(step.peak <= step.predicted for step in planned), [(s.peak, s.predicted) for s in planned]

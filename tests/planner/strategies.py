@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 from hypothesis import strategies as st
 
 from lightning_accudnn.planner import LayerProfile, StepProfile, simulate
 
 INF = float("inf")
+
+
+def split_bytes(total: int, rng: random.Random | None) -> list[int]:
+    """``total`` bytes as a random list of positive storage sizes (one storage without ``rng``)."""
+    if rng is None:
+        return [total] if total else []
+    parts, left = [], total
+    while left > 0:
+        size = rng.randint(1, left)
+        parts.append(size)
+        left -= size
+    return parts
+
 
 # Multiples of 0.5 keep the float arithmetic exact, so real ties (and zero times) happen often.
 _seconds = st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0])

@@ -19,19 +19,7 @@ from hypothesis import strategies as st
 from lightning_accudnn.planner import LayerProfile, StepProfile, plan_swaps
 from lightning_accudnn.planner.plan import BudgetTooSmallError, min_budget_bytes
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
-from tests.planner.strategies import profiles
-
-
-def _split(total: int, rng: random.Random | None) -> list[int]:
-    """``total`` bytes as a random list of positive storage sizes (one storage without ``rng``)."""
-    if rng is None:
-        return [total] if total else []
-    parts, left = [], total
-    while left > 0:
-        size = rng.randint(1, left)
-        parts.append(size)
-        left -= size
-    return parts
+from tests.planner.strategies import profiles, split_bytes
 
 
 def contract_ledger_peak(
@@ -53,8 +41,8 @@ def contract_ledger_peak(
         items = []
         swapped = swap[i] and layer.swappable_bytes > 0
         split = None if whole_layers else rng
-        blocks = [(size, swapped) for size in _split(layer.swappable_bytes, split)]
-        blocks += [(size, False) for size in _split(layer.resident_bytes, split)]
+        blocks = [(size, swapped) for size in split_bytes(layer.swappable_bytes, split)]
+        blocks += [(size, False) for size in split_bytes(layer.resident_bytes, split)]
         rng.shuffle(blocks)
         for size, is_swapped in blocks:
             sid = len(sizes)

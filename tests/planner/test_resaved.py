@@ -22,6 +22,7 @@ from lightning_accudnn.ops.engine import OffloadEngine
 from lightning_accudnn.ops.schedule import SwapSchedule
 from lightning_accudnn.planner import LayerProfile, StepProfile, min_budget_bytes
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
+from tests.planner.strategies import split_bytes
 
 
 class _SavesInput(nn.Module):
@@ -186,8 +187,12 @@ def _reference_peak_with_resaves(
         is_swapped = swap[i] and layer.swappable_bytes > 0
         parts = [(nbytes, index[later]) for later, nbytes in layer.resaved_by]
         parts.append((layer.swappable_bytes - sum(nbytes for _, nbytes in layer.resaved_by), i))
-        blocks = [(piece, at, is_swapped) for nbytes, at in parts for piece in _split(nbytes, rng, whole)]
-        blocks += [(piece, i, False) for piece in _split(layer.resident_bytes, rng, whole)]
+        blocks = [
+            (piece, at, is_swapped)
+            for nbytes, at in parts
+            for piece in split_bytes(nbytes, None if whole else rng)
+        ]
+        blocks += [(piece, i, False) for piece in split_bytes(layer.resident_bytes, None if whole else rng)]
         rng.shuffle(blocks)
         for piece, at, moves in blocks:
             sid = len(size)
@@ -251,17 +256,6 @@ def _reference_peak_with_resaves(
                     used -= size[sid]
         prefetch()
     return peak
-
-
-def _split(total: int, rng: random.Random, whole: bool = False) -> list[int]:
-    if whole:
-        return [total] if total else []
-    parts, left = [], total
-    while left > 0:
-        piece = rng.randint(1, left)
-        parts.append(piece)
-        left -= piece
-    return parts
 
 
 @settings(max_examples=300, deadline=None)

@@ -28,19 +28,8 @@ from hypothesis import strategies as st
 from lightning_accudnn.planner import LayerProfile, StepProfile
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from tests.models import bottleneck_net, loss_of, make_batch
+from tests.planner.strategies import split_bytes
 from tests.session.helpers import run_counted
-
-
-def _split(total: int, rng: random.Random | None) -> list[int]:
-    """``total`` bytes as a random list of positive storage sizes (one storage without ``rng``)."""
-    if rng is None:
-        return [total] if total else []
-    parts, left = [], total
-    while left > 0:
-        size = rng.randint(1, left)
-        parts.append(size)
-        left -= size
-    return parts
 
 
 @dataclass(frozen=True)
@@ -62,8 +51,8 @@ def _storages(profile: StepProfile, rng: random.Random, whole_layers: bool = Fal
         resaved = [(position[name], nbytes) for name, nbytes in layer.resaved_by]
         rest = layer.swappable_bytes - sum(nbytes for _, nbytes in resaved)
         blocks = [(nbytes, last, True) for last, nbytes in resaved]
-        blocks += [(nbytes, i, True) for nbytes in _split(rest, split)]
-        blocks += [(nbytes, i, False) for nbytes in _split(layer.resident_bytes, split)]
+        blocks += [(nbytes, i, True) for nbytes in split_bytes(rest, split)]
+        blocks += [(nbytes, i, False) for nbytes in split_bytes(layer.resident_bytes, split)]
         rng.shuffle(blocks)
         storages += [
             _Storage(nbytes, i, (last, rng.random()), swappable) for nbytes, last, swappable in blocks

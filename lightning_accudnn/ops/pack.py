@@ -564,6 +564,9 @@ class SaveHooks(SaveRecords):
         record, kept, version, number, step, geometry = packed
         if step.aborted:
             raise _stale_error()
+        meter = self._meter
+        if meter is not None and not step.handle_unpacked[number]:  # before the copies it lets go are reaped
+            meter.reaching(record.layer, self.ledger.current_bytes, step.saved_again_by.get(number))
         if self._lingering:
             self._reap()
         current = self._step
@@ -607,7 +610,6 @@ class SaveHooks(SaveRecords):
         if not step.handle_unpacked[number]:
             step.handle_unpacked[number] = 1
             record.pending_unpacks -= 1
-            meter = self._meter
             if meter is not None:
                 meter.read(
                     record.layer,

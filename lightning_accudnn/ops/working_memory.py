@@ -343,6 +343,18 @@ class WorkingMemoryMeter:
         and of its weight) runs before the previous block's, and is charged to a level of its
         own block, not to the previous block's (a recomputed block's level holds its rebuilt
         saves on top)."""
+        self.reaching(layer, ledger_bytes, saved_again_by)
+        self._unread[layer] = self._unread.get(layer, 0) - 1
+        if copy is not None and self._in_backward:
+            self._read_copies.append(copy)
+
+    def reaching(self, layer: str, ledger_bytes: int, saved_again_by: tuple[str, int] | None = None) -> None:
+        """Autograd is about to read a save of ``layer`` (as :meth:`read`, which calls this too):
+        if that ends the backward of the layer the readings go to, they go down now, and the
+        copies held for it are let go. The engine calls it before it brings the save back (and
+        prefetches others): the op that read that layer's saves is done, so a plan's level of
+        the next layer holds its copies brought back, not those beside them, and neither would
+        the step if the meter did not hold them (a copy is freed with the op that read it)."""
         reading = self._reading
         if (
             self._in_backward
@@ -361,9 +373,6 @@ class WorkingMemoryMeter:
                 if self._read_copies:
                     self._read_copies = []
                     self._read_peak()  # since the reading just taken: nothing but those frees
-        self._unread[layer] = self._unread.get(layer, 0) - 1
-        if copy is not None and self._in_backward:
-            self._read_copies.append(copy)
 
     def _settle_held_copies(self) -> None:
         """The held storages read whose copies died since the last reading: off the count."""

@@ -205,8 +205,9 @@ class SegmentProfile:
     that are outputs of an earlier segment's call (for every earlier segment whose outputs hold
     them; empty when unknown): when that segment is recomputed too, they are first saved here.
     The segment covers the profile's layers named ``name`` or ``name.<anything>`` (which
-    must be consecutive in the profile). Only modules called once per pass and not already
-    under someone else's checkpointing are listed.
+    must be consecutive in the profile). Only modules called once per pass, not already
+    under someone else's checkpointing and with no module inside them also called outside them
+    (whose layers would carry their name) are listed.
 
     Selective recomputation (only measured when asked for) keeps what the segment's
     :data:`SELECTIVE_KEPT_OPS` write and runs every other op again in backward:
@@ -281,8 +282,9 @@ class SegmentProfile:
 @dataclass(frozen=True)
 class ExcludedSegment:
     """A module invocation that is not recomputed, because a recomputation would not replay it
-    exactly: its qualified name and why (a call that changes module state, an argument written
-    in place after the call, a recomputation that failed in an earlier step).
+    exactly (or would not free what the profile names inside it): its qualified name and why (a
+    call that changes module state, an argument written in place after the call, a module inside
+    it also called outside it, a recomputation that failed in an earlier step).
 
     Example:
         >>> ExcludedSegment("layers.0.attn", "calling it changes its arguments")

@@ -310,7 +310,9 @@ class SegmentProbe:
 
     :meth:`attach` it inside the saved-tensor hooks of the pass (the engine's): a module is
     a segment when it has submodules or is a compiled block, is called once, runs under those
-    hooks (not inside someone else's checkpointing) and has no submodule that does not. A
+    hooks (not inside someone else's checkpointing) and has no submodule that does not, nor
+    one that is also called outside it (a shared module, whose layers are all named under its
+    first name: a recomputation would not free the saves of its call outside). A
     compiled block is observed at its eager boundary (an in-place compiled block through its
     wrapped call: a hook on it would be traced into its graph). Its ``input_bytes``
     are the distinct storages of its tensor arguments, its ``output_bytes`` those of its
@@ -359,7 +361,7 @@ class SegmentProbe:
         self._outputs: dict[int, tuple[list[str], weakref.ref[torch.Tensor]]] = {}
         self._sources: dict[str, dict[str, int]] = {}  # per segment: earlier segment -> input bytes
         self._audits: dict[str, CallAudit] = {}  # each candidate's call, watched to the forward's end
-        self._unsafe: dict[str, str] = {}  # candidates a recomputation would not replay exactly: why
+        self._unsafe: dict[str, str] = {}  # candidates not to recompute: why
         self._recorder: SelectiveRecorder | None = None  # while a pass measures selective recomputation
         # segment -> selective kept bytes, share of forward time recomputed, saves recomputed
         self._measured: dict[str, tuple[int, float, int]] = {}
@@ -444,6 +446,9 @@ class SegmentProbe:
         self._check_returned()
         if top_saved_tensor_hooks() != self._reference:
             self._foreign.add(name)
+        parent = name.rpartition(".")[0]
+        if parent and parent not in self._inputs:  # not inside its parent's first call
+            self._called_outside(parent)
         if name in self._parents and name not in self._input_bytes:
             audit = self._audits[name] = CallAudit(module, args, kwargs)
             storages = _storages(audit.call_tensors)
@@ -458,6 +463,15 @@ class SegmentProbe:
             self._sources[name] = sources
             if self._recorder is not None:
                 self._recorder.open(name, set(storages))
+
+    def _called_outside(self, parent: str) -> None:
+        """A module named inside ``parent`` runs outside ``parent``'s first call: ``parent`` and
+        each of its enclosing modules not running now would cover, by name, a layer they do not
+        run (the profile names a module's layers after its first name, wherever it is called)."""
+        while parent:
+            if parent not in self._inputs:
+                self._unsafe.setdefault(parent, "a module inside it is also called outside it")
+            parent = parent.rpartition(".")[0]
 
     def _exit(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         inputs = self._inputs.pop(name, None)

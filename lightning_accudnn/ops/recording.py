@@ -194,16 +194,17 @@ def layer_usage(
 
 def note_resave(step: StepState, record: StorageRecord, layer: str) -> None:
     """``layer`` saves ``record`` again in a hooked pass. Its bytes are then needed from the
-    start of the backward of the latest layer to have saved (``layer``, or a submodule that ran
-    since ``layer``'s own code first saved: the re-save's backward comes before that
-    submodule's), or, if ``layer`` saves nothing of its own, of the next layer that does (its
-    backward starts earlier: counting from there errs on the safe side; the layer itself is
-    noted too)."""
-    if layer in step.layer_saved:
-        step.resaved_from[record] = len(step.layer_saved) - 1
+    start of the backward of ``layer`` when it is the latest layer to have saved; else (it saves
+    nothing of its own, or its own code saves again after a submodule that saved since) of the
+    next layer that saves something of its own (its backward starts earlier: counting from
+    there errs on the safe side), and the layer itself is noted too (a recomputed segment
+    that holds it, and only such a one, holds the re-save)."""
+    saving = step.layer_saved
+    if layer in saving and next(reversed(saving)) == layer:
+        step.resaved_from[record] = len(saving) - 1
         step.resaved_module.pop(record, None)
     else:
-        step.resaved_from[record] = len(step.layer_saved)
+        step.resaved_from[record] = len(saving)
         step.resaved_module[record] = layer
 
 

@@ -34,10 +34,10 @@ class ResaveLog:
 
     def note(self, key: int, layer: str, saving: Mapping[str, None]) -> None:
         """``layer`` saves the storage ``key`` again; ``saving`` holds the layers that saved
-        something of their own so far, in order. Where ``layer`` saved before, the re-save is
-        placed at the latest of them (a submodule may have run since ``layer``'s own code first
-        saved: the re-save's backward comes before that submodule's)."""
-        if layer in saving:
+        something of their own so far, in order. As the engine records it: at ``layer`` when it
+        is the latest of them, else (it saves nothing of its own, or its own code saves again
+        after a submodule that saved since) at the next layer to save, ``layer`` noted."""
+        if layer in saving and list(saving)[-1] == layer:
             self.resaved_from[key] = len(saving) - 1
             self.resaved_module.pop(key, None)
         else:

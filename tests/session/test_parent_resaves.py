@@ -1,11 +1,12 @@
 """A module's own code that saves before a submodule and, after it, saves the submodule's output
-again: the re-save is the latest layer's, not the module's first save.
+again: the re-save is placed after the submodule, not at the module's first save.
 
 The module ``body`` below saves its input for ``softplus``, calls ``act`` (a ``Tanh``, which
 saves its output), then saves that output again for ``sin``. The re-save's backward runs before
-``act``'s, so the output is needed from there on; placed at ``body``'s first save, before
-``act``, it named an earlier layer as the re-saver and the profile refused it: a
-``ValueError`` inside the user's ``backward`` at the first step, under every policy.
+``act``'s, so the output is needed from the next layer to save on (``body`` noted as the module
+that saved it again); placed at ``body``'s first save, before ``act``, it named an earlier
+layer as the re-saver and the profile refused it: a ``ValueError`` inside the user's
+``backward`` at the first step, under every policy.
 """
 
 from __future__ import annotations
@@ -70,16 +71,17 @@ def test_a_module_resaving_its_submodules_output_trains_as_plain_training(policy
     assert (plan.swapped_bytes > 0) == (share is not None)
 
 
-def test_a_traced_resave_after_a_submodule_is_placed_at_the_latest_saving_layer():
+def test_a_traced_resave_after_a_submodule_is_placed_at_the_next_saving_layer():
     """The trace (``accudnn plan``) lists re-saves as the engine does: ``body`` saved first, then
-    ``body.act``; ``body``'s own code saves ``body.act``'s storage again, which is needed from
-    ``body.act``'s backward on: no later layer to list it under."""
+    ``body.act``; ``body``'s own code saves ``body.act``'s storage again. Its backward runs
+    before ``body.act``'s, so the bytes are needed from the next layer to save on (``head``),
+    with ``body`` noted as the module that saved them again (a recomputed segment holds the
+    re-save only if it holds ``body``); with no later layer, from ``body.act``'s own backward."""
     log, saving = ResaveLog(), {"body": None, "body.act": None}
     log.note(7, "body", saving)
     assert log.listed({7: "body.act"}, {7: 64}, saving, read_in_forward=()) == ({}, {})
     saving["head"] = None
-    log.note(7, "body", saving)  # again, after another layer saved: needed from that one's backward on
     assert log.listed({7: "body.act"}, {7: 64}, saving, read_in_forward=()) == (
         {"body.act": [("head", 64)]},
-        {},
+        {"body.act": [("body", 64)]},
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 #: The layer that owns work done outside every submodule (the loss in ``training_step``).
 ROOT_LAYER = "(root)"
@@ -59,6 +60,27 @@ class LayerChoice(str, Enum):
     KEEP = "keep"
     SWAP = "swap"
     RECOMPUTE = "recompute"
+
+
+def resave_position(layer: str, saving: dict[str, Any]) -> tuple[int, bool]:
+    """Where a pass records a re-save by ``layer`` (:attr:`LayerProfile.resaved_by`):
+    ``(index, noted)``, the index among ``saving`` (the layers that saved something of their
+    own so far, in order) of the layer from whose backward on the bytes are needed, and whether
+    ``layer`` is noted as the module that saved them again (:attr:`LayerProfile.resaved_by_module`).
+
+    At ``layer`` itself when it is the latest of them; else (it saves nothing of its own, or its
+    own code saves again after a submodule that saved since) at the next layer to save, whose
+    backward starts earlier (the safe side), ``layer`` noted: a recomputed segment holds the
+    re-save only if it holds ``layer``.
+
+    Example:
+        >>> saving = {"body": None, "body.act": None}
+        >>> resave_position("body.act", saving), resave_position("body", saving)
+        ((1, False), (2, True))
+    """
+    if saving and next(reversed(saving)) == layer:
+        return len(saving) - 1, False
+    return len(saving), True
 
 
 def most_bytes_by_name(*listed: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:

@@ -17,7 +17,7 @@ from lightning_accudnn.ops.saves import StepState
 from lightning_accudnn.ops.stash import StorageRecord
 from lightning_accudnn.ops.timing import LayerTimer
 from lightning_accudnn.ops.working_memory import WorkingMemory
-from lightning_accudnn.profile import ROOT_LAYER, LayerProfile
+from lightning_accudnn.profile import ROOT_LAYER, LayerProfile, resave_position
 
 
 @dataclass(frozen=True)
@@ -193,19 +193,13 @@ def layer_usage(
 
 
 def note_resave(step: StepState, record: StorageRecord, layer: str) -> None:
-    """``layer`` saves ``record`` again in a hooked pass. Its bytes are then needed from the
-    start of the backward of ``layer`` when it is the latest layer to have saved; else (it saves
-    nothing of its own, or its own code saves again after a submodule that saved since) of the
-    next layer that saves something of its own (its backward starts earlier: counting from
-    there errs on the safe side), and the layer itself is noted too (a recomputed segment
-    that holds it, and only such a one, holds the re-save)."""
-    saving = step.layer_saved
-    if layer in saving and next(reversed(saving)) == layer:
-        step.resaved_from[record] = len(saving) - 1
-        step.resaved_module.pop(record, None)
-    else:
-        step.resaved_from[record] = len(saving)
+    """``layer`` saves ``record`` again in a hooked pass: noted where
+    :func:`~lightning_accudnn.profile.resave_position` places it."""
+    step.resaved_from[record], noted = resave_position(layer, step.layer_saved)
+    if noted:
         step.resaved_module[record] = layer
+    else:
+        step.resaved_module.pop(record, None)
 
 
 def resaved_by(step: StepState) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from lightning_accudnn.profile import resave_position
+
 Listed = dict[str, list[tuple[str, int]]]
 
 
@@ -32,17 +34,15 @@ class ResaveLog:
     resaved_module: dict[int, str] = field(default_factory=dict)
     """Storage -> the layer of its last re-save, where that layer saved nothing of its own."""
 
-    def note(self, key: int, layer: str, saving: Mapping[str, None]) -> None:
+    def note(self, key: int, layer: str, saving: dict[str, None]) -> None:
         """``layer`` saves the storage ``key`` again; ``saving`` holds the layers that saved
-        something of their own so far, in order. As the engine records it: at ``layer`` when it
-        is the latest of them, else (it saves nothing of its own, or its own code saves again
-        after a submodule that saved since) at the next layer to save, ``layer`` noted."""
-        if layer in saving and list(saving)[-1] == layer:
-            self.resaved_from[key] = len(saving) - 1
-            self.resaved_module.pop(key, None)
-        else:
-            self.resaved_from[key] = len(saving)
+        something of their own so far, in order. Placed as the engine places it
+        (:func:`~lightning_accudnn.profile.resave_position`)."""
+        self.resaved_from[key], noted = resave_position(layer, saving)
+        if noted:
             self.resaved_module[key] = layer
+        else:
+            self.resaved_module.pop(key, None)
 
     def listed(
         self,

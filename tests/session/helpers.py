@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lightning_accudnn import OffloadConfig, OffloadSession, OffloadStats
@@ -13,6 +14,18 @@ from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.testing import OpBytesAllocator
 from tests.models import loss_of, make_batch
 from tests.session_training import measured_pass, session_steps
+
+
+def class_rows(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` random rows of 16 features and their labels (10 classes), seeded by ``step``."""
+    generator = torch.Generator().manual_seed(step)
+    return torch.randn(rows, 16, generator=generator), torch.randint(0, 10, (rows,), generator=generator)
+
+
+def cross_entropy_of(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The cross-entropy of ``model``'s logits (in float32, as under autocast) on ``batch``."""
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs).float(), labels)
 
 
 def memory_need(

@@ -7,7 +7,7 @@ prediction of the plan made from it. CPU: the allocator is the ops' own tensors
 import torch
 from torch import nn
 
-from tests.session.helpers import run_counted
+from tests.session.helpers import class_rows, cross_entropy_of, run_counted
 
 SIZES = (16, 34, 34)  # the second shape is profiled at step 1, and step 2 runs the plan made from it
 
@@ -26,17 +26,6 @@ class _NormBranch(nn.Module):
         return x + self.act(self.norm(x.detach()))
 
 
-def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(step)
-    size = SIZES[step]
-    return torch.randn(size, 16, generator=generator), torch.randint(0, 10, (size,), generator=generator)
-
-
-def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    inputs, targets = batch
-    return nn.functional.cross_entropy(model(inputs), targets)
-
-
 def test_a_plan_made_from_a_hooked_pass_predicts_the_next_pass_of_its_shape():
     """The meter holds a swapped save's copy brought back until the readings go to a layer further
     down (as a plan's level counts it), which they did at that layer's first read, after the
@@ -47,7 +36,14 @@ def test_a_plan_made_from_a_hooked_pass_predicts_the_next_pass_of_its_shape():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), _NormBranch(32), nn.Linear(32, 32), nn.Linear(32, 10))
     seen, _ = run_counted(
-        model, _batch, _loss, len(SIZES), budget=33_000, reserve_bytes=0, min_swap_bytes=0, policy="swap"
+        model,
+        lambda step: class_rows(step, SIZES[step]),
+        cross_entropy_of,
+        len(SIZES),
+        budget=33_000,
+        reserve_bytes=0,
+        min_swap_bytes=0,
+        policy="swap",
     )
     last = seen[-1]
     assert last.predicted is not None and last.swapped > 0

@@ -15,11 +15,10 @@ the block, and step 0 names what every step needs.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lightning_accudnn.planner import BudgetTooSmallError
-from tests.session.helpers import run_counted
+from tests.session.helpers import class_rows, cross_entropy_of, run_counted
 
 
 class _Square(torch.autograd.Function):
@@ -95,22 +94,13 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), _Body(), nn.Linear(32, 10))
 
 
-def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(step)
-    return torch.randn(64, 16, generator=generator), torch.randint(0, 10, (64,), generator=generator)
-
-
-def _loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return F.cross_entropy(model(batch[0]), batch[1])
-
-
 def _train(budget: int, steps: int):
     model = _model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     return run_counted(
         model,
-        _batch,
-        _loss,
+        lambda step: class_rows(step, 64),
+        cross_entropy_of,
         steps,
         optimizer=optimizer,
         counted_optimizer=True,

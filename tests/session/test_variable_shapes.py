@@ -17,7 +17,7 @@ from lightning_accudnn.profiling.static_memory import model_state_bytes
 from lightning_accudnn.session.plan_book import PlanSource
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import SmallResNet, TinyGPT, TransformerBlock, loss_of, make_batch, make_model
-from tests.session.helpers import run_counted, sgd
+from tests.session.helpers import class_rows, cross_entropy_of, run_counted, sgd
 from tests.session_training import measured_pass
 
 VOCAB = 50
@@ -292,20 +292,10 @@ def test_a_shape_planned_from_another_under_autocast_counts_the_weight_copies_th
     sizes = [16, 34, 34, 32]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 10))
-
-    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        generator = torch.Generator().manual_seed(step)
-        rows = sizes[step]
-        return torch.randn(rows, 16, generator=generator), torch.randint(0, 10, (rows,), generator=generator)
-
-    def loss(module: nn.Module, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        features, labels = inputs
-        return F.cross_entropy(module(features).float(), labels)
-
     seen, _ = run_counted(
         model,
-        batch,
-        loss,
+        lambda step: class_rows(step, sizes[step]),
+        cross_entropy_of,
         len(sizes),
         autocast=True,
         momentum=0.9,

@@ -147,6 +147,11 @@ class LayerProfile:
     plan charges each the host's time per swapped storage
     (:attr:`StepProfile.swap_host_seconds`).
 
+    ``backward_static_not_held_bytes`` is, of the step's static memory, the most the device did
+    not hold where ``backward_working_bytes`` was measured (the gradients the backward had not
+    made yet, autocast's weight copies, gone with the forward), which that figure is net of
+    (:attr:`StepProfile.static_not_held_bytes`); ``None``: the step's figure.
+
     ``weight_copy_bytes`` are autocast's low-precision copies of parameters this layer saves,
     counted in the model state, not in its saves: a plan that recomputes the layer holds them
     until the forward ends (autocast's cache) and again while its recomputation and backward run
@@ -173,6 +178,7 @@ forward_seconds=0.0, backward_seconds=0.0)
     weight_copy_bytes: int = field(default=0, repr=False)
     retired_alive_from: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     swappable_storages: int = field(default=0, repr=False)
+    backward_static_not_held_bytes: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.retired_alive_bytes < 0 or self.weight_copy_bytes < 0 or self.swappable_storages < 0:
@@ -338,6 +344,13 @@ class StepProfile:
     work is not small next to the segment's.
     ``outside_working_bytes`` is what the step holds beyond ``static_bytes`` between the passes
     (the optimizer step's temporaries): 0 when not measured.
+    ``static_not_held_bytes`` is, of ``static_bytes``, the most the step may not hold where its
+    forward working memory and the working memory between the passes were measured (the
+    parameters' gradients before its backward makes them, autocast's weight copies before its
+    forward makes them and after they go with it): such a figure is what the step held beyond
+    the level less up to that much, which does not grow with the batch
+    (:func:`lightning_accudnn.planner.scale_profile`); a layer's
+    ``backward_static_not_held_bytes`` says the same of its backward level (0: none assumed).
     ``swapped_pass_forward_bytes`` lists, per layer (by name), what a pass that swapped every
     swappable save and let each go once the next layer's were out (a training session's
     profiling pass) held at the layer's forward level beyond its ledger: its working memory
@@ -387,6 +400,7 @@ class StepProfile:
     excluded_segments: tuple[ExcludedSegment, ...] = field(default=(), repr=False)
     recompute_cost_ratio: float = field(default=1.0, repr=False)
     outside_working_bytes: int = field(default=0, repr=False)
+    static_not_held_bytes: int = field(default=0, repr=False)
     swapped_pass_forward_bytes: tuple[tuple[str, int], ...] = field(default=(), repr=False)
     static_let_go_in_backward: tuple[int, ...] = field(default=(), repr=False)
     prefetch_order: tuple[tuple[str, int, int], ...] = field(default=(), repr=False)
@@ -404,6 +418,8 @@ class StepProfile:
                 f"static_bytes and outside_working_bytes must be >= 0, got {self.static_bytes}, "
                 f"{self.outside_working_bytes}"
             )
+        if self.static_not_held_bytes < 0:
+            raise ValueError(f"static_not_held_bytes must be >= 0, got {self.static_not_held_bytes}")
         let_go = self.static_let_go_in_backward
         if let_go and (
             len(let_go) != len(self.layers) or not all(0 <= nbytes <= self.static_bytes for nbytes in let_go)
@@ -522,6 +538,8 @@ class StepProfile:
         the static memory it counts now: bytes that move into the static count (autocast's
         weight copies, found by the pass that measured the working memory) leave the working
         memory, which held them, at every level (itself when the static memory is the same).
+        The step does not hold them at every level (autocast's copies go with the forward):
+        they join :attr:`static_not_held_bytes`.
 
         Example:
             >>> layer = LayerProfile("a", 100, 100, forward_working_bytes=30, backward_working_bytes=50)
@@ -529,15 +547,48 @@ class StepProfile:
             >>> moved = rebased.layers[0]
             >>> rebased.static_bytes, moved.forward_working_bytes, moved.backward_working_bytes
             (240, -10, 10)
-            >>> rebased.outside_working_bytes  # never below 0
-            0
+            >>> rebased.outside_working_bytes, rebased.static_not_held_bytes  # never below 0
+            (0, 40)
         """
         moved = static_bytes - self.static_bytes
         if moved == 0:
             return self
         outside = max(0, self.outside_working_bytes - moved) if self.outside_working_bytes else 0
         shifted = self.with_working_bytes_added(-moved)
+        if moved > 0 and self.has_working_bytes:
+            shifted = shifted.with_static_not_held_added(moved)
         return replace(shifted, static_bytes=static_bytes, outside_working_bytes=outside)
+
+    def with_static_not_held_added(self, nbytes: int) -> StepProfile:
+        """This step with ``nbytes`` more of its static memory not held where its working memory
+        was measured: :attr:`static_not_held_bytes` and each layer's
+        ``backward_static_not_held_bytes`` (where listed) grown by that much.
+
+        Example:
+            >>> layer = LayerProfile("a", 100, 100, backward_static_not_held_bytes=30)
+            >>> added = StepProfile((layer,), 200, static_not_held_bytes=50).with_static_not_held_added(20)
+            >>> added.static_not_held_bytes, added.layers[0].backward_static_not_held_bytes
+            (70, 50)
+        """
+        layers = tuple(
+            layer
+            if layer.backward_static_not_held_bytes is None
+            else replace(layer, backward_static_not_held_bytes=layer.backward_static_not_held_bytes + nbytes)
+            for layer in self.layers
+        )
+        return replace(self, layers=layers, static_not_held_bytes=self.static_not_held_bytes + nbytes)
+
+    def backward_static_not_held(self, layer: LayerProfile) -> int:
+        """Of the static memory, the most the step did not hold where ``layer``'s backward working
+        memory was measured: the layer's figure, else :attr:`static_not_held_bytes`.
+
+        Example:
+            >>> profile = StepProfile((LayerProfile("a", 1, 1),), 200, static_not_held_bytes=50)
+            >>> profile.backward_static_not_held(profile.layers[0])
+            50
+        """
+        listed = layer.backward_static_not_held_bytes
+        return self.static_not_held_bytes if listed is None else listed
 
     def with_working_bytes_added(self, nbytes: int) -> StepProfile:
         """This step with ``nbytes`` more working memory at every level of every layer, forward

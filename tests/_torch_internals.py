@@ -1,5 +1,5 @@
-"""The tests' one reader of private PyTorch attributes: how many module hooks are installed, and
-the default process group's store."""
+"""The tests' one reader of private PyTorch attributes: how many module and parameter hooks are
+installed, and the default process group's store."""
 
 from typing import Any
 
@@ -10,6 +10,11 @@ from torch import nn
 def module_hook_count(model: nn.Module) -> int:
     """Forward pre-hooks plus forward hooks over every submodule of ``model``."""
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def post_accumulate_grad_hook_count(model: nn.Module) -> int:
+    """Post-accumulate-grad hooks over every parameter of ``model``."""
+    return sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
 
 
 def forward_pre_hook_count(module: nn.Module) -> int:

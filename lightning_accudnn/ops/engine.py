@@ -34,6 +34,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 
+from lightning_accudnn.ops.gradient_arrivals import GradientArrivals
 from lightning_accudnn.ops.layers import SaveSequence
 from lightning_accudnn.ops.ledger import ObservedLedger
 from lightning_accudnn.ops.pack import CHANGED_GRAPH_LAYER, SaveHooks, keep_on_device
@@ -164,7 +165,9 @@ class OffloadEngine(SaveHooks):
         With ``allocated_peak`` (the device allocator's peak of allocated bytes since its previous
         call) a hooked pass measures what it holds beyond the ledger, layer by layer
         (:mod:`.working_memory`): its layers' ``forward_working_bytes`` and
-        ``backward_working_bytes``, and the step's :attr:`StepStats.outside_working_bytes`.
+        ``backward_working_bytes``, and the step's :attr:`StepStats.outside_working_bytes`; and
+        each layer's ``backward_static_not_held_bytes``, the parameters' gradients the backward
+        had not made yet at its readings (model state, where ``static_bytes`` counts them).
         """
         if self._hooked:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
@@ -210,7 +213,10 @@ class OffloadEngine(SaveHooks):
             self.timer.start()
         if sequence is None and allocated_peak is not None and self._step is None:
             tracker = self.tracker
-            self._meter = WorkingMemoryMeter(allocated_peak, lambda: tracker.current)
+            arrivals = self._arrivals = GradientArrivals(model.parameters())
+            self._meter = WorkingMemoryMeter(
+                allocated_peak, lambda: tracker.current, lambda: arrivals.to_come_bytes
+            )
             self._meter.start(static_bytes)
             self.ledger = ObservedLedger(self.ledger, self._meter)
         self._hooked = True
@@ -367,6 +373,9 @@ class OffloadEngine(SaveHooks):
         if meter is None:
             return None
         self._meter = None
+        if self._arrivals is not None:
+            self._arrivals.close()
+            self._arrivals = None
         ledger = self.ledger
         assert isinstance(ledger, ObservedLedger)
         self.ledger = ledger.unobserved()

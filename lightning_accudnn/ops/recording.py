@@ -187,6 +187,9 @@ def layer_usage(
             retired_alive_from=()
             if working is None
             else tuple(sorted(working.retired_alive_from.get(name, {}).items())),
+            backward_static_not_held_bytes=None
+            if working is None
+            else working.backward_gradients_to_come.get(name, 0),
         )
         for name in forward
     )

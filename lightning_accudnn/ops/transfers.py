@@ -20,6 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from lightning_accudnn.ops._torch_internals import StorageWeakReference
+from lightning_accudnn.ops.gradient_arrivals import GradientArrivals
 from lightning_accudnn.ops.layers import HELD
 from lightning_accudnn.ops.ledger import DeviceLedger
 from lightning_accudnn.ops.pool import HostBufferPool
@@ -71,6 +72,7 @@ class CopyTraffic:
         self._step: StepState | None = None
         self._in_forward = False
         self._meter: WorkingMemoryMeter | None = None  # a hooked pass measuring its working memory
+        self._arrivals: GradientArrivals | None = None  # and counting the gradients it makes
         self._lingering: list[FetchedCopy] = []  # copies brought back, dropped: freed once their storage died
         # The event the compute stream waited on last: the records of one group of copies share
         # its event, and compute waits on it once (a wait on it again would order nothing more).

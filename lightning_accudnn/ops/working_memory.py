@@ -125,6 +125,9 @@ class WorkingMemory:
     #: Per layer of ``retired_alive_bytes``: the most of those bytes each layer's storages were
     #: (by the layer that saved them first), at any one reading of that level.
     retired_alive_from: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per layer of ``backward_bytes``: the most bytes of gradients not made yet while its
+    #: readings were taken (empty when not counted).
+    backward_gradients_to_come: dict[str, int] = field(default_factory=dict)
 
 
 class WorkingMemoryMeter:
@@ -139,6 +142,10 @@ class WorkingMemoryMeter:
     in forward, :meth:`held_read` once it read one the model's code held beyond the forward for
     the last time, :meth:`saved` and :meth:`read` for each save autograd
     holds and reads, and :meth:`start`, :meth:`begin_backward`, :meth:`end` at the pass's steps.
+    ``gradients_to_come`` (optional) returns the bytes of the parameters' gradients the backward
+    has not made yet (:class:`~.gradient_arrivals.GradientArrivals`): the model state the ledger
+    counts that the device does not hold then, which each backward level's working memory is
+    net of (:attr:`WorkingMemory.backward_gradients_to_come`).
 
     Example:
         >>> meter = WorkingMemoryMeter(lambda: 0, lambda: "fc")
@@ -148,9 +155,17 @@ class WorkingMemoryMeter:
         ({}, {}, 0, {})
     """
 
-    def __init__(self, read_peak: Callable[[], int], current_layer: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        read_peak: Callable[[], int],
+        current_layer: Callable[[], str],
+        gradients_to_come: Callable[[], int] | None = None,
+    ) -> None:
         self._read_peak = read_peak
         self._current_layer = current_layer
+        self._gradients_to_come = gradients_to_come
+        self._to_come = 0  # gradients not made yet at the last reading
+        self._backward_to_come: dict[int, int] = {}  # per position: the most over its readings
         self._outside = 0
         self._order: list[str] = []  # layers in the order of their first save
         self._position: dict[str, int] = {}
@@ -200,6 +215,12 @@ class WorkingMemoryMeter:
                 self._settle_held_copies()
             position, tops = self._reading, self._backward_top
             level = unseen - self._let_go - self._held_unread
+            if self._gradients_to_come is not None:
+                # Gradients only arrive in backward: the most not made since the last reading
+                # is what there was then.
+                before, self._to_come = self._to_come, self._gradients_to_come()
+                if before > self._backward_to_come.get(position, -1):
+                    self._backward_to_come[position] = before
         else:
             position = len(self._order) - 1
             if self._retired:  # still alive now: alive since the last reading, and not working memory
@@ -307,6 +328,8 @@ class WorkingMemoryMeter:
         unseen bytes in backward until :meth:`held_read`, and left out of
         :attr:`WorkingMemory.retired_alive_bytes`."""
         self.changing(ledger_bytes)
+        if self._gradients_to_come is not None:
+            self._to_come = self._gradients_to_come()
         self._holding = []  # what the model's code holds beyond the forward stays alive
         self._settle_retired(held)
         self._in_backward = True
@@ -455,7 +478,10 @@ class WorkingMemoryMeter:
                 beyond = top - saved_up_to[latest]
                 forward[name] = beyond if name not in forward else max(forward[name], beyond)
         backward = {layers[position]: top for position, top in self._backward_top.items() if position >= 0}
-        return WorkingMemory(forward, backward, self._outside, retired, retired_from)
+        to_come = {
+            layers[position]: most for position, most in self._backward_to_come.items() if position >= 0
+        }
+        return WorkingMemory(forward, backward, self._outside, retired, retired_from, to_come)
 
 
 def _raise_to(most: dict[str, int], bytes_by_layer: Mapping[str, int]) -> None:

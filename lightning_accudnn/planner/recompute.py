@@ -911,6 +911,7 @@ def recomputed_profile(
         profile.h2d_bytes_per_second,
         resaves_listed=profile.resaves_listed,
         outside_working_bytes=profile.outside_working_bytes,
+        static_not_held_bytes=profile.static_not_held_bytes,
         static_let_go_in_backward=tuple(copies_let_go) if copies_before else (),
         prefetch_order=_surviving(profile, new_layers),
         swap_host_seconds=profile.swap_host_seconds,

@@ -25,16 +25,23 @@ step. The rules (:func:`scale_profile`):
   ``resaved_by`` scales with the layer, and ``small_storages`` is dropped (unknown). A layer's
   working memory (``forward_working_bytes``, ``backward_working_bytes``: activations' gradients,
   a loss's logits) scales with its bytes too: measured where the new shape's figures list it,
-  else by the layer's measured bytes ratio, else by its bytes factor. What a pass that swapped
-  everything held (``StepProfile.swapped_pass_forward_bytes``) is dropped: a recomputed
-  segment's forward is then charged what its layers save.
+  else by the layer's measured bytes ratio, else by its bytes factor. A working memory figure is
+  what the step held beyond its level less the model state it did not hold then (the gradients
+  the backward had not made yet), which does not grow: at a factor ``f > 1`` it becomes
+  ``f * w + (f - 1) * s``, the held part grown and the part not held at most as it was (``s``:
+  ``StepProfile.static_not_held_bytes`` in forward, the layer's
+  ``backward_static_not_held_bytes`` in backward). What a pass that swapped everything held
+  (``StepProfile.swapped_pass_forward_bytes``) is dropped: a recomputed segment's forward is
+  then charged what its layers save.
 * **Times follow the work.** Each layer's forward and backward seconds are multiplied by its
   bytes ratio when measured bytes are given (saved bytes and work grow alike: a matmul,
   convolution or attention saves inputs of the same shape as the work it does), else by
   ``batch * extent ** g`` with ``g`` the known exponent or 1 (the time is an estimate, not a
   bound; the conservative byte rule is for memory only).
-* **The host link as measured**; static memory (model state) and the working memory between the
-  passes (the optimizer's, which follows the parameters) unchanged.
+* **The host link as measured**, static memory (model state) unchanged. The working memory
+  between the passes (the optimizer's temporaries, which follow the parameters, beside the
+  batch, which follows the shape) grows as a layer's at the largest bytes factor, and does not
+  shrink.
 
 A plan made for one shape covers another of the same pass (:func:`plan_covers`) when the
 other's profile under that plan has a predicted peak (:class:`~.timeline.Simulator`, the
@@ -178,6 +185,7 @@ backward_seconds=0.004)
                 "the measured layers are not the profiled pass's layers in the same order; a pass "
                 "whose layers differ must be profiled, not scaled"
             )
+        not_held = profile.static_not_held_bytes
         scaled = []
         sizes, fallback = _layer_factors(len(layers), ratio, growth, max_growth)
         for layer, now, size, other in zip(layers, measured, sizes, fallback, strict=True):
@@ -194,12 +202,19 @@ backward_seconds=0.004)
                     forward_working_bytes=(
                         now.forward_working_bytes
                         if working
-                        else _scaled_working(layer.forward_working_bytes, grows)
+                        else _scaled_working(layer.forward_working_bytes, grows, not_held)
                     ),
                     backward_working_bytes=(
                         now.backward_working_bytes
                         if working
-                        else _scaled_working(layer.backward_working_bytes, grows)
+                        else _scaled_working(
+                            layer.backward_working_bytes, grows, profile.backward_static_not_held(layer)
+                        )
+                    ),
+                    backward_static_not_held_bytes=(
+                        now.backward_static_not_held_bytes
+                        if working
+                        else layer.backward_static_not_held_bytes
                     ),
                     retired_alive_bytes=(
                         now.retired_alive_bytes
@@ -217,11 +232,13 @@ backward_seconds=0.004)
         return replace(
             profile,
             layers=tuple(scaled),
+            outside_working_bytes=_scaled_outside(profile, grown),
             segments=_scaled_segments(profile, grown),
             swapped_pass_forward_bytes=(),
             prefetch_order=(),  # another shape's records: a window admits more of smaller ones
         )
     bytes_factors, time_factors = _layer_factors(len(layers), ratio, growth, max_growth)
+    not_held = profile.static_not_held_bytes
     scaled = []
     for layer, size, work in zip(layers, bytes_factors, time_factors, strict=True):
         saved = math.ceil(layer.saved_bytes * size)
@@ -234,8 +251,11 @@ backward_seconds=0.004)
                 forward_seconds=layer.forward_seconds * work,
                 backward_seconds=layer.backward_seconds * work,
                 resaved_by=_scaled_resaves(layer.resaved_by, size, swappable),
-                forward_working_bytes=_scaled_working(layer.forward_working_bytes, size),
-                backward_working_bytes=_scaled_working(layer.backward_working_bytes, size),
+                forward_working_bytes=_scaled_working(layer.forward_working_bytes, size, not_held),
+                backward_working_bytes=_scaled_working(
+                    layer.backward_working_bytes, size, profile.backward_static_not_held(layer)
+                ),
+                backward_static_not_held_bytes=layer.backward_static_not_held_bytes,
                 retired_alive_bytes=_scaled_working(layer.retired_alive_bytes, size),
                 swappable_storages=layer.swappable_storages,  # the same storages, of other sizes
             )
@@ -244,19 +264,22 @@ backward_seconds=0.004)
     return replace(
         profile,
         layers=tuple(scaled),
+        outside_working_bytes=_scaled_outside(profile, grown),
         segments=_scaled_segments(profile, grown),
         swapped_pass_forward_bytes=(),
         prefetch_order=(),  # another shape's records: a window admits more of smaller ones
     )
 
 
-def borrowed_measurements(layer: LayerProfile, timed: LayerProfile) -> LayerProfile:
+def borrowed_measurements(layer: LayerProfile, timed: LayerProfile, not_held: int = 0) -> LayerProfile:
     """``layer``, from a pass that measured its bytes only (a pass replayed by ordinal times no
     layer and sees no re-saves), with what ``timed``, the same layer in a timed pass, measured:
     its times, re-saves, working memory and retired bytes still alive. Where the two saved other
     bytes (the timed pass ran another batch shape: a short batch runs a longer one's plan),
     these follow the ratio of the saved bytes, as :func:`scale_profile` carries a measured
-    layer; the re-saves never pass ``layer``'s swappable bytes.
+    layer (``not_held``: the timed pass's
+    :attr:`~lightning_accudnn.profile.StepProfile.static_not_held_bytes`); the re-saves never
+    pass ``layer``'s swappable bytes.
 
     Example:
         >>> long = LayerProfile("tanh", 512, 512, 2e-3, 4e-3, resaved_by=(("fc2", 512),))
@@ -270,8 +293,11 @@ def borrowed_measurements(layer: LayerProfile, timed: LayerProfile) -> LayerProf
         retired_alive, alive_from = timed.retired_alive_bytes, timed.retired_alive_from
     else:
         factor = layer.saved_bytes / timed.saved_bytes
-        forward_working = _scaled_working(timed.forward_working_bytes, factor)
-        backward_working = _scaled_working(timed.backward_working_bytes, factor)
+        backward_not_held = (
+            not_held if timed.backward_static_not_held_bytes is None else timed.backward_static_not_held_bytes
+        )
+        forward_working = _scaled_working(timed.forward_working_bytes, factor, not_held)
+        backward_working = _scaled_working(timed.backward_working_bytes, factor, backward_not_held)
         retired_alive = _scaled_working(timed.retired_alive_bytes, factor)
         alive_from = _scaled_bytes(timed.retired_alive_from, factor)
     return replace(
@@ -284,6 +310,7 @@ def borrowed_measurements(layer: LayerProfile, timed: LayerProfile) -> LayerProf
         backward_working_bytes=backward_working,
         retired_alive_bytes=retired_alive,
         retired_alive_from=alive_from,
+        backward_static_not_held_bytes=timed.backward_static_not_held_bytes,
     )
 
 
@@ -311,15 +338,36 @@ def _scaled_bytes(listed: tuple[tuple[str, int], ...], factor: float) -> tuple[t
     return tuple((name, math.ceil(nbytes * factor)) for name, nbytes in listed)
 
 
-def _scaled_working(nbytes: int, factor: float) -> int:
-    """Working memory at ``factor`` times the activations: a negative figure (model state not yet
-    allocated at that level, which does not grow with the batch) counts as none.
+def _scaled_working(nbytes: int, factor: float, not_held: int = 0) -> int:
+    """Working memory at ``factor`` times the activations, measured net of up to ``not_held``
+    bytes of model state not allocated then (which do not grow with the batch): the held part
+    grows by ``factor``, the part not held stays at most as it was; never below 0 (a figure
+    below 0 shrinks to none).
 
     Example:
-        >>> _scaled_working(100, 1.5), _scaled_working(-100, 1.5)
-        (150, 0)
+        >>> _scaled_working(100, 1.5), _scaled_working(-100, 1.5), _scaled_working(100, 0.5)
+        (150, 0, 50)
+        >>> _scaled_working(-100, 1.5, not_held=400)  # held 300 or less: 450 less 400 at most
+        50
+        >>> _scaled_working(-100, 0.5, not_held=400)
+        0
     """
-    return math.ceil(max(0, nbytes) * factor)
+    return math.ceil(max(0.0, nbytes * factor + max(0.0, factor - 1.0) * not_held))
+
+
+def _scaled_outside(profile: StepProfile, factor: float) -> int:
+    """The working memory between the passes at ``factor`` times the activations: grown as a
+    layer's (:func:`_scaled_working`; it holds the batch) when ``factor > 1``, else as it is
+    (the optimizer's temporaries do not shrink).
+
+    Example:
+        >>> profile = StepProfile((), 1_000, outside_working_bytes=200, static_not_held_bytes=100)
+        >>> _scaled_outside(profile, 1.5), _scaled_outside(profile, 0.5)
+        (350, 200)
+    """
+    if factor <= 1.0:
+        return profile.outside_working_bytes
+    return _scaled_working(profile.outside_working_bytes, factor, profile.static_not_held_bytes)
 
 
 def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfile, ...]:

@@ -40,8 +40,9 @@ class Measured:
         timed = self.times_of.profile
         return replace(
             self.profile,
-            layers=with_times_of(self.profile.layers, timed.layers),
+            layers=with_times_of(self.profile.layers, timed.layers, timed.static_not_held_bytes),
             outside_working_bytes=max(self.profile.outside_working_bytes, timed.outside_working_bytes),
+            static_not_held_bytes=max(self.profile.static_not_held_bytes, timed.static_not_held_bytes),
         )
 
 
@@ -134,14 +135,20 @@ class PlanAgreement:
         return self._model_ordinals.setdefault(model, len(self._model_ordinals))
 
 
-def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> StepProfile:
+def with_most_working_memory(
+    profile: StepProfile, earlier: StepProfile, *, retired_only: bool = False
+) -> StepProfile:
     """``profile`` with, per layer (by name) and between passes, the most working memory it or
     ``earlier`` (the same pass kind's, from earlier passes) measured.
 
     Working memory is what the allocator held beyond the ledger; a pass may miss some that
     another met (a kernel's workspace that depends on what the allocator had free, the swapped
     storages the model's code still held, which the profiling pass, swapping all it can, meets
-    most of). Plans made from the most of every pass measured count all of it.
+    most of). Plans made from the most of every pass measured count all of it. With
+    ``retired_only`` (``earlier`` was scaled from another batch shape's profile, not measured),
+    only the swapped storages the model's code held are taken from it: its working memory is
+    another shape's bound, which would stand in for this shape's measurement and, scaled again
+    for the next shape, grow with every shape.
 
     Example:
         >>> earlier = StepProfile((LayerProfile("fc", 10, 10, forward_working_bytes=7),), 0)
@@ -152,37 +159,56 @@ def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> Step
     """
     if not earlier.has_working_bytes:
         return profile
+    working = not retired_only
     by_name = {layer.name: layer for layer in earlier.layers}
     layers = []
     for layer in profile.layers:
         known = by_name.get(layer.name)
-        if known is not None and (
+        if known is None:
+            layers.append(layer)
+            continue
+        not_held, known_not_held = (
+            profile.backward_static_not_held(layer),
+            earlier.backward_static_not_held(known),
+        )
+        if working and (
             known.forward_working_bytes > layer.forward_working_bytes
             or known.backward_working_bytes > layer.backward_working_bytes
-            or known.retired_alive_bytes > layer.retired_alive_bytes
-            or known.retired_alive_from != layer.retired_alive_from
+            or known_not_held > not_held
         ):
             layer = replace(
                 layer,
                 forward_working_bytes=max(layer.forward_working_bytes, known.forward_working_bytes),
                 backward_working_bytes=max(layer.backward_working_bytes, known.backward_working_bytes),
+                backward_static_not_held_bytes=max(not_held, known_not_held),
+            )
+        if (
+            known.retired_alive_bytes > layer.retired_alive_bytes
+            or known.retired_alive_from != layer.retired_alive_from
+        ):
+            layer = replace(
+                layer,
                 retired_alive_bytes=max(layer.retired_alive_bytes, known.retired_alive_bytes),
                 retired_alive_from=most_bytes_by_name(layer.retired_alive_from, known.retired_alive_from),
             )
         layers.append(layer)
+    if not working:
+        return replace(profile, layers=tuple(layers))
     return replace(
         profile,
         layers=tuple(layers),
         outside_working_bytes=max(profile.outside_working_bytes, earlier.outside_working_bytes),
+        static_not_held_bytes=max(profile.static_not_held_bytes, earlier.static_not_held_bytes),
     )
 
 
 def with_times_of(
-    layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...]
+    layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...], not_held: int = 0
 ) -> tuple[LayerProfile, ...]:
     """The layers of an untimed pass with the times, the re-saves and the working memory an
     earlier, timed pass of it measured (a pass replayed by ordinal sees none of them), at the
-    untimed pass's bytes (:func:`~lightning_accudnn.planner.scaling.borrowed_measurements`).
+    untimed pass's bytes (:func:`~lightning_accudnn.planner.scaling.borrowed_measurements`;
+    ``not_held``: the timed pass's model state not held where it measured them).
 
     Example:
         >>> untimed = (LayerProfile("fc", 10, 10, 0.0, 0.0),)
@@ -191,6 +217,6 @@ def with_times_of(
     """
     by_name = {layer.name: layer for layer in timed}
     return tuple(
-        layer if layer.name not in by_name else borrowed_measurements(layer, by_name[layer.name])
+        layer if layer.name not in by_name else borrowed_measurements(layer, by_name[layer.name], not_held)
         for layer in layers
     )

@@ -122,6 +122,9 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
                 backward_working_bytes=max(layer.backward_working_bytes for layer in candidates),
                 retired_alive_bytes=max(layer.retired_alive_bytes for layer in candidates),
                 swappable_storages=max(layer.swappable_storages for layer in candidates),
+                backward_static_not_held_bytes=max(
+                    p.backward_static_not_held(p.layers[index]) for p in profiles
+                ),
             )
         )
     return dataclasses.replace(
@@ -140,6 +143,7 @@ def merge_profiles(profiles: Sequence[StepProfile]) -> StepProfile:
             max(p.swap_host_seconds[1] for p in profiles),
         ),
         outside_working_bytes=max(p.outside_working_bytes for p in profiles),
+        static_not_held_bytes=max(p.static_not_held_bytes for p in profiles),
         swapped_pass_forward_bytes=_merged_swapped_passes(profiles),
         # the window admits the records of the rank it was listed on: kept where all are alike
         prefetch_order=first.prefetch_order

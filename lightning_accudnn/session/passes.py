@@ -434,7 +434,8 @@ class PassRunner:
             # which a plan that recomputes keeps, is from a profiling pass: none before it).
             profile = replace(profile, outside_working_bytes=step.outside_working_bytes)
         if step.timed and known is not None:
-            profile = with_most_working_memory(profile, known.profile)
+            estimated = self.book.source(key) is PlanSource.SCALED
+            profile = with_most_working_memory(profile, known.profile, retired_only=estimated)
         profile = records.with_swapped_pass(key, profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:

@@ -322,3 +322,25 @@ def test_room_freed_in_the_prefetch_window_is_not_taken_off_the_working_memory(c
     meter.read("a", ledger)
     memory = meter.end(ledger, ["a", "b"])
     assert memory.backward_bytes["b"] == expected
+
+
+def test_each_backward_level_lists_the_gradients_the_backward_had_not_made_at_its_readings():
+    """The gradients are model state the device holds only once the backward makes them. The
+    Tanh's level (the last Linear's backward, which reads its output) is read with none made;
+    the middle Linear's with its own and the first's to come; the ReLU's and the first Linear's
+    with the first's alone (autograd accumulates a gradient as soon as it is computed)."""
+    model = _model()
+    first, middle, last = (sum(p.numel() * 4 for p in model[i].parameters()) for i in (0, 4, 6))
+    allocator = OpBytesAllocator(base_bytes=0)
+    engine = OffloadEngine(torch.device("cpu"), min_swap_bytes=2**40)
+    with allocator.counting():
+        with engine.offload(
+            model, SwapSchedule.keep_everything(), allocated_peak=allocator.allocated_peak_reader()
+        ):
+            loss = model(torch.randn(16, 32)).sum()
+        loss.backward()
+        stats = engine.end_step()
+    engine.close()
+    assert stats is not None
+    to_come = {layer.name: layer.backward_static_not_held_bytes for layer in stats.layers}
+    assert to_come == {"0": first, "1": first, "4": first + middle, "5": first + middle + last}

@@ -390,7 +390,8 @@ def test_scaling_scales_working_memory_like_the_layer_s_bytes():
     doubled = scale_profile(profile, 2.0)
     scaled = doubled.layers[0]
     assert (scaled.forward_working_bytes, scaled.backward_working_bytes) == (60, 100)
-    assert doubled.outside_working_bytes == 70  # the optimizer's follows the parameters
+    assert doubled.outside_working_bytes == 140  # the batch held between the passes grows
+    assert scale_profile(profile, 0.5).outside_working_bytes == 70  # the optimizer's does not shrink
     measured = scale_profile(profile, 2.0, measured=[LayerProfile("a", 300, 300)])
     assert (measured.layers[0].forward_working_bytes, measured.layers[0].backward_working_bytes) == (90, 150)
     own = LayerProfile("a", 300, 300, forward_working_bytes=5, backward_working_bytes=6)

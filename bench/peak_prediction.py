@@ -2,6 +2,7 @@
 
     python -m bench.peak_prediction --workload tiny [--fractions 0.9,0.8,0.7,0.6] [--policies auto,recompute]
     python -m bench.peak_prediction --workload gpt --param layers=4 --param d_model=128 --param vocab=8000
+    python -m bench.peak_prediction --workload tiny --rows 8,12,16,10,14  # batch shapes that vary
 
 First the workload trains with everything kept (an ample budget) for its peak of allocated
 bytes. Then, for each fraction of that peak as the budget and each policy, an
@@ -11,7 +12,10 @@ predicted (:attr:`~lightning_accudnn.session.OffloadStats.predicted_peak_bytes`)
 allocator is CUDA's; on CPU it is :class:`~lightning_accudnn.testing.OpBytesAllocator` (the tensors
 the step's ops create, the optimizer's step and its state included; no kernel workspaces), which the
 session measures working memory against as it does on a GPU. A prediction below the measured
-peak is a broken promise; one far above leaves memory unused.
+peak is a broken promise; one far above leaves memory unused. With ``--rows`` each step takes,
+in turn, that many rows of the workload's batch: a batch shape first met after others is planned
+from their profiles, scaled to it (``scaled`` steps), and the budgets are fractions of the kept
+run's largest peak.
 
 The record (JSON and a Markdown table) goes to ``--results-dir``/<device>/<date>-<name>.
 """
@@ -48,9 +52,15 @@ def _allocator(model: torch.nn.Module, device: torch.device) -> OpBytesAllocator
 
 
 def session_peaks(
-    workload: Workload, device: torch.device, budget: int | str, policy: str, steps: int
+    workload: Workload,
+    device: torch.device,
+    budget: int | str,
+    policy: str,
+    steps: int,
+    rows: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """``steps`` steps of ``workload`` under ``budget`` and ``policy``: per planned step its
+    """``steps`` steps of ``workload`` under ``budget`` and ``policy``, step ``i`` on the first
+    ``rows[i % len(rows)]`` rows of its batch (all without ``rows``): per planned step its
     allocated and predicted peaks, and the last plan's choices (or the refusal)."""
     torch.manual_seed(0)
     with torch.device(device):
@@ -66,7 +76,11 @@ def session_peaks(
     try:
         for index in range(steps):
             with allocator.counting() if allocator is not None else nullcontext():
-                batch = batch_on(workload.make_batch(index % 2), device)
+                batch = workload.make_batch(index % 2)
+                if rows:
+                    taken = rows[index % len(rows)]
+                    batch = (batch[0][:taken], batch[1][:taken])
+                batch = batch_on(batch, device)
                 with session.step(model, [optimizer]), autocast_for(workload, device):
                     loss = workload.loss(model, batch)
                 loss.backward()
@@ -77,6 +91,7 @@ def session_peaks(
             if stats is not None and stats.predicted_peak_bytes is not None:
                 steps_seen.append(
                     {
+                        "rows": rows[index % len(rows)] if rows else workload.batch_size,
                         "source": None if stats.plan_source is None else stats.plan_source.value,
                         "peak_bytes": stats.peak_device_bytes,
                         "predicted_peak_bytes": stats.predicted_peak_bytes,
@@ -97,10 +112,24 @@ def session_peaks(
     }
 
 
-def kept_run(workload: Workload, device: torch.device, steps: int) -> dict[str, Any]:
-    """``steps`` steps of ``workload`` with everything kept (an ample budget): the run whose last
-    step's peak the budgets are fractions of."""
-    return session_peaks(workload, device, "100%" if device.type == "cpu" else "90%", "auto", steps)
+def kept_run(
+    workload: Workload, device: torch.device, steps: int, rows: Sequence[int] = ()
+) -> dict[str, Any]:
+    """``steps`` steps of ``workload`` (on ``rows`` of its batches, as :func:`session_peaks`)
+    with everything kept (an ample budget): the run whose peak the budgets are fractions of."""
+    return session_peaks(workload, device, "100%" if device.type == "cpu" else "90%", "auto", steps, rows)
+
+
+def kept_peak_bytes(kept: dict[str, Any], rows: Sequence[int] = ()) -> int:
+    """The kept run's last step's peak; with ``rows`` (batch shapes that vary) its largest.
+
+    Example:
+        >>> kept = {"steps": [{"peak_bytes": 90}, {"peak_bytes": 120}, {"peak_bytes": 100}]}
+        >>> kept_peak_bytes(kept), kept_peak_bytes(kept, rows=[8, 16, 12])
+        (100, 120)
+    """
+    peaks = [step["peak_bytes"] for step in kept["steps"]]
+    return max(peaks) if rows else peaks[-1]
 
 
 def allocator_name(device: torch.device) -> str:
@@ -161,7 +190,13 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         f"Allocator: {record['allocator']}. With everything kept the step allocated "
         f"{fmt_bytes(record['kept_peak_bytes'])} at its peak; each budget is a fraction of that "
-        "(reserve 0). Per run: the last planned step's measured and predicted peaks, the prediction "
+        "(reserve 0)"
+        + (
+            f"; step after step the batch takes {record['rows']} of its rows, in turn"
+            if record.get("rows")
+            else ""
+        )
+        + ". Per run: the last planned step's measured and predicted peaks, the prediction "
         "over the measured, and the largest measured over predicted of any planned step (above 1: a "
         "prediction fell short).",
         "",
@@ -194,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--policies", default="auto,recompute", help=f"of {', '.join(POLICIES)}")
     add_budget_arguments(parser, fractions="0.9,0.8,0.7,0.6", steps=6)
+    parser.add_argument(
+        "--rows",
+        default="",
+        help="rows of the workload's batch each step takes, in turn (batch shapes that vary); default: all",
+    )
     return parser
 
 
@@ -206,12 +246,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"--policies: unknown {unknown}; choose from {', '.join(POLICIES)}")
     fractions = parse_list(args.fractions)
-    kept = kept_run(workload, device, args.steps)
-    kept_peak = kept["steps"][-1]["peak_bytes"]
+    rows = parse_list(args.rows, int)
+    if any(not 0 < taken <= workload.batch_size for taken in rows):
+        raise SystemExit(
+            f"--rows: each must be in 1..{workload.batch_size} (the workload's batch size), got {rows}"
+        )
+    kept = kept_run(workload, device, args.steps, rows)
+    kept_peak = kept_peak_bytes(kept, rows)
     runs = []
     for text in fractions:
         for policy in policies:
-            run = session_peaks(workload, device, int(parse_fraction(text) * kept_peak), policy, args.steps)
+            budget = int(parse_fraction(text) * kept_peak)
+            run = session_peaks(workload, device, budget, policy, args.steps, rows)
             runs.append({"fraction": text, **run})
             cells = summary(run)
             print(f"{text} {policy}: " + (run["refused"][:100] if "refused" in run else str(cells)))
@@ -219,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         **record_header(workload, device),
         "kept": kept,
         "kept_peak_bytes": kept_peak,
+        "rows": rows,
         "runs": runs,
         "argv": list(argv) if argv is not None else None,
     }

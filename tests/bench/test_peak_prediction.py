@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from bench import peak_prediction
 
 
@@ -46,3 +48,49 @@ def test_peak_prediction_sets_each_planned_step_against_its_plan(tmp_path):
     (written,) = (tmp_path / "cpu").glob("*-peak-prediction-gpt.json")
     assert json.loads(written.read_text())["runs"][0]["policy"] == "auto"
     assert "| 0.9 | auto |" in written.with_suffix(".md").read_text()
+
+
+def test_rows_that_vary_plan_later_shapes_from_scaled_profiles_within_their_predictions(tmp_path):
+    record = peak_prediction.main(
+        [
+            "--workload",
+            "gpt",
+            "--param",
+            "layers=2",
+            "--param",
+            "d_model=64",
+            "--param",
+            "heads=4",
+            "--param",
+            "seq_len=64",
+            "--param",
+            "vocab=2000",
+            "--param",
+            "batch_size=4",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--fractions",
+            "0.9",
+            "--policies",
+            "swap",
+            "--rows",
+            "2,4,3",
+            "--steps",
+            "5",
+            "--results-dir",
+            str(tmp_path),
+        ]
+    )
+    assert record["kept_peak_bytes"] == max(step["peak_bytes"] for step in record["kept"]["steps"])
+    (run,) = record["runs"]
+    assert [step["rows"] for step in run["steps"]] == [4, 3, 2, 4]  # the first step profiles
+    assert "scaled" in {step["source"] for step in run["steps"]}
+    for step in run["steps"]:
+        assert step["peak_bytes"] <= step["predicted_peak_bytes"]
+
+
+def test_rows_beyond_the_batch_are_refused():
+    with pytest.raises(SystemExit, match="--rows"):
+        peak_prediction.main(["--workload", "tiny", "--device", "cpu", "--rows", "8,99"])

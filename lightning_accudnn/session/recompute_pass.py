@@ -64,16 +64,27 @@ def departs_from_plan(plan: Plan, measured: StepProfile) -> bool:
         >>> departs_from_plan(plan, StepProfile((LayerProfile("one", 20, 20),) + layers[2:], 0))
         True
     """
+    return _departure(plan, measured) is not None
+
+
+def _departure(plan: Plan, measured: StepProfile) -> str | None:
+    """How ``measured`` departs from ``plan`` (:func:`departs_from_plan`): ``"layers"`` (the
+    plan's layers out of order, or more bytes in all than the plan's layers saved beyond what it
+    counts for them), ``"bytes"`` (in order, some saving more than the plan counts for them, and
+    no more in all than that), or ``None``."""
     expected = {layer.name: (i, layer.saved_bytes) for i, layer in enumerate(plan.engine_profile.layers)}
-    position = -1
+    position, beyond = -1, 0
     for name, saved_bytes in _selective_folded(plan, measured):
         known = expected.get(name)
         if known is None:
             continue
-        if known[0] <= position or saved_bytes > known[1]:
-            return True
+        if known[0] <= position:
+            return "layers"
+        beyond += max(0, saved_bytes - known[1])
         position = known[0]
-    return measured.saved_bytes > plan.engine_profile.saved_bytes
+    if measured.saved_bytes - plan.engine_profile.saved_bytes > beyond:
+        return "layers"
+    return "bytes" if beyond else None
 
 
 def _selective_folded(plan: Plan, measured: StepProfile) -> list[tuple[str, int]]:
@@ -93,9 +104,12 @@ def _selective_folded(plan: Plan, measured: StepProfile) -> list[tuple[str, int]
 def profile_to_plan_from(plan: Plan | None, measured: StepProfile, graph_changed: bool) -> StepProfile:
     """The profile to plan the next passes from, after a pass run under ``plan`` measured
     ``measured``: the plan's own profile when the plan recomputes and the pass ran as it
-    expects (or was replayed by ordinal and departed: the next pass runs hooked and checks),
-    else ``measured`` with the segments the plan's profile found (only a profiling pass
-    finds segments).
+    expects (or was replayed by ordinal and departed: the next pass runs hooked and checks);
+    when it recomputes and its layers saved more than the plan counts for them, in the plan's
+    order (a plan made from another batch shape's profile, scaled, counts its estimates), the
+    plan's own profile with those layers' bytes raised to what they saved (the layers inside a
+    recomputed segment, unseen, as the plan counts them); else ``measured`` with the segments
+    the plan's profile found (only a profiling pass finds segments).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile
@@ -105,9 +119,38 @@ def profile_to_plan_from(plan: Plan | None, measured: StepProfile, graph_changed
     """
     if plan is None:
         return measured
-    if plan.recomputed and (graph_changed or not departs_from_plan(plan, measured)):
-        return plan.profile
+    if plan.recomputed:
+        departure = _departure(plan, measured)
+        if graph_changed or departure is None:
+            return plan.profile
+        if departure == "bytes":
+            return _with_bytes_saved(plan.profile, measured)
     return replace(measured, segments=plan.profile.segments, excluded_segments=plan.profile.excluded_segments)
+
+
+def _with_bytes_saved(profile: StepProfile, measured: StepProfile) -> StepProfile:
+    """``profile`` with each layer that ``measured`` saw save more (by name) raised to that: its
+    saved and swappable bytes each the larger of the two.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile
+        >>> profile = StepProfile((LayerProfile("a", 100, 80), LayerProfile("b", 50, 50)), 0)
+        >>> raised = _with_bytes_saved(profile, StepProfile((LayerProfile("a", 110, 90),), 0))
+        >>> [(layer.saved_bytes, layer.swappable_bytes) for layer in raised.layers]
+        [(110, 90), (50, 50)]
+    """
+    seen = {layer.name: layer for layer in measured.layers}
+    layers = []
+    for layer in profile.layers:
+        other = seen.get(layer.name)
+        if other is not None and other.saved_bytes > layer.saved_bytes:
+            layer = replace(
+                layer,
+                saved_bytes=other.saved_bytes,
+                swappable_bytes=max(layer.swappable_bytes, other.swappable_bytes),
+            )
+        layers.append(layer)
+    return replace(profile, layers=tuple(layers))
 
 
 def recomputable_segments(

@@ -92,3 +92,32 @@ def test_scaled_working_memory_bounds_what_the_larger_batch_measured_at_every_le
     for grown, measured in zip(scaled.layers, large.layers, strict=True):
         assert grown.forward_working_bytes >= measured.forward_working_bytes, grown.name
         assert grown.backward_working_bytes >= measured.backward_working_bytes, grown.name
+
+
+def test_the_tuner_s_predictions_for_larger_batches_bound_their_peaks():
+    """The tuner predicts each candidate batch size from one profile, scaled: batches 2 and 8
+    times the profiled one, under a budget the larger must swap for, peak within their predictions."""
+    from lightning_accudnn.callbacks.prediction import predict_batch_sizes
+    from tests.models import SmallResNet, loss_of, make_batch
+
+    def steps(rows: int, budget: int):
+        torch.manual_seed(0)
+        return run_counted(
+            SmallResNet(),
+            lambda step: make_batch("cnn", rows),
+            loss_of,
+            2,
+            momentum=0.9,
+            counted_optimizer=True,
+            budget=budget,
+            policy="swap",
+            min_swap_bytes=0,
+            reserve_bytes=0,
+        )[0]
+
+    budget = 9_000_000
+    profile = steps(8, budget)[-1].profile
+    predicted = predict_batch_sizes(profile, 8, None, [16, 64], budget)
+    for rows in (16, 64):
+        assert predicted[rows].feasible
+        assert steps(rows, budget)[-1].peak <= predicted[rows].peak_bytes <= budget, rows

@@ -3,7 +3,9 @@
 Under recomputation the engine sees fewer layers than the profiling pass did (a recomputed
 segment's inner saves go to the checkpoint; the segment saves only its inputs), so its
 measured profile cannot be planned from: the session keeps planning from the profile the
-plan was made from, unless the pass departed from what the plan expects the engine to see.
+plan was made from, with the bytes its layers were seen to save where they saved more (a plan
+scaled from another batch shape counts estimates), unless the pass departed from the layers
+the plan expects the engine to see.
 """
 
 from __future__ import annotations

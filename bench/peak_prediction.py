@@ -78,8 +78,8 @@ def session_peaks(
             with allocator.counting() if allocator is not None else nullcontext():
                 batch = workload.make_batch(index % 2)
                 if rows:
-                    taken = rows[index % len(rows)]
-                    batch = (batch[0][:taken], batch[1][:taken])
+                    taken = rows[index % len(rows)]  # copies: a view would hold the whole batch
+                    batch = (batch[0][:taken].clone(), batch[1][:taken].clone())
                 batch = batch_on(batch, device)
                 with session.step(model, [optimizer]), autocast_for(workload, device):
                     loss = workload.loss(model, batch)

@@ -6,28 +6,33 @@ import pytest
 
 from bench import peak_prediction
 
+# A two-layer GPT, a batch of 4 sequences of 64 tokens, float32, on the CPU.
+SMALL_GPT = [
+    "--workload",
+    "gpt",
+    "--param",
+    "layers=2",
+    "--param",
+    "d_model=64",
+    "--param",
+    "heads=4",
+    "--param",
+    "seq_len=64",
+    "--param",
+    "vocab=2000",
+    "--param",
+    "batch_size=4",
+    "--precision",
+    "fp32",
+    "--device",
+    "cpu",
+]
+
 
 def test_peak_prediction_sets_each_planned_step_against_its_plan(tmp_path):
     record = peak_prediction.main(
         [
-            "--workload",
-            "gpt",
-            "--param",
-            "layers=2",
-            "--param",
-            "d_model=64",
-            "--param",
-            "heads=4",
-            "--param",
-            "seq_len=64",
-            "--param",
-            "vocab=2000",
-            "--param",
-            "batch_size=4",
-            "--precision",
-            "fp32",
-            "--device",
-            "cpu",
+            *SMALL_GPT,
             "--fractions",
             "0.9",
             "--policies",
@@ -53,24 +58,7 @@ def test_peak_prediction_sets_each_planned_step_against_its_plan(tmp_path):
 def test_rows_that_vary_plan_later_shapes_from_scaled_profiles_within_their_predictions(tmp_path):
     record = peak_prediction.main(
         [
-            "--workload",
-            "gpt",
-            "--param",
-            "layers=2",
-            "--param",
-            "d_model=64",
-            "--param",
-            "heads=4",
-            "--param",
-            "seq_len=64",
-            "--param",
-            "vocab=2000",
-            "--param",
-            "batch_size=4",
-            "--precision",
-            "fp32",
-            "--device",
-            "cpu",
+            *SMALL_GPT,
             "--fractions",
             "0.9",
             "--policies",

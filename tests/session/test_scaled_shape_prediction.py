@@ -17,14 +17,6 @@ from lightning_accudnn.planner import scale_profile
 from tests.session.helpers import run_counted
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class TokenClassifier(nn.Module):
     """Embedded tokens through two linear layers, pooled, classified."""
 

@@ -30,7 +30,8 @@ step. The rules (:func:`scale_profile`):
   the backward had not made yet), which does not grow: at a factor ``f > 1`` it becomes
   ``f * w + (f - 1) * s``, the held part grown and the part not held at most as it was (``s``:
   ``StepProfile.static_not_held_bytes`` in forward, the layer's
-  ``backward_static_not_held_bytes`` in backward). What a pass that swapped everything held
+  ``backward_static_not_held_bytes`` in backward); a figure below 0 stays so, and scaling twice
+  is scaling once by the product. What a pass that swapped everything held
   (``StepProfile.swapped_pass_forward_bytes``) is dropped: a recomputed segment's forward is
   then charged what its layers save.
 * **Times follow the work.** Each layer's forward and backward seconds are multiplied by its
@@ -341,18 +342,23 @@ def _scaled_bytes(listed: tuple[tuple[str, int], ...], factor: float) -> tuple[t
 def _scaled_working(nbytes: int, factor: float, not_held: int = 0) -> int:
     """Working memory at ``factor`` times the activations, measured net of up to ``not_held``
     bytes of model state not allocated then (which do not grow with the batch): the held part
-    grows by ``factor``, the part not held stays at most as it was; never below 0 (a figure
-    below 0 shrinks to none).
+    grows by ``factor``, the part not held stays at most as it was. Known (``not_held > 0``),
+    the figure may stay below 0, so that scaling again composes (``f`` then ``g`` is ``f * g``);
+    not known, a figure below 0 counts as none.
 
     Example:
         >>> _scaled_working(100, 1.5), _scaled_working(-100, 1.5), _scaled_working(100, 0.5)
         (150, 0, 50)
         >>> _scaled_working(-100, 1.5, not_held=400)  # held 300 or less: 450 less 400 at most
         50
-        >>> _scaled_working(-100, 0.5, not_held=400)
-        0
+        >>> _scaled_working(-300, 1.5, not_held=400), _scaled_working(-100, 0.5, not_held=400)
+        (-250, -50)
+        >>> _scaled_working(_scaled_working(-300, 1.5, 400), 2.0, 400) == _scaled_working(-300, 3.0, 400)
+        True
     """
-    return math.ceil(max(0.0, nbytes * factor + max(0.0, factor - 1.0) * not_held))
+    if not_held <= 0:
+        return math.ceil(max(0, nbytes) * factor)
+    return math.ceil(nbytes * factor + max(0.0, factor - 1.0) * not_held)
 
 
 def _scaled_outside(profile: StepProfile, factor: float) -> int:

@@ -135,20 +135,17 @@ class PlanAgreement:
         return self._model_ordinals.setdefault(model, len(self._model_ordinals))
 
 
-def with_most_working_memory(
-    profile: StepProfile, earlier: StepProfile, *, retired_only: bool = False
-) -> StepProfile:
+def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> StepProfile:
     """``profile`` with, per layer (by name) and between passes, the most working memory it or
     ``earlier`` (the same pass kind's, from earlier passes) measured.
 
     Working memory is what the allocator held beyond the ledger; a pass may miss some that
     another met (a kernel's workspace that depends on what the allocator had free, the swapped
     storages the model's code still held, which the profiling pass, swapping all it can, meets
-    most of). Plans made from the most of every pass measured count all of it. With
-    ``retired_only`` (``earlier`` was scaled from another batch shape's profile, not measured),
-    only the swapped storages the model's code held are taken from it: its working memory is
-    another shape's bound, which would stand in for this shape's measurement and, scaled again
-    for the next shape, grow with every shape.
+    most of). Plans made from the most of every pass measured count all of it. After the first
+    pass of a batch shape planned from another's profile, ``earlier`` is that profile scaled: it
+    carries what the other shape's passes met (its profiling pass's among them), which one pass
+    under one plan cannot.
 
     Example:
         >>> earlier = StepProfile((LayerProfile("fc", 10, 10, forward_working_bytes=7),), 0)
@@ -159,7 +156,6 @@ def with_most_working_memory(
     """
     if not earlier.has_working_bytes:
         return profile
-    working = not retired_only
     by_name = {layer.name: layer for layer in earlier.layers}
     layers = []
     for layer in profile.layers:
@@ -171,7 +167,7 @@ def with_most_working_memory(
             profile.backward_static_not_held(layer),
             earlier.backward_static_not_held(known),
         )
-        if working and (
+        if (
             known.forward_working_bytes > layer.forward_working_bytes
             or known.backward_working_bytes > layer.backward_working_bytes
             or known_not_held > not_held
@@ -192,8 +188,6 @@ def with_most_working_memory(
                 retired_alive_from=most_bytes_by_name(layer.retired_alive_from, known.retired_alive_from),
             )
         layers.append(layer)
-    if not working:
-        return replace(profile, layers=tuple(layers))
     return replace(
         profile,
         layers=tuple(layers),

@@ -434,8 +434,7 @@ class PassRunner:
             # which a plan that recomputes keeps, is from a profiling pass: none before it).
             profile = replace(profile, outside_working_bytes=step.outside_working_bytes)
         if step.timed and known is not None:
-            estimated = self.book.source(key) is PlanSource.SCALED
-            profile = with_most_working_memory(profile, known.profile, retired_only=estimated)
+            profile = with_most_working_memory(profile, known.profile)
         profile = records.with_swapped_pass(key, profile)
         changed = known is not None and self.book.departs(key, profile)
         if replayed:

@@ -166,8 +166,9 @@ class OffloadEngine(SaveHooks):
         call) a hooked pass measures what it holds beyond the ledger, layer by layer
         (:mod:`.working_memory`): its layers' ``forward_working_bytes`` and
         ``backward_working_bytes``, and the step's :attr:`StepStats.outside_working_bytes`; and
-        each layer's ``backward_static_not_held_bytes``, the parameters' gradients the backward
-        had not made yet at its readings (model state, where ``static_bytes`` counts them).
+        the parameters' gradients not made yet (model state, where ``static_bytes`` counts them)
+        when the pass began (:attr:`StepStats.gradients_to_come_bytes`) and at each layer's
+        backward readings (its ``backward_static_not_held_bytes``).
         """
         if self._hooked:
             raise RuntimeError("OffloadEngine.offload is not re-entrant: a forward pass is already hooked")
@@ -332,6 +333,7 @@ class OffloadEngine(SaveHooks):
             stall_seconds=stalls,
             swap_host_seconds=self._host_work.read() if self._time_waits else (0.0, 0.0),
             outside_working_bytes=0 if working is None else working.outside_bytes,
+            gradients_to_come_bytes=0 if working is None else working.gradients_to_come_bytes,
             autocast_past_forward=self._autocast_past_forward,
         )
         self._step = None

@@ -80,6 +80,9 @@ class StepStats:
     """A hooked pass that measured its working memory (``OffloadEngine.offload(allocated_peak=...)``):
     what the device held beyond model state between the previous pass and this one (the
     optimizer's temporaries); 0 otherwise."""
+    gradients_to_come_bytes: int = 0
+    """A hooked pass that measured its working memory: the bytes of the parameters' gradients
+    not made yet when it began (model state the device did not hold then); 0 otherwise."""
     autocast_past_forward: bool = False
     """Autocast was still enabled when the forward ended (the forward's context was left inside
     an autocast region): its cache, which holds the weight copies it made, may outlive the

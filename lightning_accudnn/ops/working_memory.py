@@ -128,6 +128,8 @@ class WorkingMemory:
     #: Per layer of ``backward_bytes``: the most bytes of gradients not made yet while its
     #: readings were taken (empty when not counted).
     backward_gradients_to_come: dict[str, int] = field(default_factory=dict)
+    #: The bytes of gradients not made yet when the pass began (0 when not counted).
+    gradients_to_come_bytes: int = 0
 
 
 class WorkingMemoryMeter:
@@ -165,6 +167,7 @@ class WorkingMemoryMeter:
         self._current_layer = current_layer
         self._gradients_to_come = gradients_to_come
         self._to_come = 0  # gradients not made yet at the last reading
+        self._to_come_at_start = 0
         self._backward_to_come: dict[int, int] = {}  # per position: the most over its readings
         self._outside = 0
         self._order: list[str] = []  # layers in the order of their first save
@@ -202,6 +205,8 @@ class WorkingMemoryMeter:
         peak since the last pass less those is the working memory between passes."""
         self._outside = max(0, self._read_peak() - ledger_bytes)
         self._ledger_now = ledger_bytes
+        if self._gradients_to_come is not None:
+            self._to_come_at_start = self._gradients_to_come()
 
     def changing(self, ledger_bytes: int) -> None:
         """The ledger, at ``ledger_bytes`` since the last change, is about to change."""
@@ -481,7 +486,9 @@ class WorkingMemoryMeter:
         to_come = {
             layers[position]: most for position, most in self._backward_to_come.items() if position >= 0
         }
-        return WorkingMemory(forward, backward, self._outside, retired, retired_from, to_come)
+        return WorkingMemory(
+            forward, backward, self._outside, retired, retired_from, to_come, self._to_come_at_start
+        )
 
 
 def _raise_to(most: dict[str, int], bytes_by_layer: Mapping[str, int]) -> None:

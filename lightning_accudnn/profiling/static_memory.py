@@ -55,31 +55,6 @@ def model_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimiz
     return total + optimizer_state_to_come_bytes(optimizers)
 
 
-def gradients_to_come_bytes(model: nn.Module) -> int:
-    """Bytes of gradients :func:`model_state_bytes` counts that do not exist yet: those of the
-    trainable parameters whose ``.grad`` is ``None`` (a step that sets them to ``None`` makes
-    them in its backward). Storages are counted once (tied weights).
-
-    Example:
-        >>> model = nn.Linear(10, 10)  # 110 fp32 parameters
-        >>> gradients_to_come_bytes(model)
-        440
-        >>> model(torch.ones(1, 10)).sum().backward()
-        >>> gradients_to_come_bytes(model)
-        0
-    """
-    seen: set[int] = set()
-    total = 0
-    for parameter in model.parameters():
-        key = parameter.untyped_storage().data_ptr()
-        if key in seen or parameter.device.type == "meta":
-            continue
-        seen.add(key)
-        if parameter.requires_grad and parameter.grad is None:
-            total += parameter.untyped_storage().nbytes()
-    return total
-
-
 def optimizer_state_to_come_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
     """Bytes of optimizer state not created yet that :func:`model_state_bytes` counts: what each
     optimizer will create (:func:`expected_state_copies`) for its trainable parameters without

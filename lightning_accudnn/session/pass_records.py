@@ -23,7 +23,6 @@ from lightning_accudnn.planner import Plan, StepProfile
 from lightning_accudnn.profile import LayerProfile
 from lightning_accudnn.profiling.bandwidth import HostLink, LinkCurve
 from lightning_accudnn.profiling.static_memory import (
-    gradients_to_come_bytes,
     model_state_bytes,
     optimizer_state_to_come_bytes,
     optimizer_step_temporaries_bytes,
@@ -79,8 +78,6 @@ class PassRecords:
         #: while there is some, what their first step holds beside it.
         self.state_to_come_bytes = 0
         self.first_step_temporaries_bytes = 0
-        #: Of those too, the parameters' gradients not made yet (``None``), made in the backward.
-        self.gradients_to_come_bytes = 0
 
     def sequence(self, key: PassKey) -> SaveSequence | None:
         """The save sequence ``key``'s last hooked pass recorded (``None`` before one, or after
@@ -125,15 +122,13 @@ class PassRecords:
         """:func:`~lightning_accudnn.profiling.static_memory.model_state_bytes`, walked again only
         when ``refresh`` (hooked passes) or when the model, the optimizers or their number of
         states changed (the first optimizer step creates them); :attr:`state_to_come_bytes` is
-        the part of it the optimizers have not created yet, :attr:`first_step_temporaries_bytes`
-        what their first step holds beside it
-        (:func:`~lightning_accudnn.profiling.static_memory.optimizer_step_temporaries_bytes`), and
-        :attr:`gradients_to_come_bytes` the gradients not made yet."""
+        the part of it the optimizers have not created yet, and
+        :attr:`first_step_temporaries_bytes` what their first step holds beside it
+        (:func:`~lightning_accudnn.profiling.static_memory.optimizer_step_temporaries_bytes`)."""
         key = (id(model), *(id(optimizer) for optimizer in optimizers), *(len(o.state) for o in optimizers))
         if refresh or key != self._state_bytes_key:
             self._state_bytes = model_state_bytes(model, optimizers)
             self.state_to_come_bytes = optimizer_state_to_come_bytes(optimizers)
-            self.gradients_to_come_bytes = gradients_to_come_bytes(model)
             self.first_step_temporaries_bytes = (
                 optimizer_step_temporaries_bytes(optimizers) if self.state_to_come_bytes else 0
             )
@@ -271,8 +266,9 @@ class PassRecords:
         that much is added back to the working memory. A pass that first finds autocast's weight
         copies counted them as working memory, which the static memory holds from then on
         (:meth:`~lightning_accudnn.profile.StepProfile.rebased`). Where the pass measured working
-        memory, the gradients not made yet (:attr:`gradients_to_come_bytes`) and the weight
-        copies the ledger counted are the static memory it did not hold at every level
+        memory, the gradients not made yet when it began (the engine's
+        :attr:`~lightning_accudnn.ops.StepStats.gradients_to_come_bytes`) and the weight copies
+        the ledger counted are the static memory it did not hold at every level
         (:attr:`~lightning_accudnn.profile.StepProfile.static_not_held_bytes`)."""
         link = self._links.get(key)
         sequence = self._sequences.get(key)
@@ -292,7 +288,7 @@ class PassRecords:
         if measured.has_working_bytes:
             # The engine counted the gradients it had not made yet at each backward level.
             counted_copies = self._copies_counted(key, static_bytes, measured_against)
-            measured = replace(measured, static_not_held_bytes=self.gradients_to_come_bytes)
+            measured = replace(measured, static_not_held_bytes=step.gradients_to_come_bytes)
             measured = measured.with_static_not_held_added(counted_copies)
         profile = measured.with_working_bytes_added(not_allocated).rebased(static_bytes)
         copies = self.weight_copies_by_layer(key)

@@ -13,8 +13,9 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_accudnn import AccUDNNDDPStrategy
 from tests.gpu.allocator_cap import allocator_capped
+from tests.gpu.budgets import halfway_budget
 from tests.models import Classifier, loader
-from tests.strategy.helpers import memory_need, trainer_for
+from tests.strategy.helpers import trainer_for
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300)]
 
@@ -35,16 +36,14 @@ def test_one_process_ddp_with_swapping_matches_lightnings_ddp():
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(0)
-    plain, swapped = Classifier("cnn"), Classifier("cnn")
+    plain, swapped, probe = Classifier("cnn"), Classifier("cnn"), Classifier("cnn")
     swapped.load_state_dict(plain.state_dict())
-    # Half the activations (fp32 byte counts are the same on CPU and GPU), plus room for
-    # what the allocator holds besides saved activations (activation gradients, workspaces).
-    static, saved = memory_need("cnn", batch_size=256)
-    slack = 128 * 2**20
-    options = {"budget": static + saved // 2 + slack, "reserve_bytes": slack, "min_swap_bytes": 0}
-    with allocator_capped(options["budget"]):
+    probe.load_state_dict(plain.state_dict())
+    options = {"reserve_bytes": 128 * 2**20, "min_swap_bytes": 0, "policy": "swap"}
+    budget = halfway_budget(_fit(AccUDNNDDPStrategy(budget="90%", **options), probe).plan)
+    with allocator_capped(budget):
         _fit(DDPStrategy(), plain)
-    strategy = _fit(AccUDNNDDPStrategy(**options), swapped)
+    strategy = _fit(AccUDNNDDPStrategy(budget=budget, **options), swapped)
     assert strategy.stats.bytes_swapped_out > 0
     for (name, a), b in zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True):
         assert torch.equal(a.cpu(), b.cpu()), f"{name} differs"

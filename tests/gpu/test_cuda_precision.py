@@ -7,8 +7,9 @@ import torch
 
 from lightning_accudnn import AccUDNNStrategy
 from tests.gpu.allocator_cap import allocator_capped
+from tests.gpu.budgets import halfway_budget
 from tests.models import Classifier, loader
-from tests.strategy.helpers import memory_need, trainer_for
+from tests.strategy.helpers import trainer_for
 
 pytestmark = pytest.mark.cuda
 
@@ -24,13 +25,14 @@ def test_mixed_precision_with_swapping_matches_plain_training(precision):
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(0)
     plain = Classifier("cnn")
-    swapped = copy.deepcopy(plain)
-    static, saved = memory_need("cnn", batch_size=256)
-    slack = 128 * 2**20
-    budget = static + saved // 2 + slack
+    swapped, probe = copy.deepcopy(plain), copy.deepcopy(plain)
+    options = {"reserve_bytes": 128 * 2**20, "min_swap_bytes": 0, "policy": "swap"}
+    ample = AccUDNNStrategy(budget="90%", **options)
+    _fit(ample, probe, precision)
+    budget = halfway_budget(ample.plan)
     with allocator_capped(budget):  # the same cap as the strategy's (see tests.gpu.allocator_cap)
         _fit("auto", plain, precision)
-    strategy = AccUDNNStrategy(budget=budget, reserve_bytes=slack, min_swap_bytes=0)
+    strategy = AccUDNNStrategy(budget=budget, **options)
     _fit(strategy, swapped, precision)
     assert strategy.stats.bytes_swapped_out > 0 or strategy.plan.swapped_layers
     for (name, a), b in zip(plain.state_dict().items(), swapped.state_dict().values(), strict=True):

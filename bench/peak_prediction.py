@@ -12,7 +12,9 @@ predicted (:attr:`~lightning_accudnn.session.OffloadStats.predicted_peak_bytes`)
 allocator is CUDA's; on CPU it is :class:`~lightning_accudnn.testing.OpBytesAllocator` (the tensors
 the step's ops create, the optimizer's step and its state included; no kernel workspaces), which the
 session measures working memory against as it does on a GPU. A prediction below the measured
-peak is a broken promise; one far above leaves memory unused. With ``--rows`` each step takes,
+peak is a broken promise; one far above leaves memory unused. A run whose step went past the
+session's cap (on CUDA the allocator's, at the budget) ends there: the record names the step, whether
+it was the profiling pass or a planned one, and that plan's predicted peak. With ``--rows`` each step takes,
 in turn, that many rows of the workload's batch: a batch shape first met after others is planned
 from their profiles, scaled to it (``scaled`` steps), and the budgets are fractions of the kept
 run's largest peak.
@@ -100,6 +102,16 @@ def session_peaks(
                 )
     except BudgetTooSmallError as error:
         return {"budget": budget, "policy": policy, "refused": str(error)}
+    except torch.OutOfMemoryError as error:  # past the session's cap: what the step needed beyond its room
+        where = "the profiling pass" if session.plan is None else "a planned pass"
+        plan_peak = None if session.plan is None else session.plan.predicted_peak_bytes
+        return {
+            "budget": budget,
+            "policy": policy,
+            "out_of_memory": f"step {index + 1} ({where}): {str(error).splitlines()[0]}",
+            "plan_predicted_peak_bytes": plan_peak,
+            "steps": steps_seen,
+        }
     finally:
         session.close()
     plan = session.plan
@@ -205,10 +217,14 @@ def markdown(record: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in record["runs"]:
-        if "refused" in run:
+        if "refused" in run or "out_of_memory" in run:
+            failure = (
+                f"refused: {run['refused']}"
+                if "refused" in run
+                else f"out of memory at {run['out_of_memory']}"
+            )
             lines.append(
-                f"| {run['fraction']} | {run['policy']} | {fmt_bytes(run['budget'])} | refused: "
-                f"{run['refused'][:120]} |||||"
+                f"| {run['fraction']} | {run['policy']} | {fmt_bytes(run['budget'])} | {failure[:160]} |||||"
             )
             continue
         cells = summary(run)
@@ -260,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             run = session_peaks(workload, device, budget, policy, args.steps, rows)
             runs.append({"fraction": text, **run})
             cells = summary(run)
-            print(f"{text} {policy}: " + (run["refused"][:100] if "refused" in run else str(cells)))
+            failure = run.get("refused") or run.get("out_of_memory")
+            print(f"{text} {policy}: " + (failure[:100] if failure else str(cells)))
     record = {
         **record_header(workload, device),
         "kept": kept,

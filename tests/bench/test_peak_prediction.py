@@ -1,8 +1,10 @@
 """bench.peak_prediction end to end on the CPU: every planned step's peak against its plan's."""
 
+import dataclasses
 import json
 
 import pytest
+import torch
 
 from bench import peak_prediction
 
@@ -82,3 +84,24 @@ def test_rows_that_vary_plan_later_shapes_from_scaled_profiles_within_their_pred
 def test_rows_beyond_the_batch_are_refused():
     with pytest.raises(SystemExit, match="--rows"):
         peak_prediction.main(["--workload", "tiny", "--device", "cpu", "--rows", "8,99"])
+
+
+def test_a_step_out_of_memory_ends_its_run_with_the_step_and_the_plan_it_ran_under():
+    args = peak_prediction.build_parser().parse_args([*SMALL_GPT, "--steps", "4"])
+    workload = peak_prediction.workload_from_args(args)
+    calls = []
+
+    def loss_out_of_memory_at_the_third_step(model, batch):
+        calls.append(None)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 14.00 MiB.\nmore")
+        return workload.loss(model, batch)
+
+    failing = dataclasses.replace(workload, loss=loss_out_of_memory_at_the_third_step)
+    run = peak_prediction.session_peaks(failing, torch.device("cpu"), 10**10, "auto", 4)
+    assert run["out_of_memory"] == "step 3 (a planned pass): CUDA out of memory. Tried to allocate 14.00 MiB."
+    assert run["plan_predicted_peak_bytes"] > 0
+    assert len(run["steps"]) == 1  # the profiling pass plans; the second step runs under the plan
+    record = {"workload": "gpt", "params": {}, "device": "cpu", "allocator": "x", "kept_peak_bytes": 1}
+    table = peak_prediction.markdown({**record, "runs": [{"fraction": "0.5", **run}]})
+    assert "| 0.5 | auto | 10.00 GB | out of memory at step 3 (a planned pass)" in table

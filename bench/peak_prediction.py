@@ -6,15 +6,18 @@
 
 First the workload trains with everything kept (an ample budget) for its peak of allocated
 bytes. Then, for each fraction of that peak as the budget and each policy, an
-:class:`~lightning_accudnn.OffloadSession` (reserve 0, plans made inline) trains ``--steps``
-steps, and every planned step's peak of allocated bytes is set against the peak its plan
-predicted (:attr:`~lightning_accudnn.session.OffloadStats.predicted_peak_bytes`). On CUDA the
-allocator is CUDA's; on CPU it is :class:`~lightning_accudnn.testing.OpBytesAllocator` (the tensors
-the step's ops create, the optimizer's step and its state included; no kernel workspaces), which the
-session measures working memory against as it does on a GPU. A prediction below the measured
-peak is a broken promise; one far above leaves memory unused. A run whose step went past the
-session's cap (on CUDA the allocator's, at the budget) ends there: the record names the step, whether
-it was the profiling pass or a planned one, and that plan's predicted peak. With ``--rows`` each step takes,
+:class:`~lightning_accudnn.OffloadSession` (plans made inline) trains ``--steps`` steps, and every
+planned step's peak of allocated bytes is set against the peak its plan predicted
+(:attr:`~lightning_accudnn.session.OffloadStats.predicted_peak_bytes`). On CUDA the allocator is
+CUDA's, and the session keeps its default reserve: it caps the allocator at the budget, the cap
+counts reserved bytes, and reserved but unallocated bytes need room (at reserve 0 ResNet-152 ran
+out of memory at every budget on the H200, its allocated bytes below the predicted peaks). On CPU
+it is :class:`~lightning_accudnn.testing.OpBytesAllocator` (the tensors the step's ops create, the
+optimizer's step and its state included; no kernel workspaces), which the session measures
+working memory against as it does on a GPU, at reserve 0. A prediction below the measured peak is
+a broken promise; one far above leaves memory unused. A run whose step went past the session's
+cap ends there: the record names the step, whether it was the profiling pass or a planned one,
+and that plan's predicted peak. With ``--rows`` each step takes,
 in turn, that many rows of the workload's batch: a batch shape first met after others is planned
 from their profiles, scaled to it (``scaled`` steps), and the budgets are fractions of the kept
 run's largest peak.
@@ -71,7 +74,11 @@ def session_peaks(
     allocator = _allocator(model, device)
     min_swap = 0 if workload.min_swap_bytes is None else workload.min_swap_bytes
     config = OffloadConfig(
-        budget=budget, min_swap_bytes=min_swap, plan_in_background=False, policy=policy, reserve_bytes=0
+        budget=budget,
+        min_swap_bytes=min_swap,
+        plan_in_background=False,
+        policy=policy,
+        reserve_bytes=0 if device.type == "cpu" else None,
     )
     session = OffloadSession(config, device, allocator=allocator)
     steps_seen: list[dict[str, Any]] = []
@@ -202,7 +209,7 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         f"Allocator: {record['allocator']}. With everything kept the step allocated "
         f"{fmt_bytes(record['kept_peak_bytes'])} at its peak; each budget is a fraction of that "
-        "(reserve 0)"
+        + ("(reserve 0)" if record["device"] == "cpu" else "(the session's default reserve)")
         + (
             f"; step after step the batch takes {record['rows']} of its rows, in turn"
             if record.get("rows")

@@ -73,6 +73,9 @@ class ResultRow:
     #: Where one more step's time went on the device, stream by stream (CUDA only: one step after
     #: the measured ones under ``torch.profiler``, :class:`bench.streams.StreamBreakdown`).
     streams: dict[str, Any] | None = None
+    #: Where the host's time went in two more steps, function by function, under ``cProfile``
+    #: (:func:`bench.host_profile.profile_host`; on CUDA after the ``torch.profiler`` step).
+    host_profile: dict[str, Any] | None = None
     loss_first: float | None = None
     loss_last: float | None = None
     notes: list[str] = field(default_factory=list)

@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.config import RunConfig, StrategySpec
 from bench.environment import REPO_ROOT, device_slug, environment, resolve_device
+from bench.host_profile import host_line
 from bench.measure import PEAK_CUDA, PEAK_LEDGER
 from bench.report import describe, fmt_bytes, markdown_table, output_stem, plot_rows, raw_log, write_json
 from bench.row import ResultRow
@@ -294,6 +295,15 @@ def _markdown(result: dict[str, Any]) -> str:
             "(its host wall time includes the profiler's own cost; see bench/README.md):",
             "",
             *where,
+            "",
+        ]
+    host = [line for row in result["rows"] for line in host_line(row["name"], row.get("host_profile"))]
+    if host:
+        lines += [
+            "Where the host's time went: two more steps under `cProfile`, its own cost included (compare "
+            "rows with each other, not with the measured steps; see bench/host_profile.py):",
+            "",
+            *host,
             "",
         ]
     plot = result["plot"]

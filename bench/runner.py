@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig, StrategySpec
+from bench.host_profile import profile_host
 from bench.measure import PEAK_LEDGER, MemoryMeter, StepMemory, median, now, release_memory, synchronize
 from bench.row import ResultRow
 from bench.streams import profile_streams
@@ -36,6 +37,10 @@ from lightning_accudnn.ops import OffloadEngine, SwapSchedule
 from lightning_accudnn.planner import format_bytes, lower_bound_seconds
 from lightning_accudnn.profile import DEFAULT_MIN_SWAP_BYTES, StepProfile
 from lightning_accudnn.profiling.static_memory import model_state_bytes
+
+#: Steps each row runs under ``cProfile`` after the measured ones (on CUDA, after the one under
+#: ``torch.profiler``): two, since the rows' batches alternate.
+HOST_PROFILED_STEPS = 2
 
 
 def empty_row(spec: StrategySpec, config: RunConfig) -> ResultRow:
@@ -117,7 +122,10 @@ def run_strategy(workload: Workload, spec: StrategySpec, config: RunConfig) -> R
     _summarize(row, per_step, config, workload, meter, technique)
     profile = profile_of(technique)
     if extra:
-        _profile_streams(row, extra.pop(), per_step[-1] if per_step else {})
+        step = extra.pop()
+        if device.type == "cuda":
+            _profile_streams(row, step, per_step[-1] if per_step else {})
+        _profile_host(row, step)
     if technique is not None:
         with _row_errors(row):
             technique.teardown()
@@ -194,8 +202,8 @@ def _train(
     per_step: list[dict[str, Any]],
     extra: list[Callable[[], dict[str, Any]]],
 ) -> None:
-    """The training loop of one row (its own frame: on a failure the model dies with it). On
-    CUDA it leaves in ``extra`` one more step to profile, run after the row is summarised."""
+    """The training loop of one row (its own frame: on a failure the model dies with it). It
+    leaves in ``extra`` one more step to profile, run after the row is summarised."""
     device = config.device
     torch.manual_seed(config.seed)
     with torch.device(device):
@@ -231,7 +239,7 @@ def _train(
             else:  # a plan still being refined: the measured steps must not include it
                 warmup += 1
         index += 1
-    if device.type == "cuda" and config.steps > 0:
+    if config.steps > 0:
         batch = batch_on(batches[index % len(batches)], device)
         synchronize(device)  # the batch's copy is not the profiled step's
 
@@ -265,6 +273,16 @@ def _profile_streams(row: ResultRow, step: Callable[[], dict[str, Any]], last: d
     if "plan_id" in figures:
         figures["same_plan"] = figures.pop("plan_id") == last.get("plan_id")
     row.streams = {**streams, "step": figures}
+
+
+def _profile_host(row: ResultRow, step: Callable[[], dict[str, Any]]) -> None:
+    """``row.host_profile``: where the host's time went in :data:`HOST_PROFILED_STEPS` more
+    steps, function by function (:func:`bench.host_profile.profile_host`), run after the streams'
+    step. A step that fails leaves a note and no figures."""
+    try:
+        row.host_profile = profile_host(step, steps=HOST_PROFILED_STEPS)
+    except Exception as error:
+        row.notes.append(f"host-profiled steps: {type(error).__name__}: {error}"[:500])
 
 
 def _ledger_peak(

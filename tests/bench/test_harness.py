@@ -157,6 +157,19 @@ def test_a_row_with_a_stream_breakdown_says_where_its_time_went(cpu_run: tuple[d
     assert line.startswith("- accudnn-2x: step 6.5 ms under the profiler; compute stream 7: kernels 5.0 ms")
 
 
+def test_every_row_that_ran_says_where_its_hosts_time_went(cpu_run: tuple[dict, Path]) -> None:
+    data, folder = cpu_run
+    ran = [row for row in data["rows"] if row["status"] == "ok"]
+    for row in ran:
+        host = row["host_profile"]
+        assert host["steps"] == 2 and host["calls_per_step"] > 0, row["name"]
+        own = [function["own_ms_per_step"] for function in host["functions"]]
+        assert own == sorted(own, reverse=True) and len(own) == 25, row["name"]
+    section = (folder / data["files"]["markdown"]).read_text().split("Where the host's time went", 1)[1]
+    lines = [line for line in section.split("\n\n")[1].splitlines() if line.startswith("- ")]
+    assert [line.split(":")[0] for line in lines] == [f"- {row['name']}" for row in ran]
+
+
 def test_deepest_search_on_cpu(tmp_path: Path) -> None:
     data = deepest.main(
         [
@@ -242,6 +255,7 @@ BENCH_MODULES = [
     "overhead.cuda_calls",
     "calibration",
     "streams",
+    "host_profile",
     "replan",
     "trace_check",
 ]

@@ -18,7 +18,10 @@ optimizer step) of:
   everything) in steady state;
 - ``recompute_all`` and ``recompute_half``: a session under policy ``"recompute"`` whose plan
   is forced to recompute every bottleneck block, or every other one (the planner's search
-  replaced, as ``tests/recompute/test_accounting_sets.py`` does), and keep every other layer.
+  replaced, as ``tests/recompute/test_accounting_sets.py`` does), and keep every other layer;
+- ``recompute_half_swap``: every other block recomputed, and the second block's layers swapped:
+  a plan that recomputes and swaps, whose passes between observed ones keep the engine's hooks
+  up to that block's last swapped save only.
 
 It reports per row the median CPU time of the thread per step (``time.thread_time``: the time
 other work on a shared machine takes is left out) over interleaved rounds (each round runs
@@ -46,6 +49,7 @@ import argparse
 import collections
 import contextlib
 import cProfile
+import dataclasses
 import json
 import pstats
 import statistics
@@ -77,7 +81,7 @@ from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.session.steady_costs import STEADY_TIMED_PASSES
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 
-ROWS = ("plain", "checkpoint", "keep", "recompute_all", "recompute_half")
+ROWS = ("plain", "checkpoint", "keep", "recompute_all", "recompute_half", "recompute_half_swap")
 #: Profiling, the timed planned passes, then replayed passes: the first timed whole under the
 #: refined plan, and under the plan they may re-cost it into. The steady state after these.
 WARMUP_STEPS = 3 + TIMED_PLANNED_PASSES + 2 * STEADY_TIMED_PASSES
@@ -92,9 +96,17 @@ LABEL = (
 )
 
 
-def _forcing(names: frozenset[str]) -> Callable[..., MixedResult]:
-    """The planner's search replaced by one that recomputes the segments ``names`` whole and keeps
-    every other layer."""
+@dataclasses.dataclass(frozen=True)
+class Forcing:
+    """The plan a row's session is forced to: the blocks ``recomputed`` whole, the layers of the
+    blocks ``swapped`` swapped, every other layer kept."""
+
+    recomputed: frozenset[str]
+    swapped: frozenset[str] = frozenset()
+
+
+def _forcing(forcing: Forcing) -> Callable[..., MixedResult]:
+    """The planner's search replaced by one that makes the plan ``forcing`` names."""
 
     def search(
         profile: StepProfile,
@@ -106,29 +118,34 @@ def _forcing(names: frozenset[str]) -> Callable[..., MixedResult]:
         candidates = policy_spans(profile, "recompute")
         by_range = {(span.first, span.last): span for span in candidates}
         spans = []
-        for name in sorted(names):
+        for name in sorted(forcing.recomputed):
             # A block alone in its stage spans the stage's layers: the planner knows the stage.
             layers = [i for i, layer in enumerate(profile.layers) if layer.name.startswith(name + ".")]
             span = by_range.get((layers[0], layers[-1])) if layers else None
             if span is None:
                 raise RuntimeError(f"segment {name} is not recomputable")
             spans.append(span)
-        step = recomputed_profile(profile, spans, swappable=False)
+        step = recomputed_profile(profile, spans, swappable=bool(forcing.swapped))
         simulator = Simulator(step.profile, step.transient_bytes)
-        best = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
+        swap = tuple(
+            layer.swappable_bytes > 0 and any(layer.name.startswith(block + ".") for block in forcing.swapped)
+            for layer in step.profile.layers[: simulator.k]
+        )
+        window = 2**20 if forcing.swapped else 0  # copies in flight while compute goes on
+        best = simulator.run(PlanChoice(swap, window, window))
         return MixedResult(best, step, best.peak_bytes, "forced")
 
     return search
 
 
 @contextlib.contextmanager
-def _forced(names: frozenset[str] | None) -> Iterator[None]:
-    """The planner forced to recompute ``names`` inside (``None``: the planner as it is)."""
-    if names is None:
+def _forced(forcing: Forcing | None) -> Iterator[None]:
+    """The planner forced to the plan ``forcing`` names inside (``None``: the planner as it is)."""
+    if forcing is None:
         yield
         return
     original = planner_plan.search_mixed
-    planner_plan.search_mixed = _forcing(names)
+    planner_plan.search_mixed = _forcing(forcing)
     try:
         yield
     finally:
@@ -144,7 +161,7 @@ class Row:
         torch.manual_seed(0)
         self.model: nn.Module = workload.build()
         blocks = workload.blocks(self.model)
-        self.forced: frozenset[str] | None = None
+        self.forced: Forcing | None = None
         self.session: OffloadSession | None = None
         if name == "checkpoint":
             checkpoint_blocks(self.model, blocks)
@@ -162,9 +179,11 @@ class Row:
                 warnings.simplefilter("ignore")
                 self.session = OffloadSession(config, "cpu")
             if name == "recompute_all":
-                self.forced = frozenset(blocks)
+                self.forced = Forcing(frozenset(blocks))
             elif name == "recompute_half":
-                self.forced = frozenset(blocks[::2])
+                self.forced = Forcing(frozenset(blocks[::2]))
+            elif name == "recompute_half_swap":
+                self.forced = Forcing(frozenset(blocks[::2]), swapped=frozenset(blocks[1:2]))
         self.optimizer = workload.optimizer(self.model)
         self.batch = batch
 
@@ -199,8 +218,11 @@ class Row:
             return
         plan = self.session.plan
         assert plan is not None
-        if len(plan.recomputed) != len(self.forced or ()):
+        forced = self.forced or Forcing(frozenset())
+        if len(plan.recomputed) != len(forced.recomputed):
             raise RuntimeError(f"{self.name}: the plan recomputes {sorted(plan.recomputed)}")
+        if bool(plan.swapped_layers) != bool(forced.swapped):
+            raise RuntimeError(f"{self.name}: the plan swaps {sorted(plan.swapped_layers)}")
 
     def close(self) -> None:
         if self.session is not None:

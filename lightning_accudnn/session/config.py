@@ -54,13 +54,12 @@ class OffloadConfig:
       recompute, whichever is fastest), ``"swap"`` (swap only), ``"recompute"``
       (recompute only) or ``"selective"`` (recompute selectively only: keep what matrix
       products, convolutions and attention write, run the other ops of a segment again).
-    * ``observe_every``: in steady state a pass whose plan recomputes nothing runs with the
-      engine's hooks only up to its last swapped saved tensor (none at all when it keeps
-      everything, or recomputes and swaps nothing), and the hooks cost nothing per saved
-      tensor after it, but for one pass of its kind in this many, observed whole: a changed
-      graph shows there, and the next pass profiles it (a change before the last swapped save
-      shows at once). A plan that recomputes and swaps is observed every pass. ``1`` observes
-      every pass. On CUDA the allocator's peak is checked against the budget every pass
+    * ``observe_every``: in steady state a pass runs with the engine's hooks only up to its
+      last swapped saved tensor (none at all when its plan swaps nothing), and the hooks cost
+      nothing per saved tensor after it, but for one pass of its kind in this many, observed
+      whole: a changed graph shows there, and the next pass profiles it (a change before the
+      last swapped save shows at once). A plan that recomputes selectively and swaps is
+      observed every pass. ``1`` observes every pass. On CUDA the allocator's peak is checked against the budget every pass
       either way.
     * ``pause_gc``: hold Python's cyclic garbage collector off from a training pass's forward
       to the end of its backward, so that the objects a swapping pass makes are freed by

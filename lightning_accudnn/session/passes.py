@@ -222,11 +222,12 @@ class PassRunner:
             key, plan, hooked=sequence is None, contended=self.background_plans.in_making()
         )
         self.recomputer.timing = costs.timer_for(plan, hooked=sequence is None, timed=timed)
-        # A plan that recomputes and swaps too is observed whole: its hooks could not go in the
-        # middle of a pass (selective checkpointing calls them from under its own). One that
-        # recomputes and keeps the rest installs none in an unobserved pass.
-        swaps = bool(recomputed) and plan is not None and any(plan.swap)
-        observe = hooked or swaps or records.observation_due(key)
+        # A plan that recomputes selectively and swaps too is observed whole: selective
+        # recomputation calls the engine's hooks from under its own, where they could not go in
+        # the middle of the pass. Unobserved, one that recomputes whole segments drops them
+        # after its last swapped save, as a plan that only swaps does (none if it swaps nothing).
+        selective_swaps = plan is not None and bool(plan.selective) and any(plan.swap)
+        observe = hooked or selective_swaps or records.observation_due(key)
         context = self.engine.offload(
             model,
             schedule,

@@ -136,18 +136,23 @@ def slow_link(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("lightning_accudnn.session.session.probe_host_link", lambda device: SLOW_LINK)
 
 
-def forcing_search(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def forcing_search(names: tuple[str, ...], swapped: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
     """A replacement for ``planner.plan.search_mixed`` that recomputes the segments ``names``
-    (whole) and keeps every other layer: the plan's recompute set, whatever the timings."""
+    (whole), swaps the layers ``swapped`` and keeps every other layer: the plan's choices,
+    whatever the timings."""
 
     def search(
         profile: StepProfile, cap: int, max_limit: int | None = None, policy: str = "auto", host_fits=None
     ) -> MixedResult:
         spans = [span for span in policy_spans(profile, policy) if span.name in names]
         assert sorted(span.name for span in spans) == sorted(names), [span.name for span in spans]
-        step = recomputed_profile(profile, spans, swappable=False)
+        step = recomputed_profile(profile, spans, swappable=bool(swapped))
         simulator = Simulator(step.profile, step.transient_bytes)
-        best = simulator.run(PlanChoice((False,) * simulator.k, 0, 0))
+        layers = [layer.name for layer in step.profile.layers[: simulator.k]]
+        assert set(swapped) <= set(layers), layers
+        swap = tuple(name in swapped for name in layers)
+        window = 2**20 if swapped else 0  # copies in flight while compute goes on
+        best = simulator.run(PlanChoice(swap, window, window))
         return MixedResult(best, step, best.peak_bytes, "forced")
 
     return search

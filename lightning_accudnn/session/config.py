@@ -59,8 +59,8 @@ class OffloadConfig:
       nothing per saved tensor after it, but for one pass of its kind in this many, observed
       whole: a changed graph shows there, and the next pass profiles it (a change before the
       last swapped save shows at once). A plan that recomputes selectively and swaps is
-      observed every pass. ``1`` observes every pass. On CUDA the allocator's peak is checked against the budget every pass
-      either way.
+      observed every pass. ``1`` observes every pass. On CUDA the allocator's peak is checked
+      against the budget every pass either way.
     * ``pause_gc``: hold Python's cyclic garbage collector off from a training pass's forward
       to the end of its backward, so that the objects a swapping pass makes are freed by
       reference counting instead of promoted into full collections

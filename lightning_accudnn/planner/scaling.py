@@ -272,14 +272,18 @@ backward_seconds=0.004)
     )
 
 
-def borrowed_measurements(layer: LayerProfile, timed: LayerProfile, not_held: int = 0) -> LayerProfile:
+def borrowed_measurements(
+    layer: LayerProfile, timed: LayerProfile, not_held: int = 0, backward_not_held: int = 0
+) -> LayerProfile:
     """``layer``, from a pass that measured its bytes only (a pass replayed by ordinal times no
     layer and sees no re-saves), with what ``timed``, the same layer in a timed pass, measured:
     its times, re-saves, working memory and retired bytes still alive. Where the two saved other
     bytes (the timed pass ran another batch shape: a short batch runs a longer one's plan),
     these follow the ratio of the saved bytes, as :func:`scale_profile` carries a measured
-    layer (``not_held``: the timed pass's
-    :attr:`~lightning_accudnn.profile.StepProfile.static_not_held_bytes`); the re-saves never
+    layer (``not_held`` and ``backward_not_held``: the model state the timed pass did not hold
+    where it measured the forward's working memory and ``timed``'s backward's,
+    :attr:`~lightning_accudnn.profile.StepProfile.static_not_held_bytes` and
+    :meth:`~lightning_accudnn.profile.StepProfile.backward_static_not_held`); the re-saves never
     pass ``layer``'s swappable bytes.
 
     Example:
@@ -294,9 +298,6 @@ def borrowed_measurements(layer: LayerProfile, timed: LayerProfile, not_held: in
         retired_alive, alive_from = timed.retired_alive_bytes, timed.retired_alive_from
     else:
         factor = layer.saved_bytes / timed.saved_bytes
-        backward_not_held = (
-            not_held if timed.backward_static_not_held_bytes is None else timed.backward_static_not_held_bytes
-        )
         forward_working = _scaled_working(timed.forward_working_bytes, factor, not_held)
         backward_working = _scaled_working(timed.backward_working_bytes, factor, backward_not_held)
         retired_alive = _scaled_working(timed.retired_alive_bytes, factor)

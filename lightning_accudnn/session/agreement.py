@@ -40,7 +40,7 @@ class Measured:
         timed = self.times_of.profile
         return replace(
             self.profile,
-            layers=with_times_of(self.profile.layers, timed.layers, timed.static_not_held_bytes),
+            layers=with_times_of(self.profile.layers, timed),
             outside_working_bytes=max(self.profile.outside_working_bytes, timed.outside_working_bytes),
             static_not_held_bytes=max(self.profile.static_not_held_bytes, timed.static_not_held_bytes),
         )
@@ -196,21 +196,28 @@ def with_most_working_memory(profile: StepProfile, earlier: StepProfile) -> Step
     )
 
 
-def with_times_of(
-    layers: tuple[LayerProfile, ...], timed: tuple[LayerProfile, ...], not_held: int = 0
-) -> tuple[LayerProfile, ...]:
+def with_times_of(layers: tuple[LayerProfile, ...], timed: StepProfile) -> tuple[LayerProfile, ...]:
     """The layers of an untimed pass with the times, the re-saves and the working memory an
-    earlier, timed pass of it measured (a pass replayed by ordinal sees none of them), at the
-    untimed pass's bytes (:func:`~lightning_accudnn.planner.scaling.borrowed_measurements`;
-    ``not_held``: the timed pass's model state not held where it measured them).
+    earlier, timed pass of it (``timed``) measured (a pass replayed by ordinal sees none of
+    them), at the untimed pass's bytes
+    (:func:`~lightning_accudnn.planner.scaling.borrowed_measurements`, with the timed pass's
+    model state not held where it measured them).
 
     Example:
         >>> untimed = (LayerProfile("fc", 10, 10, 0.0, 0.0),)
-        >>> with_times_of(untimed, (LayerProfile("fc", 10, 10, 1e-3, 2e-3),))[0].backward_seconds
+        >>> timed = StepProfile((LayerProfile("fc", 10, 10, 1e-3, 2e-3),), 0)
+        >>> with_times_of(untimed, timed)[0].backward_seconds
         0.002
     """
-    by_name = {layer.name: layer for layer in timed}
+    by_name = {layer.name: layer for layer in timed.layers}
     return tuple(
-        layer if layer.name not in by_name else borrowed_measurements(layer, by_name[layer.name], not_held)
+        layer
+        if layer.name not in by_name
+        else borrowed_measurements(
+            layer,
+            by_name[layer.name],
+            timed.static_not_held_bytes,
+            timed.backward_static_not_held(by_name[layer.name]),
+        )
         for layer in layers
     )

@@ -51,7 +51,8 @@ def test_measured_bytes_grow_the_working_memory_they_do_not_list_the_same_way():
 
 
 def test_a_larger_pass_borrowing_a_smaller_one_s_figures_grows_the_held_part():
-    larger = borrowed_measurements(LayerProfile("a", 200, 200), LAYER, not_held=100)
+    not_held = PROFILE.static_not_held_bytes, PROFILE.backward_static_not_held(LAYER)
+    larger = borrowed_measurements(LayerProfile("a", 200, 200), LAYER, *not_held)
     assert (larger.forward_working_bytes, larger.backward_working_bytes) == (20, 130)
 
 

@@ -42,7 +42,7 @@ def test_the_merge_keeps_the_re_saves_by_module_every_rank_saw_with_their_fewest
 
 
 def test_an_untimed_pass_takes_the_re_saves_by_module_of_the_timed_one():
-    timed = _resaving((("block.conv", 60),)).layers
+    timed = _resaving((("block.conv", 60),))
     untimed = (LayerProfile("block.relu", 100, 100), LayerProfile("next.conv", 10, 10))
     relu = with_times_of(untimed, timed)[0]
     assert relu.resaved_by == (("next.conv", 100),)

@@ -62,6 +62,10 @@ class ResultRow:
     predicted_peak_bytes: int | None = None
     predicted_step_seconds: float | None = None
     engine_step_seconds: float | None = None
+    #: AccUDNN rows: the session's forward and backward of ``engine_step_seconds`` (medians), to
+    #: set against the plan's ``predicted_forward_seconds`` and the rest of its step.
+    engine_forward_seconds: float | None = None
+    engine_backward_seconds: float | None = None
     engine_peak_bytes: int | None = None
     peak_vs_predicted: float | None = None
     time_vs_predicted: float | None = None

@@ -411,6 +411,8 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
     row.ledger_peak_bytes = max(step["ledger_peak_bytes"] for step in measured)
     row.engine_peak_bytes = max(step["engine_peak_bytes"] for step in measured)
     row.engine_step_seconds = median([step["engine_step_seconds"] for step in measured])
+    row.engine_forward_seconds = median([step["engine_forward_seconds"] for step in measured])
+    row.engine_backward_seconds = median([step["engine_backward_seconds"] for step in measured])
     engine_host = [
         step["storages_swapped_out"] * step["host_seconds_per_swapped_storage"]
         for step in measured
@@ -432,6 +434,7 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
         return
     row.lower_bound_seconds = lower_bound_seconds(plan.profile, plan.budget_bytes, plan.policy)
     row.lower_bound_source = "profile measured by this row, its budget"
+    timeline = plan.timeline
     row.plan = {
         "swapped_layers": len(plan.swapped_layers),
         "layers": len(plan.profile.layers),
@@ -445,6 +448,8 @@ def _summarize_accudnn(row: ResultRow, measured: list[dict[str, Any]], technique
         "policy": plan.policy,
         "recomputed_segments": list(plan.recomputed),
         "recompute_seconds": plan.recompute_seconds,
+        "predicted_forward_seconds": None if timeline is None else timeline.forward_seconds,
+        "predicted_compute_wait_seconds": None if timeline is None else timeline.compute_wait_seconds,
         "planner_bound_ratio": plan.bound_ratio if math.isfinite(plan.bound_ratio) else None,
         "d2h_bytes_per_second": _finite(plan.profile.d2h_bytes_per_second),
         "h2d_bytes_per_second": _finite(plan.profile.h2d_bytes_per_second),

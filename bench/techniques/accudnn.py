@@ -101,6 +101,8 @@ class AccUDNN(Technique):
             "ledger_peak_bytes": stats.ledger_peak_bytes,
             "engine_peak_bytes": stats.peak_device_bytes,
             "engine_step_seconds": stats.step_seconds,
+            "engine_forward_seconds": stats.forward_seconds,
+            "engine_backward_seconds": stats.backward_seconds,
             "profiling": stats.profiling,
             "timed": stats.timed,
             "observed": stats.observed,

@@ -102,6 +102,12 @@ def test_oracle_and_accudnn_report_bounds_and_predictions(cpu_run: tuple[dict, P
     for key in ("lower_bound_seconds", "bound_ratio", "predicted_peak_bytes", "predicted_step_seconds"):
         assert half[key] is not None and half[key] > 0, key
     assert half["peak_reduction"] is not None and half["plan"]["swapped_layers"] > 0
+    # The session's forward and backward make its step; the plan predicted its forward.
+    assert half["engine_forward_seconds"] > 0 and half["engine_backward_seconds"] > 0
+    assert half["engine_forward_seconds"] + half["engine_backward_seconds"] == pytest.approx(
+        half["engine_step_seconds"], rel=0.5
+    )
+    assert 0 < half["plan"]["predicted_forward_seconds"] < half["predicted_step_seconds"]
     # The engine's host time for its swaps, measured by the session: part of the host's issue time.
     assert 0 < half["engine_host_seconds"] <= half["median_fwd_bwd_issue_seconds"]
     assert data["lower_bound_profile"] == "accudnn-2x"

@@ -261,6 +261,16 @@ def peak_reduction(oracle: ResultRow | None, row: ResultRow) -> float | None:
     return None  # resident-set deltas of rows run one after another in one process do not compare
 
 
+def _section(title: str, items: list[str]) -> list[str]:
+    """A report's section: ``title``, then ``items`` (none at all without items).
+
+    Example:
+        >>> _section("Notes:", ["- a"]), _section("Notes:", [])
+        (['Notes:', '', '- a', ''], [])
+    """
+    return [title, "", *items, ""] if items else []
+
+
 def _markdown(result: dict[str, Any]) -> str:
     env = result["environment"]
     workload = result["workload"]
@@ -288,24 +298,16 @@ def _markdown(result: dict[str, Any]) -> str:
     ]
     if notes:
         lines += ["Notes and errors:", "", *notes, ""]
-    where = [line for row in result["rows"] for line in where_line(row["name"], row.get("streams"))]
-    if where:
-        lines += [
-            "Where the time went: one more step after the measured ones, under `torch.profiler` "
-            "(its host wall time includes the profiler's own cost; see bench/README.md):",
-            "",
-            *where,
-            "",
-        ]
-    host = [line for row in result["rows"] for line in host_line(row["name"], row.get("host_profile"))]
-    if host:
-        lines += [
-            "Where the host's time went: two more steps under `cProfile`, its own cost included (compare "
-            "rows with each other, not with the measured steps; see bench/host_profile.py):",
-            "",
-            *host,
-            "",
-        ]
+    lines += _section(
+        "Where the time went: one more step after the measured ones, under `torch.profiler` "
+        "(its host wall time includes the profiler's own cost; see bench/README.md):",
+        [line for row in result["rows"] for line in where_line(row["name"], row.get("streams"))],
+    )
+    lines += _section(
+        "Where the host's time went: two more steps under `cProfile`, its own cost included (compare "
+        "rows with each other, not with the measured steps; see bench/host_profile.py):",
+        [line for row in result["rows"] for line in host_line(row["name"], row.get("host_profile"))],
+    )
     plot = result["plot"]
     lines += [
         f"Plot: {plot['path'] if plot['written'] else plot['reason']}. Raw log: {result['files']['log']}. "

@@ -20,6 +20,24 @@ EVERY = 4
 STEPS = 16
 
 
+def _train_both(session, trained, reference, kind, step):
+    """Step ``step`` of ``trained`` (model, optimizer) under ``session`` and of ``reference``
+    plainly, dropout seeded alike: their gradients bitwise equal before the optimizers step."""
+    (model, optimizer), (plain, plain_optimizer) = trained, reference
+    inputs, targets = batch(kind, step)
+    torch.manual_seed(step)
+    with session.step(model, optimizer):
+        loss = loss_of(model, inputs, targets)
+    loss.backward()
+    torch.manual_seed(step)
+    loss_of(plain, inputs, targets).backward()
+    for (name, a), b in zip(model.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), (step, name)
+    for opt in (optimizer, plain_optimizer):
+        opt.step()
+        opt.zero_grad()
+
+
 @pytest.mark.parametrize(
     ("kind", "names"), [("resnet", ("blocks.0", "blocks.2")), ("gpt", ("blocks.0", "blocks.1.mlp"))]
 )
@@ -42,19 +60,8 @@ def test_recomputing_plans_that_swap_nothing_run_mostly_unobserved_and_train_bit
     inner.register_forward_hook(lambda *_: recomputations.append(1) if is_recomputing() else None)
     observed = []
     for step in range(STEPS):
-        inputs, targets = batch(kind, step)
         before = len(recomputations)
-        torch.manual_seed(step)
-        with session.step(model, optimizer):
-            loss = loss_of(model, inputs, targets)
-        loss.backward()
-        torch.manual_seed(step)
-        loss_of(reference, inputs, targets).backward()
-        for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
-            assert torch.equal(a.grad, b.grad), (step, name)
-        for opt in (optimizer, reference_optimizer):
-            opt.step()
-            opt.zero_grad()
+        _train_both(session, (model, optimizer), (reference, reference_optimizer), kind, step)
         assert session.stats is not None
         if not session.stats.profiling:
             plan = session.plan
@@ -98,16 +105,7 @@ def test_plans_that_recompute_and_swap_drop_the_hooks_after_their_last_swap_and_
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     steady = []
     for step in range(STEPS):
-        inputs, targets = batch("resnet", step)
-        with session.step(model, optimizer):
-            loss = loss_of(model, inputs, targets)
-        loss.backward()
-        loss_of(reference, inputs, targets).backward()
-        for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
-            assert torch.equal(a.grad, b.grad), (step, name)
-        for opt in (optimizer, reference_optimizer):
-            opt.step()
-            opt.zero_grad()
+        _train_both(session, (model, optimizer), (reference, reference_optimizer), "resnet", step)
         stats = session.stats
         assert stats is not None
         if not stats.profiling:

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from bench.environment import REPO_ROOT, resolve_device
-from bench.measure import median, now, release_memory, synchronize
+from bench.measure import allocator_counters, counter_increase, median, now, release_memory, synchronize
 from bench.report import fmt_bytes, fmt_ms, write_result
 from bench.run import add_workload_arguments, parse_fraction, workload_from_args
 from bench.runner import autocast_for, batch_on
@@ -68,18 +68,6 @@ def _batches(workload: Workload, device: torch.device) -> list[Batch]:
 
 #: The name of a block's forward range in :func:`block_forward_times`' profile.
 BLOCK_PREFIX = "calibration.block:"
-
-#: The CUDA caching allocator's counters read around each session step: a step that frees its
-#: cache and retries under the cap, or calls ``cudaMalloc``/``cudaFree``, synchronises the device.
-ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
-
-
-def _allocator_counts(device: torch.device) -> dict[str, int]:
-    """The allocator's :data:`ALLOCATOR_COUNTERS` now (empty off CUDA)."""
-    if device.type != "cuda":
-        return {}
-    stats = torch.cuda.memory_stats(device)
-    return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
 
 
 def plain_run(workload: Workload, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
@@ -264,17 +252,17 @@ def _session_steps(
     began = now(device)
     try:
         for index in range(warmup + steps):
-            counts = _allocator_counts(device)
+            counts = allocator_counters(device)
             wall, stats = one_step(batches[index % 2])
             elapsed = now(device) - began
-            after = _allocator_counts(device)
+            after = allocator_counters(device)
             if index + 1 == warmup:  # the steady steps run the plans made from the warm-up
                 waited = now(device)
                 session.wait_for_plans()
                 began += now(device) - waited  # not counted in the elapsed seconds
             per_step.append(
                 {
-                    "allocator": {name: after[name] - counts[name] for name in after},
+                    "allocator": counter_increase(counts, after),
                     "wall_seconds": wall,
                     "elapsed_seconds": elapsed,
                     "measured_seconds": None if stats is None else stats.step_seconds,

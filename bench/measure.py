@@ -91,6 +91,34 @@ def _reset_rss_peak() -> bool:
         return False
 
 
+#: The CUDA caching allocator's counters read around a step: a step that frees its cache and
+#: retries under the cap, or calls ``cudaMalloc``/``cudaFree``, synchronises the device.
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+
+def allocator_counters(device: torch.device) -> dict[str, int]:
+    """The allocator's :data:`ALLOCATOR_COUNTERS` now (empty off CUDA).
+
+    Example:
+        >>> allocator_counters(torch.device("cpu"))
+        {}
+    """
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {name: int(stats.get(name, 0)) for name in ALLOCATOR_COUNTERS}
+
+
+def counter_increase(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Each counter's increase from ``before`` to ``after``.
+
+    Example:
+        >>> counter_increase({"num_device_alloc": 3}, {"num_device_alloc": 5})
+        {'num_device_alloc': 2}
+    """
+    return {name: after[name] - before[name] for name in after}
+
+
 class MemoryMeter:
     """Peak memory of each step of one run, on CUDA (allocator) or CPU (resident set delta).
 

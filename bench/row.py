@@ -47,6 +47,10 @@ class ResultRow:
     #: ``median_fwd_bwd_seconds``, the device waited for the host.
     median_fwd_bwd_issue_seconds: float | None = None
     median_optimizer_seconds: float | None = None
+    #: CUDA: the caching allocator's counters' increase per measured step, on average
+    #: (``bench.measure.ALLOCATOR_COUNTERS``: retries under the cap, ``cudaMalloc`` and ``cudaFree``
+    #: calls, synchronisations of every stream), each of which holds the host.
+    allocator_calls_per_step: dict[str, float] | None = None
     #: AccUDNN rows: the host's time per step in the engine's work for its swapped storages
     #: (their count times the seconds per storage the session measured): against the host ms,
     #: how much of the host's issue time the engine's swaps take.

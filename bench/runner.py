@@ -28,7 +28,17 @@ from torch import nn
 
 from bench.config import RunConfig, StrategySpec
 from bench.host_profile import profile_host
-from bench.measure import PEAK_LEDGER, MemoryMeter, StepMemory, median, now, release_memory, synchronize
+from bench.measure import (
+    PEAK_LEDGER,
+    MemoryMeter,
+    StepMemory,
+    allocator_counters,
+    counter_increase,
+    median,
+    now,
+    release_memory,
+    synchronize,
+)
 from bench.row import ResultRow
 from bench.streams import profile_streams
 from bench.techniques import AccUDNN, Technique, budget_of, make_technique
@@ -221,6 +231,7 @@ def _train(
     while index < warmup + config.steps:
         batch = batch_on(batches[index % len(batches)], device)
         meter.start_step()
+        counters = allocator_counters(device)
         figures = _step(technique, workload, model, optimizer, batch, device, row, f"step {index}")
         memory = meter.end_step(figures.pop("inner_peak"))
         per_step.append(
@@ -228,6 +239,7 @@ def _train(
                 **figures,
                 "allocated": memory.allocated,
                 "reserved": memory.reserved,
+                "allocator_calls": counter_increase(counters, allocator_counters(device)),
                 **technique.step_figures(),
             }
         )
@@ -356,6 +368,11 @@ def _summarize(
     row.median_fwd_bwd_seconds = median([step["fwd_bwd_seconds"] for step in measured])
     row.median_fwd_bwd_issue_seconds = median([step["fwd_bwd_issue_seconds"] for step in measured])
     row.median_optimizer_seconds = median([step["optimizer_seconds"] for step in measured])
+    if config.device.type == "cuda":
+        calls = [step["allocator_calls"] for step in measured]
+        row.allocator_calls_per_step = {
+            name: sum(step[name] for step in calls) / len(calls) for name in calls[0]
+        }
     assert row.median_step_seconds is not None
     row.samples_per_second = workload.samples / row.median_step_seconds
     if "bytes_swapped_out" in measured[0]:

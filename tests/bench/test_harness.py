@@ -75,6 +75,7 @@ def test_every_strategy_is_a_row_with_every_field(cpu_run: tuple[dict, Path]) ->
         assert set(ROW_FIELDS) <= set(row), f"{name} lacks {set(ROW_FIELDS) - set(row)}"
         assert row["status"] in STATUSES
         assert row["streams"] is None, name  # the profiled step's breakdown runs on CUDA only
+        assert row["allocator_calls_per_step"] is None, name  # CUDA's allocator's counters
         if row["status"] == "ok":
             for key in MEASURED:
                 assert isinstance(row[key], (int, float)) and row[key] >= 0, (name, key, row[key])

@@ -34,3 +34,27 @@ def test_lean_recomputation_trains_bitwise_on_cuda(kind, names, autocast, monkey
     assert all(sorted(plan.recomputed) == sorted(names) for plan in plans)  # every pass after profiling
     # The replayed passes timed each recomputation with CUDA events, read at each pass's end.
     assert session.stats.recompute_cost_ratio is not None and not session.stats.steady_timing
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_recomputing_and_swapping_on_cuda_drops_the_hooks_after_the_last_swap_and_trains_bitwise(
+    autocast, monkeypatch
+):
+    """Two blocks recomputed whole and a layer between them swapped: the steady passes between
+    observed ones swap on the copy stream, take the engine's hooks out after the swapped layer
+    and recompute the later block with none, and training is bitwise the plain loop's."""
+    names, swapped = ("blocks.0", "blocks.2"), ("blocks.1.bn1", "blocks.1.relu")
+    monkeypatch.setattr(planner_plan, "search_mixed", forcing_search(names, swapped))
+    config = OffloadConfig(budget=10**10, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+    passes = []
+    expected = plain("resnet", "cuda", autocast)
+    record, plans, _, _, _ = train(
+        "resnet",
+        config,
+        device="cuda",
+        autocast=autocast,
+        after_step=lambda session: passes.append((session.stats.observed, session.stats.bytes_swapped_out)),
+    )
+    assert_bitwise_equal(record, expected)
+    assert all(plan.swapped_layers == frozenset(swapped) for plan in plans[1:])
+    assert any(not observed and swapped_out > 0 for observed, swapped_out in passes[1:]), passes

@@ -7,8 +7,11 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
+from lightning_accudnn import AccUDNNStrategy
+from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.testing import SimulatedGPU
 from tests.models import loader
+from tests.recompute.models import forcing_search
 from tests.strategy.helpers import copies, swapping_strategy, trainer_for
 
 
@@ -72,5 +75,39 @@ def test_passes_observed_only_up_to_their_last_swap_equal_plain_lightning(lag):
     ]
     for (name, a), b in zip(
         plain_model.state_dict().items(), swapped_model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), f"{name} differs at lag {lag}"
+
+
+@pytest.mark.parametrize("lag", [0, 3, None])
+def test_fits_that_recompute_and_swap_drop_the_hooks_after_their_last_swap_and_equal_plain_lightning(
+    lag, monkeypatch
+):
+    """Through the strategy (the plan forced, at an ample budget), a plan recomputing a block
+    whole and swapping the block before it: the steps between observed ones swap, take the hooks
+    out after the last swapped save and recompute with none, order their copies and train
+    bitwise like plain Lightning."""
+    monkeypatch.setattr(
+        planner_plan,
+        "search_mixed",
+        forcing_search(("model.blocks.1",), ("model.blocks.0.bn1", "model.blocks.0.relu")),
+    )
+    plain_model, trained_model = copies("cnn")
+    trainer_for("auto", max_steps=8).fit(plain_model, loader("cnn", batches=8))
+
+    gpu = SimulatedGPU(lag=lag, seed=11)
+    peaks = SimulatedPeaks(gpu)
+    strategy = AccUDNNStrategy(
+        budget=10**9, min_swap_bytes=0, runtime=gpu, policy="recompute", observe_every=4
+    )
+    trainer_for(strategy, max_steps=8, callbacks=[peaks]).fit(trained_model, loader("cnn", batches=8))
+
+    assert gpu.violations == []
+    planned = [stats for _, stats in peaks.steps if stats is not None]
+    assert all(stats.bytes_swapped_out > 0 for stats in planned)
+    assert any(not stats.observed for stats in planned), [stats.observed for stats in planned]
+    assert strategy.plan is not None and strategy.plan.recomputed == ("model.blocks.1",)
+    for (name, a), b in zip(
+        plain_model.state_dict().items(), trained_model.state_dict().values(), strict=True
     ):
         assert torch.equal(a, b), f"{name} differs at lag {lag}"

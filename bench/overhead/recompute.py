@@ -74,12 +74,12 @@ from bench.techniques.checkpoint import checkpoint_blocks
 from bench.workloads import Batch, Workload
 from lightning_accudnn import OffloadConfig, OffloadSession
 from lightning_accudnn.planner import plan as planner_plan
-from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import policy_spans
 from lightning_accudnn.planner.search import MixedResult
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator
-from lightning_accudnn.profile import StepProfile
+from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session.steady_costs import STEADY_TIMED_PASSES
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
+from lightning_accudnn.testing.forced_plans import forced_result
 
 ROWS = ("plain", "checkpoint", "keep", "recompute_all", "recompute_half", "recompute_half_swap")
 #: Profiling, the timed planned passes, then replayed passes: the first timed whole under the
@@ -125,15 +125,13 @@ def _forcing(forcing: Forcing) -> Callable[..., MixedResult]:
             if span is None:
                 raise RuntimeError(f"segment {name} is not recomputable")
             spans.append(span)
-        step = recomputed_profile(profile, spans, swappable=bool(forcing.swapped))
-        simulator = Simulator(step.profile, step.transient_bytes)
-        swap = tuple(
-            layer.swappable_bytes > 0 and any(layer.name.startswith(block + ".") for block in forcing.swapped)
-            for layer in step.profile.layers[: simulator.k]
-        )
-        window = 2**20 if forcing.swapped else 0  # copies in flight while compute goes on
-        best = simulator.run(PlanChoice(swap, window, window))
-        return MixedResult(best, step, best.peak_bytes, "forced")
+
+        def in_swapped_block(layer: LayerProfile) -> bool:
+            return layer.swappable_bytes > 0 and any(
+                layer.name.startswith(block + ".") for block in forcing.swapped
+            )
+
+        return forced_result(profile, spans, in_swapped_block if forcing.swapped else None)
 
     return search
 

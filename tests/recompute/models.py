@@ -11,11 +11,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_accudnn.ops.recomputation_scope import is_recomputing
-from lightning_accudnn.planner.recompute import policy_spans, recomputed_profile
+from lightning_accudnn.planner.recompute import policy_spans
 from lightning_accudnn.planner.search import MixedResult
-from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import StepProfile
 from lightning_accudnn.profiling.bandwidth import LinkCurve
+from lightning_accudnn.testing.forced_plans import forced_result
 from tests.models import SmallResNet
 
 
@@ -146,13 +146,11 @@ def forcing_search(names: tuple[str, ...], swapped: tuple[str, ...] = ()):  # ty
     ) -> MixedResult:
         spans = [span for span in policy_spans(profile, policy) if span.name in names]
         assert sorted(span.name for span in spans) == sorted(names), [span.name for span in spans]
-        step = recomputed_profile(profile, spans, swappable=bool(swapped))
-        simulator = Simulator(step.profile, step.transient_bytes)
-        layers = [layer.name for layer in step.profile.layers[: simulator.k]]
-        assert set(swapped) <= set(layers), layers
-        swap = tuple(name in swapped for name in layers)
-        window = 2**20 if swapped else 0  # copies in flight while compute goes on
-        best = simulator.run(PlanChoice(swap, window, window))
-        return MixedResult(best, step, best.peak_bytes, "forced")
+        result = forced_result(profile, spans, (lambda layer: layer.name in swapped) if swapped else None)
+        assert result.step is not None
+        flags = result.best.choice.swap
+        layers = [layer.name for layer in result.step.profile.layers[: len(flags)]]
+        assert set(swapped) <= set(layers), layers  # each among the layers a plan may swap
+        return result
 
     return search

@@ -14,6 +14,12 @@ step and peak and, for lightning-accudnn, the plan's predicted step and peak. Ea
 command has a time limit under 8 minutes (:data:`HEADLINE_SECONDS`). ``Step.quick`` is the same
 command at CPU sizes in seconds: CI runs it (``tests/bench/test_gpu_check.py``).
 
+Then ``recompute-host`` (``bench.overhead.recompute --device cuda``, under 5 minutes) times
+ResNet-152's block structure at tiny sizes on the GPU, where the device waits for the host:
+what recomputing every block, every other block (and swapping), per-block checkpointing and a
+session keeping everything cost that machine's host per step, the part of the headline's
+steps that its device time does not explain.
+
 After the CUDA tests and ``bench.calibration``, ``trace-check-gpt2-medium-bf16`` and
 ``trace-check-resnet152-bf16`` run ``bench.trace_check``: what one training step saves for
 backward, per kind of layer, as the planner's trace for this GPU counts it and as the GPU's own
@@ -27,8 +33,8 @@ same ``bench/results/<device>/``). Logs go to ``bench/results/<device>/<date>-gp
 Commit the whole bundle as it is. Without CUDA it writes nothing and exits with status 2.
 
 Example:
-    >>> [step.name for step in STEPS][:3]
-    ['headline-resnet152-bf16', 'headline-gpt2-medium-bf16', 'cuda-tests']
+    >>> [step.name for step in STEPS][:4]
+    ['headline-resnet152-bf16', 'headline-gpt2-medium-bf16', 'recompute-host', 'cuda-tests']
     >>> select_steps("overhead")[0].argv[:2]
     ['-m', 'bench.overhead']
 """
@@ -129,6 +135,10 @@ PEAK_PREDICTION = ["--fractions", "0.66,0.56,0.5,0.4", "--policies", "auto", "--
 #: CPU sizes for the quick run of a headline command: every row, in seconds, no GPU.
 QUICK_CPU = ["--device", "cpu", "--min-swap-bytes", "0", "--warmup", "3", "--steps", "1", "--no-plot"]
 
+#: Time limit of the ``recompute-host`` step (six rows of tiny steps; the counts are the CPU's).
+RECOMPUTE_HOST_SECONDS = 300
+#: Its quick CPU form: a shallower model, one round of one step.
+RECOMPUTE_HOST_QUICK = ["--device", "cpu", "--depth", "26", "--steps", "1", "--rounds", "1"]
 #: Time limit of each ``bench.trace_check`` step (a trace on the host, one measured training step).
 TRACE_CHECK_SECONDS = 300
 #: The quick CPU form of a ``bench.trace_check`` step: the tiny case of the planner table.
@@ -158,6 +168,12 @@ STEPS = (
             *("--param", "seq_len=64", "--param", "vocab=64", "--param", "batch_size=8"),
         ],
         env=BUDGETED,
+    ),
+    Step(
+        "recompute-host",
+        ["-m", "bench.overhead.recompute", "--device", "cuda", "--no-count"],
+        timeout_seconds=RECOMPUTE_HOST_SECONDS,
+        quick=RECOMPUTE_HOST_QUICK,
     ),
     Step("cuda-tests", PYTEST, timeout_seconds=3600, writes_results=False),
     Step(

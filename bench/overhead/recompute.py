@@ -3,6 +3,7 @@
     python -m bench.overhead.recompute [--steps 4] [--rounds 12] [--results-dir bench/results]
     python -m bench.overhead.recompute --base main --alternations 2   # main's package against this one
     python -m bench.overhead.recompute --profile recompute_all        # cProfile of one row's steps
+    python -m bench.overhead.recompute --device cuda --no-count       # a GPU host's cost per step
 
 On a GPU whose kernels are short (ResNet-152 at batch 64 on an H200) a training step is bound
 by the host: every µs of Python per op, per saved tensor and per recomputed segment is in the
@@ -32,6 +33,14 @@ per step (``sys.setprofile``: Python functions and C functions called from Pytho
 row's weights after the run are checked bitwise equal to the plain row's (and the sessions'
 buffers too: checkpointing updates BatchNorm's running statistics again when it recomputes,
 the sessions do not).
+
+With ``--device cuda`` the same rows train on the GPU, where the tiny kernels leave the device
+waiting for the host: each step is timed on the wall clock to the device's end
+(``torch.cuda.synchronize``; the thread's CPU time would count the spin of that wait) and to the
+moment the host has issued it (its forward, backward and optimizer step called, the device not
+waited for), so that a row's milliseconds over plain's are what its Python and CUDA calls cost
+that GPU's host per step. cuDNN runs deterministic kernels there, so that the rows' weights can
+be compared bitwise.
 
 With ``--base REF`` the package ``lightning_accudnn`` of the git revision ``REF`` (its committed
 tree, through ``git archive``) and this working tree's are measured alternately, each in its own
@@ -86,6 +95,7 @@ ROWS = ("plain", "checkpoint", "keep", "recompute_all", "recompute_half", "recom
 #: refined plan, and under the plan they may re-cost it into. The steady state after these.
 WARMUP_STEPS = 3 + TIMED_PLANNED_PASSES + 2 * STEADY_TIMED_PASSES
 AMPLE_BUDGET = 8 * 2**30
+CPU = torch.device("cpu")
 #: Steps counted per row: a session's cycle of one observed pass in ``observe_every`` (the
 #: default), so that the counts are a steady-state step's on average.
 COUNTED_STEPS = OffloadConfig().observe_every
@@ -93,6 +103,11 @@ COUNTED_STEPS = OffloadConfig().observe_every
 LABEL = (
     "CPU figures (torch on 1 thread, a shared machine): the thread's CPU time per training step of "
     "ResNet-152's block structure at tiny sizes, where the step is almost all host overhead. Not GPU figures."
+)
+CUDA_LABEL = (
+    "GPU host figures: the wall time per training step, to the device's end, of ResNet-152's block "
+    "structure at tiny sizes on {device}, where the device waits for the host: what each row's Python "
+    "and CUDA calls cost this machine's host per step, not a training step at real sizes."
 )
 
 
@@ -153,11 +168,12 @@ def _forced(forcing: Forcing | None) -> Iterator[None]:
 class Row:
     """One row's model, optimizer and batch, and how it runs a training step."""
 
-    def __init__(self, name: str, workload: Workload, batch: Batch) -> None:
+    def __init__(self, name: str, workload: Workload, batch: Batch, device: torch.device = CPU) -> None:
         self.name = name
         self.workload = workload
+        self.device = device
         torch.manual_seed(0)
-        self.model: nn.Module = workload.build()
+        self.model: nn.Module = workload.build().to(device)
         blocks = workload.blocks(self.model)
         self.forced: Forcing | None = None
         self.session: OffloadSession | None = None
@@ -175,7 +191,7 @@ class Row:
             )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.session = OffloadSession(config, "cpu")
+                self.session = OffloadSession(config, device)
             if name == "recompute_all":
                 self.forced = Forcing(frozenset(blocks))
             elif name == "recompute_half":
@@ -201,7 +217,10 @@ class Row:
             self.step()
 
     def timed_steps(self, steps: int) -> list[float]:
-        """The thread's CPU seconds of each of ``steps`` steps."""
+        """The seconds of each of ``steps`` steps: the thread's CPU time on the CPU, the wall
+        time to the device's end on a GPU (:meth:`timed_steps_on_device`)."""
+        if self.device.type == "cuda":
+            return [wall for wall, _ in self.timed_steps_on_device(steps)]
         seconds = []
         clock = time.thread_time
         with _forced(self.forced):
@@ -210,6 +229,21 @@ class Row:
                 self.step()
                 seconds.append(clock() - start)
         return seconds
+
+    def timed_steps_on_device(self, steps: int) -> list[tuple[float, float]]:
+        """Per step on a GPU: the wall seconds to the device's end, and to the host's last call."""
+        clock = time.perf_counter
+        synchronize = torch.cuda.synchronize
+        times = []
+        with _forced(self.forced):
+            synchronize()
+            for _ in range(steps):
+                start = clock()
+                self.step()
+                issued = clock()
+                synchronize()
+                times.append((clock() - start, issued - start))
+        return times
 
     def check_plan(self) -> None:
         if self.session is None:
@@ -256,54 +290,102 @@ def measure(
     count: bool = True,
     counted_steps: int = COUNTED_STEPS,
     top: int = 25,
+    device: torch.device = CPU,
 ) -> dict[str, Any]:
-    """Every row's CPU time per step over ``rounds`` interleaved rounds of ``steps`` steps, and
-    (``count``) its bytecodes and function calls per step over ``counted_steps`` steps; ``top``
-    functions whose bytecodes differ most between ``recompute_all`` and ``checkpoint``."""
+    """Every row's time per step over ``rounds`` interleaved rounds of ``steps`` steps (the
+    thread's CPU time on the CPU; on a GPU the wall time to the device's end, and to the host's
+    last call), and (``count``) its bytecodes and function calls per step over ``counted_steps``
+    steps; ``top`` functions whose bytecodes differ most between ``recompute_all`` and
+    ``checkpoint``."""
     torch.set_num_threads(1)
+    on_device = device.type == "cuda"
     workload = tiny_resnet152(depth=depth)
-    batch = workload.make_batch(0)
-    rows = {name: Row(name, workload, batch) for name in ROWS}
+    batch = _on(workload.make_batch(0), device)
+    with _deterministic_cudnn(on_device):
+        rows = {name: Row(name, workload, batch, device) for name in ROWS}
+        try:
+            return _measure(rows, workload, steps, rounds, count, counted_steps, top, device)
+        finally:
+            for row in rows.values():
+                row.close()
+
+
+def _on(batch: Batch, device: torch.device) -> Batch:
+    inputs, targets = batch
+    return inputs.to(device), targets.to(device)
+
+
+@contextlib.contextmanager
+def _deterministic_cudnn(on: bool) -> Iterator[None]:
+    """cuDNN's deterministic kernels inside (when ``on``): rows bitwise comparable on a GPU."""
+    if not on:
+        yield
+        return
+    before = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
-        for row in rows.values():
-            row.timed_steps(WARMUP_STEPS)
-            row.check_plan()
-        per_round: dict[str, list[float]] = {name: [] for name in ROWS}
-        every: dict[str, list[float]] = {name: [] for name in ROWS}
-        for _ in range(rounds):
-            for name, row in rows.items():
-                seconds = row.timed_steps(steps)
-                every[name].extend(seconds)
-                per_round[name].append(statistics.median(seconds))
-        bytecodes: dict[str, collections.Counter[str]] = {}
-        calls: dict[str, tuple[int, int]] = {}
-        if count:
-            for name, row in rows.items():
-                with _forced(row.forced):
-                    bytecodes[name] = count_opcodes(lambda row=row: row.steps(counted_steps))[0]
-                    calls[name] = count_calls(lambda row=row: row.steps(counted_steps))
-        for row in rows.values():
-            row.check_plan()
-        equal = _bitwise_equal(rows)
+        yield
     finally:
-        for row in rows.values():
-            row.close()
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+
+
+def _measure(
+    rows: dict[str, Row],
+    workload: Workload,
+    steps: int,
+    rounds: int,
+    count: bool,
+    counted_steps: int,
+    top: int,
+    device: torch.device,
+) -> dict[str, Any]:
+    """:func:`measure`'s rounds, counts and record, for the ``rows`` built on ``device``."""
+    on_device = device.type == "cuda"
+    for row in rows.values():
+        row.timed_steps(WARMUP_STEPS)
+        row.check_plan()
+    per_round: dict[str, list[float]] = {name: [] for name in ROWS}
+    every: dict[str, list[float]] = {name: [] for name in ROWS}
+    issued: dict[str, list[float]] = {name: [] for name in ROWS}
+    for _ in range(rounds):
+        for name, row in rows.items():
+            if on_device:
+                times = row.timed_steps_on_device(steps)
+                seconds = [wall for wall, _ in times]
+                issued[name].extend(issue for _, issue in times)
+            else:
+                seconds = row.timed_steps(steps)
+            every[name].extend(seconds)
+            per_round[name].append(statistics.median(seconds))
+    bytecodes: dict[str, collections.Counter[str]] = {}
+    calls: dict[str, tuple[int, int]] = {}
+    if count:
+        for name, row in rows.items():
+            with _forced(row.forced):
+                bytecodes[name] = count_opcodes(lambda row=row: row.steps(counted_steps))[0]
+                calls[name] = count_calls(lambda row=row: row.steps(counted_steps))
+    for row in rows.values():
+        row.check_plan()
+    equal = _bitwise_equal(rows)
     plain = statistics.median(every["plain"])
     result_rows: dict[str, Any] = {}
     for name in ROWS:
         median = statistics.median(every[name])
         result_rows[name] = {
-            "cpu_ms_per_step": median * 1e3,
+            "wall_ms_per_step" if on_device else "cpu_ms_per_step": median * 1e3,
             "round_medians_ms": [min(per_round[name]) * 1e3, max(per_round[name]) * 1e3],
             "over_plain": median / plain,
         }
+        if on_device:
+            result_rows[name]["issue_ms_per_step"] = statistics.median(issued[name]) * 1e3
         if count:
             result_rows[name]["bytecodes_per_step"] = round(sum(bytecodes[name].values()) / counted_steps)
             result_rows[name]["python_calls_per_step"] = round(calls[name][0] / counted_steps)
             result_rows[name]["c_calls_per_step"] = round(calls[name][1] / counted_steps)
     record: dict[str, Any] = {
         "kind": "recompute-host",
-        "label": LABEL,
+        "label": CUDA_LABEL.format(device=torch.cuda.get_device_name(device)) if on_device else LABEL,
+        "device": str(device),
         "model": {"workload": "tiny_resnet152", **workload.params},
         "steps_per_round": steps,
         "rounds": rounds,
@@ -347,11 +429,13 @@ def _bitwise_equal(rows: dict[str, Row]) -> dict[str, bool]:
     return equal
 
 
-def profile_row(name: str, depth: int = 152, steps: int = 20, lines: int = 40) -> str:
+def profile_row(
+    name: str, depth: int = 152, steps: int = 20, lines: int = 40, device: torch.device = CPU
+) -> str:
     """cProfile of ``steps`` steady-state steps of row ``name``: the top functions by own time."""
     torch.set_num_threads(1)
     workload = tiny_resnet152(depth=depth)
-    row = Row(name, workload, workload.make_batch(0))
+    row = Row(name, workload, _on(workload.make_batch(0), device), device)
     try:
         row.timed_steps(WARMUP_STEPS)
         profiler = cProfile.Profile()
@@ -376,25 +460,32 @@ class _Text:
 
 
 def _markdown(record: dict[str, Any]) -> str:
+    runs = record.get("runs")
+    if runs is None:
+        runs = {"this tree": [record]}
+    on_device = next(iter(runs.values()))[0].get("device", "cpu").startswith("cuda")
     lines = [
-        "# Host cost of recomputation (CPU)",
+        f"# Host cost of recomputation ({'GPU host' if on_device else 'CPU'})",
         "",
         record["label"],
         "",
     ]
-    runs = record.get("runs")
-    if runs is None:
-        runs = {"this tree": [record]}
+    clock = "CPU ms/step (runs)"
+    if on_device:
+        clock = "wall ms/step to the device's end (runs) | host issued (ms)"
     for source, measured in runs.items():
         lines += [
             f"## {source}",
             "",
-            "| row | CPU ms/step (runs) | over plain | bytecodes/step | Python calls/step | C calls/step |",
-            "| --- | --- | --- | --- | --- | --- |",
+            f"| row | {clock} | over plain | bytecodes/step | Python calls/step | C calls/step |",
+            f"| --- | --- |{' --- |' if on_device else ''} --- | --- | --- | --- |",
         ]
         for name in ROWS:
             cells = [run["rows"][name] for run in measured]
-            ms = ", ".join(f"{cell['cpu_ms_per_step']:.2f}" for cell in cells)
+            key = "wall_ms_per_step" if on_device else "cpu_ms_per_step"
+            ms = ", ".join(f"{cell[key]:.2f}" for cell in cells)
+            if on_device:
+                ms += " | " + ", ".join(f"{cell['issue_ms_per_step']:.2f}" for cell in cells)
             ratio = ", ".join(f"{cell['over_plain']:.2f}" for cell in cells)
             first = cells[0]
             lines.append(
@@ -441,7 +532,7 @@ def compare(base: str, alternations: int, arguments: list[str]) -> dict[str, Any
             tree_runs.append(_run_in(REPO_ROOT, arguments))
     return {
         "kind": "recompute-host-compare",
-        "label": LABEL + " Each run is one process; base and this tree alternate.",
+        "label": base_runs[0]["label"] + " Each run is one process; base and this tree alternate.",
         "runs": runs,
     }
 
@@ -451,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--depth", type=int, default=152)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: a GPU host's cost per step")
     parser.add_argument("--steps", type=int, default=4, help="steps per row per round")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--no-count", action="store_true", help="skip the bytecode and call counts")
@@ -462,10 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", choices=ROWS, help="print a cProfile of this row and exit")
     parser.add_argument("--raw", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch here")
     if args.profile:
-        print(profile_row(args.profile, depth=args.depth))
+        print(profile_row(args.profile, depth=args.depth, device=device))
         return 0
     common = ["--depth", str(args.depth), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    common += ["--device", args.device]
     common += ["--counted-steps", str(args.counted_steps)]
     if args.no_count:
         common.append("--no-count")
@@ -473,13 +569,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = compare(args.base, args.alternations, common)
     else:
         record = measure(
-            args.depth, args.steps, args.rounds, count=not args.no_count, counted_steps=args.counted_steps
+            args.depth,
+            args.steps,
+            args.rounds,
+            count=not args.no_count,
+            counted_steps=args.counted_steps,
+            device=device,
         )
     if args.raw:
         args.raw.write_text(json.dumps(record))
         return 0
     print(_markdown(record))
-    write_result(args.results_dir, torch.device("cpu"), args.name, record, _markdown(record))
+    write_result(args.results_dir, device, args.name, record, _markdown(record))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,19 @@ def test_a_headline_command_runs_every_row_at_cpu_sizes(name: str, tmp_path: Pat
         assert 0 < row["peak_allocated_bytes"] <= row["budget_bytes"]
         assert row["graph_changed_steps"] == 0  # every replayed pass followed its sequence
     assert (tmp_path / "cpu").is_dir() and any(path.suffix == ".md" for path in (tmp_path / "cpu").iterdir())
+
+
+def test_the_recompute_host_step_follows_the_headline_and_its_cpu_form_runs(tmp_path: Path) -> None:
+    from bench.overhead import recompute
+
+    names = [step.name for step in gpu_check.STEPS]
+    assert names.index("recompute-host") == names.index("headline-gpt2-medium-bf16") + 1
+    (step,) = gpu_check.select_steps("recompute-host")
+    assert step.argv[:4] == ["-m", "bench.overhead.recompute", "--device", "cuda"]
+    assert step.writes_results and step.timeout_seconds < 8 * 60
+    command = gpu_check.quick_command(step, tmp_path)
+    assert recompute.main(command[2:]) == 0
+    (written,) = (tmp_path / "cpu").glob("*-recompute-host.json")
+    data = json.loads(written.read_text())
+    assert data["device"] == "cpu" and data["bitwise_equal"] and set(data["rows"]) == set(recompute.ROWS)
+    assert all(row["cpu_ms_per_step"] > 0 for row in data["rows"].values())

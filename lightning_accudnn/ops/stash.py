@@ -176,8 +176,9 @@ class StorageRecord:
     in_fifo: bool  # counted in the engine's copy-out FIFO
     fetched: torch.Tensor | None  # the bytes on the device in backward
     #: Where ``fetched`` lives: the saved storage's block when read where it was saved (still
-    #: in the copy-out FIFO), or a copy brought back into a block the engine allocated
-    #: (:class:`FetchedCopy`); the other one is ``None``.
+    #: in the copy-out FIFO, or held there by another record of the storage that is), or a copy
+    #: brought back into a block the engine allocated (:class:`FetchedCopy`); the other one is
+    #: ``None``.
     fetched_block: DeviceBlock | None
     fetched_copy: FetchedCopy | None
     fetched_ready: StreamEvent | None  # copy-in event compute has not waited on yet

@@ -364,9 +364,12 @@ class CopyTraffic:
         (:meth:`_copy_in`)."""
         step = self._step
         storage = record.source_storage
+        if storage is None and record.source_block.holders:
+            storage = self._storage_still_held(step, record)
         if storage is not None:
-            # Still in the FIFO: read it where it is. Compute waits on the copy out so that
-            # the block may be freed in compute order whenever its last view dies.
+            # Still in the FIFO (or its storage still held there by another record of it): read
+            # it where it is. Compute waits on the copy out so that the block may be freed in
+            # compute order whenever its last view dies.
             self._settle_copy_out(step, record)
             dense = record.dense  # the tensor saved, typed, or the storage's bytes
             whole = (
@@ -407,6 +410,20 @@ class CopyTraffic:
             assert step is not None
             step.window_used += nbytes
         return storage is None
+
+    @staticmethod
+    def _storage_still_held(step: StepState | None, record: StorageRecord) -> torch.UntypedStorage | None:
+        """The storage of a record retired from the copy-out FIFO whose block another record of
+        the same storage still holds on the device (views of one output saved as overlapping
+        extents: retiring the older let go of nothing): that record's, so that this one is read
+        there rather than brought back beside it. ``None`` when no record holds it now."""
+        entry = None if step is None else step.by_storage.get(record.source_block.key)
+        if entry is None:
+            return None
+        for other in entry.records:
+            if other.source_block is record.source_block and other.source_storage is not None:
+                return other.source_storage
+        return None
 
     def _copy_in(self, records: list[StorageRecord], now: bool) -> None:
         """Copy the host copies of ``records`` into the blocks :meth:`_place` allocated them, as

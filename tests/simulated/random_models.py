@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 CHANNELS = 4
 
@@ -86,6 +88,68 @@ class Gather(nn.Module):
         return torch.gather(x * self.scale, 1, index) + x
 
 
+class Dropout(nn.Module):
+    """Random numbers in forward: a recomputation must draw the same mask again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(CHANNELS, CHANNELS, 1)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.tanh(self.conv(x))) + x
+
+
+class Shared(nn.Module):
+    """One module called twice in a step (its weight saved by both calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(CHANNELS, CHANNELS, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.conv(torch.relu(self.conv(x)))) * x
+
+
+class UserCheckpoint(nn.Module):
+    """The model's own ``torch.utils.checkpoint``, whose hooks run inside the engine's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(CHANNELS, CHANNELS, 1)
+        self.b = nn.Conv2d(CHANNELS, CHANNELS, 1)
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = checkpoint(self._inner, x, use_reentrant=False)
+        return out + x
+
+
+class Tokens(nn.Module):
+    """A transformer's layout: pixels as tokens through transposed views, LayerNorm, GELU, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(CHANNELS)
+        self.proj = nn.Linear(CHANNELS, CHANNELS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        tokens = x.flatten(2).transpose(1, 2)
+        tokens = self.proj(F.gelu(self.norm(tokens)))
+        return tokens.transpose(1, 2).reshape(n, c, h, w) + x
+
+
+class MaxPoolIndices(nn.Module):
+    """Max pooling, which saves its int64 indices beside its input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled, _ = F.max_pool2d(x, 3, stride=1, padding=1, return_indices=True)
+        return pooled * 0.5 + x
+
+
 PIECES = {
     "conv": lambda: Conv(channels_last=False),
     "conv_channels_last": lambda: Conv(channels_last=True),
@@ -94,6 +158,11 @@ PIECES = {
     "gates_in_place": GatesInPlace,
     "bf16": Bf16,
     "gather": Gather,
+    "dropout": Dropout,
+    "shared": Shared,
+    "user_checkpoint": UserCheckpoint,
+    "tokens": Tokens,
+    "max_pool_indices": MaxPoolIndices,
 }
 
 

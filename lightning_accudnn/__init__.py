@@ -21,7 +21,12 @@ from lightning_accudnn.registration import register_when_lightning_loads
 if TYPE_CHECKING:
     from lightning_accudnn.callbacks import EfficiencyTuner
     from lightning_accudnn.ops import SwapSchedule, keep_on_device
-    from lightning_accudnn.planner import Budget, BudgetTooSmallError
+    from lightning_accudnn.planner import (
+        Budget,
+        BudgetTooSmallError,
+        HostLimitTooSmallError,
+        NothingToRecomputeError,
+    )
     from lightning_accudnn.session import OffloadConfig, OffloadSession, OffloadStats
     from lightning_accudnn.session.out_of_memory import (
         OutOfMemoryAfterRetriesError,
@@ -39,6 +44,8 @@ _PUBLIC_NAMES = {
     "keep_on_device": "lightning_accudnn.ops",
     "Budget": "lightning_accudnn.planner",
     "BudgetTooSmallError": "lightning_accudnn.planner",
+    "HostLimitTooSmallError": "lightning_accudnn.planner",
+    "NothingToRecomputeError": "lightning_accudnn.planner",
     "OffloadConfig": "lightning_accudnn.session",
     "OffloadSession": "lightning_accudnn.session",
     "OffloadStats": "lightning_accudnn.session",
@@ -58,6 +65,8 @@ __all__ = [
     "Budget",
     "BudgetTooSmallError",
     "EfficiencyTuner",
+    "HostLimitTooSmallError",
+    "NothingToRecomputeError",
     "OffloadConfig",
     "OffloadSession",
     "OffloadStats",

@@ -14,7 +14,11 @@ from lightning_accudnn.planner.plan import (
     plan_swaps,
     swap_everything_peak_bytes,
 )
-from lightning_accudnn.planner.refusals import named_for_reserve
+from lightning_accudnn.planner.refusals import (
+    HostLimitTooSmallError,
+    NothingToRecomputeError,
+    named_for_reserve,
+)
 from lightning_accudnn.planner.scaling import ShapeRatio, fit_growth, plan_covers, scale_profile, shape_ratio
 from lightning_accudnn.planner.timeline import (
     LayerTiming,
@@ -35,9 +39,11 @@ __all__ = [
     "ACCEPTED_FORMS",
     "Budget",
     "BudgetTooSmallError",
+    "HostLimitTooSmallError",
     "LayerProfile",
     "LayerTiming",
     "MemoryEstimate",
+    "NothingToRecomputeError",
     "Plan",
     "ShapeRatio",
     "PlanChoice",

@@ -504,7 +504,8 @@ def _text_report(plan: Plan, report: dict, gpu: GpuSpec, trace: StepTrace) -> st
         *_float32_rows(report),
         (
             "unconstrained",
-            f"peak {gb('unconstrained_peak_bytes')}, step {ms(report['unconstrained_step_seconds'])}",
+            f"peak {gb('unconstrained_peak_bytes')}, step {ms(report['unconstrained_step_seconds'])} "
+            "(each kernel at its datasheet roofline: no launch or host time)",
         ),
         (
             "working memory",

@@ -18,10 +18,9 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_accudnn import AccUDNNStrategy, OffloadConfig, OffloadSession
+from lightning_accudnn import AccUDNNStrategy, NothingToRecomputeError, OffloadConfig, OffloadSession
 from lightning_accudnn.ops.errors import RecomputationError
 from lightning_accudnn.ops.recompute import is_recomputing
-from lightning_accudnn import NothingToRecomputeError
 from tests.recompute.models import slow_link
 
 WIDTH, STEPS, BATCH = 32, 4, 256

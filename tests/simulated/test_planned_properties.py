@@ -50,7 +50,9 @@ def _need(model: torch.nn.Module, batch: object) -> tuple[int, int]:
 # while the newer held the storage: it was brought back beside it, 576 B over the prediction.
 @example(model_pieces=["gates_in_place", "bf16"], share=0.9375, lag=None, seed=0, policy="auto")
 # A model whose plain training diverges to NaN by its third step: offloaded, the same NaNs.
-@example(model_pieces=["branches", "branches", "branches", "branches"], share=1.0, lag=None, seed=0, policy="auto")
+@example(
+    model_pieces=["branches", "branches", "branches", "branches"], share=1.0, lag=None, seed=0, policy="auto"
+)
 def test_planned_steps_stay_within_their_prediction_at_any_lag(model_pieces, share, lag, seed, policy):
     batches = [random_batch(seed + step) for step in range(4)]
     torch.manual_seed(0)

@@ -79,6 +79,7 @@ from bench.environment import REPO_ROOT
 from bench.overhead.bytecodes import count_opcodes
 from bench.overhead.models import tiny_resnet152
 from bench.report import write_result
+from bench.runner import batch_on
 from bench.techniques.checkpoint import checkpoint_blocks
 from bench.workloads import Batch, Workload
 from lightning_accudnn import OffloadConfig, OffloadSession
@@ -300,7 +301,7 @@ def measure(
     torch.set_num_threads(1)
     on_device = device.type == "cuda"
     workload = tiny_resnet152(depth=depth)
-    batch = _on(workload.make_batch(0), device)
+    batch = batch_on(workload.make_batch(0), device)
     with _deterministic_cudnn(on_device):
         rows = {name: Row(name, workload, batch, device) for name in ROWS}
         try:
@@ -308,11 +309,6 @@ def measure(
         finally:
             for row in rows.values():
                 row.close()
-
-
-def _on(batch: Batch, device: torch.device) -> Batch:
-    inputs, targets = batch
-    return inputs.to(device), targets.to(device)
 
 
 @contextlib.contextmanager
@@ -435,7 +431,7 @@ def profile_row(
     """cProfile of ``steps`` steady-state steps of row ``name``: the top functions by own time."""
     torch.set_num_threads(1)
     workload = tiny_resnet152(depth=depth)
-    row = Row(name, workload, _on(workload.make_batch(0), device), device)
+    row = Row(name, workload, batch_on(workload.make_batch(0), device), device)
     try:
         row.timed_steps(WARMUP_STEPS)
         profiler = cProfile.Profile()

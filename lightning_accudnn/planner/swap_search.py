@@ -18,7 +18,7 @@ Facts the search relies on (they follow from the simulator's rules):
 
 Choosing the swap set exactly is subset-sum-like, so small instances are searched
 exhaustively and large ones heuristically (forward prefixes, hidden chains, then a bounded
-greedy refinement), with a bounded number of simulations.
+greedy refinement from the best few sets found), with a bounded number of simulations.
 
 A *hidden chain* (:func:`hidden_chain`) swaps a layer only once the copy of the one swapped
 before it has ended, so at copy-out limit 0 each retirement finds its copy done and the compute
@@ -59,6 +59,8 @@ _REFINE_WORK = 150_000
 #: Hidden chains are tried with these many of the largest distinct swappable sizes as the
 #: least size of a layer they swap.
 CHAIN_LEVELS = 6
+#: The greedy refinement starts from this many of the best swap sets found.
+REFINE_STARTS = 3
 
 _Key = tuple[float, int, int, int, int]
 
@@ -243,6 +245,7 @@ class _Finder:
         self.best: SimulationResult | None = None
         self.best_key: _Key | None = None
         self.seen: set[tuple[bool, ...]] = set()
+        self.set_keys: dict[tuple[bool, ...], _Key] = {}  # each swap set's best plan so far
         self.layer_steps = 0  # simulated layers so far (the cost measure)
 
     # -- scoring ----------------------------------------------------------------------------
@@ -269,6 +272,9 @@ class _Finder:
         result = self.simulator.run(PlanChoice(swap, window, limit))
         self.layer_steps += 2 * self.simulator.k
         key = self.key(result)
+        known = self.set_keys.get(swap)
+        if known is None or key < known:
+            self.set_keys[swap] = key
         if self.best_key is None or key < self.best_key:
             self.best, self.best_key = result, key
             return True
@@ -411,25 +417,41 @@ class _Finder:
             self.consider(_swap_of(k, order[:length]))
 
     def _refine(self, swappable: list[int]) -> None:
-        """Greedy: flip one layer (largest swapped, first kept) while that helps."""
-        simulator = self.simulator
+        """Greedy from each of the :data:`REFINE_STARTS` best swap sets found, within one work
+        bound: a climb taking the first better flip it meets can settle where a flip it met later
+        was the faster way (keeping a larger layer is as fast and swaps fewer bytes), and a larger
+        budget, whose search starts elsewhere, would then plan a slower step than a smaller one."""
+        starts = sorted(self.set_keys, key=self.set_keys.__getitem__)[:REFINE_STARTS]
         limit = self.layer_steps + _REFINE_WORK
-        improved = True
-        while improved and self.layer_steps < limit and self.best is not None:
-            improved = False
-            swap = self.best.choice.swap
+        for start in starts:
+            self._climb(start, swappable, limit)
+
+    def _climb(self, start: tuple[bool, ...], swappable: list[int], limit: int) -> None:
+        """From ``start``, move to the best set one flip away (of the largest swapped layers and
+        the first kept ones: the fastest plan, then the fewest bytes swapped) while it is better
+        than the set it flips, until ``limit`` layer-steps."""
+        simulator = self.simulator
+        swap = start
+        while self.layer_steps < limit:
+            here = self.set_keys[swap]
             swapped = sorted(
                 (i for i in range(simulator.k) if swap[i]), key=lambda i: -simulator.swappable[i]
             )
             kept = [i for i in swappable if not swap[i]]
+            best_move: tuple[bool, ...] | None = None
             for i in dict.fromkeys([*swapped[:8], *kept[:6]]):
                 if self.layer_steps >= limit:
                     break
                 trial = list(swap)
                 trial[i] = not trial[i]
-                if self.consider(tuple(trial)):
-                    improved = True
-                    break
+                move = tuple(trial)
+                self.consider(move)
+                found = self.set_keys.get(move)
+                if found is not None and found < here:
+                    best_move, here = move, found
+            if best_move is None:
+                return
+            swap = best_move
 
 
 def _snap(sizes: Sequence[int], value: int) -> int:

@@ -265,6 +265,10 @@ BENCH_MODULES = [
     "host_profile",
     "replan",
     "trace_check",
+    "planner.monotone",
+    "planner.budget_sweep",
+    "planner.plan_time",
+    "planner.timed_plans",
 ]
 
 

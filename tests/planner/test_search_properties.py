@@ -62,6 +62,32 @@ def staged_profiles(draw, selective: bool = False) -> StepProfile:
     )
 
 
+def _staged(layers: str, seconds: float, link: float) -> StepProfile:
+    """Stages of two-layer blocks between a stem and a head, from space-separated stages
+    (``"s0:20,20/20,115"``: stage s0, blocks of 20 and 20 then 20 and 115 bytes), each layer
+    swappable whole and ``seconds`` each way."""
+    built = [LayerProfile("stem", 10, 0, 1.0, 2.0)]
+    segments = []
+    for group in layers.split():
+        stage, blocks = group.split(":")
+        segments.append(SegmentProfile(stage, 1))
+        for index, sizes in enumerate(blocks.split("/")):
+            name = f"{stage}.b{index}"
+            segments.append(SegmentProfile(name, 1))
+            for part, size in zip(("conv", "relu"), sizes.split(","), strict=True):
+                built.append(LayerProfile(f"{name}.{part}", int(size), int(size), seconds, seconds))
+    built.append(LayerProfile("head", 1, 0, 0.5, 1.0))
+    return StepProfile(tuple(built), 0, link, link, segments=tuple(segments))
+
+
+#: A step whose keep/swap search, greedy from swapping everything, once took the first better
+#: flip it met at the larger of two budgets (keeping a larger layer: as fast, fewer bytes) and
+#: so missed the faster flip it took at the smaller one: 26.575 at 389 bytes, 26.5 at 374.
+_FIRST_FLIP_TRAP = _staged(
+    "s0:20,20/20,115/59,119 s1:20,20/20,20/20,76/65,100 s2:20,20/20,20/20,79/20,20", 0.5, 200.0
+)
+
+
 def _step(profile: StepProfile, budget: int, policy: str) -> float | None:
     try:
         return plan_swaps(profile, budget, policy=policy).predicted_step_seconds
@@ -91,6 +117,12 @@ def test_more_budget_is_never_slower_and_auto_beats_each_single_policy(profile, 
             assert auto.lower_bound_seconds <= lower_bound_seconds(profile, budget, policy) * (1 + 1e-9)
         steps.append(auto.predicted_step_seconds)
     assert steps[1] <= steps[0] * (1 + 1e-9), budgets
+
+
+def test_the_larger_budget_takes_the_faster_flip_the_smaller_one_took():
+    smaller, larger = (plan_swaps(_FIRST_FLIP_TRAP, budget) for budget in (374, 389))
+    assert smaller.search == larger.search == "heuristic"
+    assert larger.predicted_step_seconds <= smaller.predicted_step_seconds
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

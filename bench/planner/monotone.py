@@ -24,12 +24,8 @@ measurements of any GPU.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pickle
 import random
-import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +34,7 @@ from typing import Any
 import torch
 
 from bench.environment import REPO_ROOT, git_commit, git_state
+from bench.planner.checkouts import run_script
 from bench.report import write_result
 from lightning_accudnn.planner.plan import min_budget_bytes
 from lightning_accudnn.profile import LayerProfile, SegmentProfile, StepProfile
@@ -190,16 +187,6 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _run_child(checkout: Path, path: Path) -> list[dict[str, Any]]:
-    command = [sys.executable, str(_CHILD), str(path)]
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} in {checkout} failed: {done.stderr[-2000:]}")
-    result: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         prog="python -m bench.planner.monotone", description=__doc__.split("\n\n")[0]
@@ -225,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "steps.pkl"
         path.write_bytes(pickle.dumps(steps))
-        runs = {side: _run_child(checkout, path) for side, checkout in checkouts.items()}
+        runs = {side: run_script(checkout, _CHILD, str(path)) for side, checkout in checkouts.items()}
     record: dict[str, Any] = {
         "kind": "planner-monotone",
         "label": (

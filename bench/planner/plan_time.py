@@ -22,12 +22,8 @@ checkout; per case and policy the sum over the fractions of each cell's median.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pickle
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +33,7 @@ import torch
 
 from bench.environment import REPO_ROOT, git_commit
 from bench.planner.cases import CASES, TABLE_CASES, trace_case
+from bench.planner.checkouts import run_script
 from bench.planner.timed_plans import POLICIES
 from bench.report import write_result
 from lightning_accudnn.profiling.gpus import get_gpu
@@ -47,12 +44,9 @@ _CHILD = Path(__file__).resolve().parent / "timed_plans.py"
 
 
 def _run_child(checkout: Path, profiles: Path, heap: bool) -> dict[str, dict[str, Any]]:
-    command = [sys.executable, str(_CHILD), str(profiles), *(["--heap"] if heap else [])]
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} in {checkout} failed: {done.stderr[-2000:]}")
-    result: dict[str, dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, dict[str, Any]] = run_script(
+        checkout, _CHILD, str(profiles), *(["--heap"] if heap else [])
+    )
     return result
 
 

@@ -266,6 +266,7 @@ BENCH_MODULES = [
     "replan",
     "trace_check",
     "planner.monotone",
+    "planner.checkouts",
     "planner.budget_sweep",
     "planner.plan_time",
     "planner.timed_plans",

@@ -15,9 +15,12 @@ def session_steps(
     optimizer: torch.optim.Optimizer,
     loss_at: Callable[[int], torch.Tensor],
     steps: range,
+    settle: bool = False,
 ) -> list[OffloadStats]:
     """A training step of ``model`` under ``session.step`` for each number of ``steps``, its loss
-    ``loss_at(number)``; the session's stats after each."""
+    ``loss_at(number)``; the session's stats after each. With ``settle``, the plans being made on
+    planning threads are waited for after each step, so that which passes are timed and plan does
+    not depend on how fast the machine plans."""
     stats = []
     for step in steps:
         with session.step(model, optimizer):
@@ -25,17 +28,26 @@ def session_steps(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        if settle:
+            session.wait_for_plans()
         assert session.stats is not None
         stats.append(session.stats)
     return stats
 
 
-def train_cnn(session: OffloadSession, model: torch.nn.Module, steps: int) -> list[OffloadStats]:
+def train_cnn(
+    session: OffloadSession, model: torch.nn.Module, steps: int, settle: bool = False
+) -> list[OffloadStats]:
     """``steps`` SGD steps of ``model`` on the "cnn" batches, each under ``session.step``; the
-    session's stats after each."""
+    session's stats after each (``settle``: see :func:`session_steps`)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return session_steps(
-        session, model, optimizer, lambda index: loss_of(model, make_batch("cnn", seed=index)), range(steps)
+        session,
+        model,
+        optimizer,
+        lambda index: loss_of(model, make_batch("cnn", seed=index)),
+        range(steps),
+        settle,
     )
 
 

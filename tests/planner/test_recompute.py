@@ -15,8 +15,8 @@ from lightning_accudnn.planner.plan import (
     plan_swaps,
     swap_everything_peak_bytes,
 )
-from lightning_accudnn.planner.recompute import candidate_spans, recomputed_profile
-from lightning_accudnn.planner.search import recompute_sets
+from lightning_accudnn.planner.recompute import SegmentSpan, candidate_spans, recomputed_profile
+from lightning_accudnn.planner.search import nested_spans, recompute_sets
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator
 from lightning_accudnn.profile import LayerChoice, LayerProfile, SegmentProfile, StepProfile
 from tests.planner.strategies import run_sums
@@ -252,8 +252,12 @@ def segmented_profiles(draw) -> StepProfile:
 
 def _brute_force(profile: StepProfile, cap: int, policy: str) -> tuple[float | None, int]:
     """Least step time with peak <= cap, and least peak, over every non-overlapping recompute
-    set x swap set x limit x window (written without the search)."""
-    spans = candidate_spans(profile) if policy != "swap" else ()
+    set (of the candidates and of the stages recomputed with their blocks recomputed inside them,
+    as the planner offers them) x swap set x limit x window (written without the search)."""
+    spans: tuple[SegmentSpan, ...] = ()
+    if policy != "swap":
+        flat = candidate_spans(profile)
+        spans = (*flat, *nested_spans(profile, flat))
     best, least = None, None
     for mask in range(1 << len(spans)):
         chosen = [span for bit, span in enumerate(spans) if mask >> bit & 1]

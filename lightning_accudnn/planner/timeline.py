@@ -378,7 +378,9 @@ class Simulator:
 
     def largest_window(self, swap: Sequence[bool], limit: int | None, cap: int) -> int | None:
         """The largest prefetch window whose peak is at most ``cap`` (``None`` if even window 0
-        is above it); a window above the bytes that come back is reported as that many bytes.
+        is above it); a window above both the bytes that come back and the room the engine's walk
+        of the prefetch order takes before it admits its last swapped record (records of layers
+        the copy-out FIFO left on the device take room too) is reported as the larger of the two.
 
         Example:
             >>> from lightning_accudnn.profile import LayerProfile
@@ -393,8 +395,10 @@ class Simulator:
         forward_levels, retired = self._forward_memory(swap, limit)
         if max(forward_levels, default=self.floor) > cap or self.floor > cap:
             return None
-        largest = sum(retired)
         above, thresholds, layers, sizes = self._opening_steps(swap)
+        largest = sum(retired)
+        if thresholds and thresholds[-1] > largest:
+            largest = thresholds[-1]
         helds = _capped_sums(layers, sizes, retired) if thresholds else []
         for i, (kept, needed, nxt, below, early) in enumerate(self._backward_terms(retired)):
             room = cap - kept

@@ -296,10 +296,7 @@ def test_the_largest_window_with_resaves_is_the_largest_that_fits(profile, swap,
         assert peak(0) > cap
         return
     assert peak(largest) <= cap
-    # a window above the bytes that come back is reported as that many bytes
-    assert peak(largest + 1) > cap or largest == sum(
-        simulator._forward_memory(simulator.effective(swap), limit)[1]
-    )
+    assert peak(largest + 1) > cap or peak(10**9) <= cap  # the largest, unless every window fits
 
 
 @pytest.mark.slow

@@ -72,7 +72,8 @@ class OffloadConfig:
       then the kind runs the plan in force, which fits the budget as well
       (:mod:`~lightning_accudnn.session.background_plans`). ``False`` makes them at the end of
       the pass they come from, so that which plan every pass runs does not depend on how long
-      planning takes. Gradients are the same either way.
+      planning takes. Gradients are the same either way. Ranks of a distributed run make the
+      plans they agree on at once either way, so that they run them from the same pass.
     * ``whole_model_compile``: ``None`` (a model compiled whole is refused before training)
       or ``"experimental"``: such a model is planned inside its compiled graph (see
       :mod:`lightning_accudnn.whole_model_compile`; PyTorch 2.14.1 only, swap or keep per

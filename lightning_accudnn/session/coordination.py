@@ -6,7 +6,9 @@ Nothing else can be one: ranks fed batches of other shapes profile and refine at
 passes. In between, a rank plans a profiling or refining pass from its own figures, and
 what it notices (a pass to plan, a peak over the budget, a graph that changed) waits as a
 :class:`ReplanRequest` keyed by the pass it concerns; the next agreement merges the
-requests of every rank per key and plans those passes alike on every rank.
+requests of every rank per key and plans those passes alike on every rank, at once (not on
+a thread: see ``plan_in_background`` in :class:`~lightning_accudnn.session.OffloadConfig`), so
+that every rank runs the new plans from the next pass.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ class RankCoordinator:
     """
 
     collectives = 0
+
+    @property
+    def shared(self) -> bool:
+        """Whether other ranks run the plans agreed here (they must then change at the same
+        pass on every rank)."""
+        return False
 
     def due(self) -> bool:
         """Called once per pass on every rank: whether the ranks agree after this pass."""

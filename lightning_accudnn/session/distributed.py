@@ -45,6 +45,10 @@ class DistributedCoordinator(RankCoordinator):
         self._passes = 0  # since the last agreement
         self._group: Any = None
 
+    @property
+    def shared(self) -> bool:
+        return _distributed()
+
     def due(self) -> bool:
         self._passes += 1
         if self._passes >= self.every:

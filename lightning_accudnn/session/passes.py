@@ -342,10 +342,13 @@ class PassRunner:
                 self.planning.raise_reserve(
                     agreed.catch_up_bytes, "another rank's pass passed its usable budget"
                 )
+            # Where other ranks run the plans agreed here, each is made at once: every rank then
+            # runs it from the next pass (a plan made on a thread is adopted by the first pass
+            # after it is ready, a pass of each rank's own).
+            alone = not self.agreement.coordinator.shared
             for other, merged in agreed.profiles.items():
-                self._keep_new_plan(
-                    other, merged, current=other == key, in_background=other in agreed.refine_only
-                )
+                background = alone and other in agreed.refine_only
+                self._keep_new_plan(other, merged, current=other == key, in_background=background)
         elif scheduled:
             # Between agreement points a profiling or refining pass (or one over the budget) is
             # planned from this rank's own figures (ranks may see other batch shapes); the next

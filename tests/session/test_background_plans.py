@@ -13,6 +13,7 @@ from lightning_accudnn.planner import plan_swaps
 from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session import planning
 from lightning_accudnn.session.background_plans import THREAD_NAME, BackgroundPlans
+from lightning_accudnn.session.coordination import RankCoordinator
 from lightning_accudnn.session.warm_times import TIMED_PLANNED_PASSES
 from tests.session.helpers import seeded_steps
 
@@ -188,7 +189,7 @@ def test_inline_planning_makes_no_worker(monkeypatch):
 
 def test_an_agreement_leaves_in_the_background_only_what_every_rank_asks_to_refine():
     from lightning_accudnn.session.agreement import Measured, PlanAgreement
-    from lightning_accudnn.session.coordination import RankCoordinator, ReplanRequest
+    from lightning_accudnn.session.coordination import ReplanRequest
     from lightning_accudnn.session.plan_book import PassKey
 
     refine, other, grown = (PassKey(model=m, batch=(), position=0) for m in (1, 2, 3))
@@ -208,3 +209,41 @@ def test_an_agreement_leaves_in_the_background_only_what_every_rank_asks_to_refi
     agreement.record(grown, Measured(_profile(), None, planned=True), agreement.overshoot(1_000))
     agreed = agreement.agree()
     assert set(agreed.profiles) == {refine, grown} and agreed.refine_only == frozenset()
+
+
+class SharedEvery(RankCoordinator):
+    """A coordinator whose agreed plans other ranks run too, agreeing after every ``every``-th pass
+    (one process: what it agrees is this rank's own)."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.passes = every, 0
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    def due(self) -> bool:
+        self.passes += 1
+        return self.passes % self.every == 0
+
+
+def test_ranks_run_each_agreed_plan_from_the_pass_after_the_agreement(monkeypatch):
+    """A plan made on a thread is adopted by the first pass after it is ready, a pass of each rank's
+    own: where other ranks run the plans agreed, an agreement makes them at once."""
+    gate = Gate(monkeypatch)  # never opened: a plan made on the worker is never ready
+    every = 3
+    session = OffloadSession(
+        OffloadConfig(budget="1GB", min_swap_bytes=0), "cpu", coordinator=SharedEvery(every)
+    )
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    stats, plans = [], []
+    for step in range(4 * every):
+        stats += seeded_steps(session, model, optimizer, 1, first=step)
+        plans.append(session.plan)
+    agreements = [step for step in range(len(plans)) if step % every == every - 1]
+    changed = [step for step in range(1, len(plans)) if plans[step] is not plans[step - 1]]
+    assert gate.worker_calls == 0
+    assert set(changed) <= set(agreements) and len(changed) >= 2  # the first plan refined, and again
+    assert all(stats[step].planning_seconds > 0 for step in changed)
+    session.close()

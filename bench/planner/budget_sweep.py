@@ -29,7 +29,7 @@ def sweep(steps: list[tuple[Any, list[int]]]) -> list[dict[str, Any]]:
         >>> layers = tuple(LayerProfile(f"l{i}", 100, 100, 1.0, 2.0) for i in range(3))
         >>> swept = sweep([(StepProfile(layers, 0, 100.0, 100.0), [99, 200, 300])])
         >>> swept[0]["steps"], swept[0]["searches"]
-        ([None, 10.0, 9.0], [None, 'exhaustive', 'exhaustive'])
+        ([None, 12.0, 9.0], [None, 'exhaustive', 'exhaustive'])
     """
     from lightning_accudnn.planner.plan import BudgetTooSmallError, plan_swaps
 

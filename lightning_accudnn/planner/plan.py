@@ -409,7 +409,7 @@ def plan_swaps(
         ...                       h2d_bytes_per_second=1e6)
         >>> plan = plan_swaps(profile, budget_bytes=1_300)
         >>> sorted(plan.swapped_layers), plan.predicted_peak_bytes, plan.max_copying_out_bytes
-        (['l0', 'l2', 'l3'], 1300, 0)
+        (['l0', 'l1', 'l2', 'l3'], 1300, 0)
     """
     cap = Headroom(budget_bytes, reserve_bytes).usable_bytes  # checks the reserve
     if max_copying_out_bytes is not None and max_copying_out_bytes < 0:

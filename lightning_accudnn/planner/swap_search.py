@@ -311,7 +311,7 @@ class _Finder:
                 break
             if not self.fits(swap, 0, limit):
                 break  # memory grows with the limit
-            windows = self.simulator.window_candidates(swap, limit)
+            windows = self.simulator.window_candidates(swap)
             self.offer(swap, self.best_window(swap, limit, windows), limit)
 
     # -- hidden chains ----------------------------------------------------------------------
@@ -330,8 +330,7 @@ class _Finder:
             self.layer_steps += simulator.k
             window = simulator.largest_window(swap, 0, self.cap)
             assert window is not None  # it fits with window 0
-            retired = [simulator.swappable[i] for i in reversed(simulator.retired_layers(swap, 0))]
-            self.offer(swap, _snap(retired, window), 0)
+            self.offer(swap, _snap(simulator.window_sizes(swap), window), 0)
 
     # -- heuristic --------------------------------------------------------------------------
     def consider(self, swap: tuple[bool, ...]) -> bool:
@@ -350,11 +349,10 @@ class _Finder:
         improved = False
         for limit in sorted({largest, largest // 2, largest // 8, 0}, reverse=True):
             limit = _snap(swapped, limit)
-            retired = [simulator.swappable[i] for i in reversed(simulator.retired_layers(swap, limit))]
             self.layer_steps += simulator.k
             window = simulator.largest_window(swap, limit, self.cap)
             assert window is not None  # the limit was chosen to fit with window 0
-            improved |= self.offer(swap, _snap(retired, window), limit)
+            improved |= self.offer(swap, _snap(simulator.window_sizes(swap), window), limit)
         return improved
 
     @staticmethod

@@ -79,15 +79,17 @@ peak of any plan is swapping every swappable layer with ``L = w = 0``.
 stream). After the push, while more than ``L`` bytes of whole layers wait in the FIFO and it
 holds more than one layer, the oldest layer is retired: the compute stream waits for the end
 of its copy (``compute_wait_seconds``). Layers still in the FIFO at the end of forward are
-not copied back; the compute stream waits for the end of their copy out after their ``B_j``
-(before the reference is dropped). Retired layers are prefetched in reverse order at the end
-of forward and whenever one is consumed, while the bytes admitted and not consumed plus the
-next layer's fit ``w`` (or nothing admitted waits); a copy in starts when admitted and the
-copy stream is free, and ``B_j`` waits for it. A retired layer's re-saved bytes are copied in
-at the position of their last save (before ``B_p``, which waits for them) and leave the window
-when ``B_f`` ends. The copies a backward reads are admitted before it starts even when the
-window is full (re-saved bytes held until ``B_f`` ends can fill it): the engine cannot run
-``B_j`` without them.
+not copied back: the engine reads them where they are. Swapped layers are admitted to the
+prefetch window in reverse order at the end of forward and whenever one is consumed, while
+the bytes admitted and not consumed plus the next layer's fit ``w`` (or nothing admitted
+waits): a retired layer's copy in starts when admitted and the copy stream is free, and
+``B_j`` waits for it; a layer the FIFO left takes its bytes in the window too, and the compute
+stream waits for the end of its copy out when it is admitted (the engine orders compute after
+that copy there, so that its storage may be freed in compute order). A retired layer's
+re-saved bytes are copied in at the position of their last save (before ``B_p``, which waits
+for them) and leave the window when ``B_f`` ends. The copies a backward reads are admitted
+before it starts even when the window is full (re-saved bytes held until ``B_f`` ends can fill
+it): the engine cannot run ``B_j`` without them.
 
 A swapped layer's forward and backward take, on top of their compute, the host's time for
 its storages: ``StepProfile.swap_host_seconds`` per ``LayerProfile.swappable_storages`` each
@@ -656,42 +658,50 @@ class Simulator:
                     now = out_end[oldest]
         end_forward = now
 
-        # Copies in, in prefetch order: (needed by B of, bytes, owner). A retired layer's bytes
-        # come back for its own backward, except the re-saved ones: for the later layer's.
+        # Admissions to the prefetch window, in prefetch order: (needed by B of, bytes, owner,
+        # copied in). A retired layer's bytes come back for its own backward, except the re-saved
+        # ones: for the later layer's. A layer the FIFO left is read where it is (not copied).
         # Sorted by the backward that needs them, last first, then in the order listed here
         # (numbers only, no list per layer: see Simulator.__init__).
-        items: list[tuple[int, int, int, int, int]] = []
+        items: list[tuple[int, int, int, int, int, bool]] = []
         for j in range(k):
             if not retired[j]:
+                if swap[j]:
+                    items.append((-j, len(items), j, swappable[j], j, False))
                 continue
             left = swappable[j]
             for last, nbytes in self.resaved[j]:
                 moved = min(left, nbytes)
                 if moved:
-                    items.append((-last, len(items), last, moved, j))
+                    items.append((-last, len(items), last, moved, j, True))
                     left -= moved
             if left:
-                items.append((-j, len(items), j, left, j))
+                items.append((-j, len(items), j, left, j, True))
         items.sort()
-        order = [(needed_by, nbytes, owner) for _, _, needed_by, nbytes, owner in items]
+        order = [(needed_by, nbytes, owner, copied) for _, _, needed_by, nbytes, owner, copied in items]
         admitted = 0
         waiting_bytes = 0
         admitted_at: list[float | None] = [None] * k
         in_start: list[float | None] = [None] * k
         ready = [0.0] * k  # when every copy B_i needs is in
-        owned = [0] * k  # bytes of each layer's copies in, freed when its backward ends
+        owned = [0] * k  # bytes each layer holds in the window, freed when its backward ends
+        settled = 0.0  # the latest copy out of a layer the FIFO left, admitted: compute waits on it
 
         def prefetch(at: float, due: int = k) -> None:
             """Admit copies while the window allows, and those needed by ``B_due`` or a later
             backward whatever the window holds (that backward reads them)."""
-            nonlocal admitted, waiting_bytes, stream
+            nonlocal admitted, waiting_bytes, stream, settled
             while admitted < len(order):
-                needed_by, nbytes, owner = order[admitted]
+                needed_by, nbytes, owner, copied = order[admitted]
                 if needed_by < due and waiting_bytes > 0 and waiting_bytes + nbytes > window:
                     return
                 admitted += 1
                 waiting_bytes += nbytes
                 owned[owner] += nbytes
+                if not copied:
+                    if out_end[owner] > settled:
+                        settled = out_end[owner]
+                    continue
                 start = at if at >= stream else stream  # max(at, stream), as a comparison
                 stream = start + nbytes / h2d
                 if admitted_at[owner] is None:
@@ -709,24 +719,24 @@ class Simulator:
         backward_end = [0.0] * k
         for i in range(k - 1, -1, -1):
             if admitted < copies:  # re-saved bytes held in the window may have stopped it
-                needed_by, nbytes, _ = order[admitted]
+                needed_by, nbytes, _, _ = order[admitted]
                 if not (needed_by < i and waiting_bytes > 0 and waiting_bytes + nbytes > window):
                     prefetch(now, due=i)
+            if now < settled:  # copies out of layers the FIFO left, admitted since
+                wait += settled - now
+                now = settled
             if now < ready[i]:  # copies this backward reads: its own and re-saved ones
                 wait += ready[i] - now
                 now = ready[i]
             backward_start[i] = now
             now += bwd[i]
             backward_end[i] = now
-            if retired[i]:
+            if owned[i]:
                 waiting_bytes -= owned[i]
                 if admitted < copies:
                     nbytes = order[admitted][1]
                     if not (waiting_bytes > 0 and waiting_bytes + nbytes > window):  # due k: any
                         prefetch(now)
-            elif swap[i] and now < out_end[i]:  # left in the FIFO: wait for its copy before the free
-                wait += out_end[i] - now
-                now = out_end[i]
         times = StepTimes(max(now, stream), end_forward, wait)
         if not record:
             return times, None
@@ -759,28 +769,17 @@ class Simulator:
 
     # -- the choices that behave differently ------------------------------------------------
 
-    def retired_layers(self, swap: tuple[bool, ...], limit: int | None) -> list[int]:
-        """Layers the time model retires in forward (whole layers), in forward order."""
-        fifo: deque[int] = deque()
-        total = 0
-        retired = []
-        for i in range(self.k):
-            if not swap[i]:
-                continue
-            fifo.append(i)
-            total += self.swappable[i]
-            while limit is not None and total > limit and len(fifo) > 1:
-                oldest = fifo.popleft()
-                total -= self.swappable[oldest]
-                retired.append(oldest)
-        return retired
+    def window_sizes(self, swap: tuple[bool, ...]) -> list[int]:
+        """What each swapped layer takes in the prefetch window, in the order the window admits
+        them (the latest first): a retired layer its copy, one the copy-out FIFO left on the
+        device its storages read where they are (so the copy-out limit does not change them)."""
+        return [self.swappable[i] for i in range(self.k - 1, -1, -1) if swap[i] and self.swappable[i] > 0]
 
-    def window_candidates(self, swap: tuple[bool, ...], limit: int | None) -> tuple[int, ...]:
-        """Windows that behave differently in time: 0 and the sums of contiguous runs of retired
-        layers in prefetch order. Memory grows with the window, so a window between two
-        candidates is never better than the lower one."""
-        sizes = [self.swappable[i] for i in reversed(self.retired_layers(swap, limit))]
-        return _run_sums(sizes)
+    def window_candidates(self, swap: tuple[bool, ...]) -> tuple[int, ...]:
+        """Windows that behave differently in time: 0 and the sums of contiguous runs of
+        :meth:`window_sizes`. Memory grows with the window, so a window between two candidates
+        is never better than the lower one."""
+        return _run_sums(self.window_sizes(swap))
 
     def limit_candidates(self, swap: tuple[bool, ...]) -> tuple[int, ...]:
         """Copy-out limits that behave differently in time: 0 and the sums of contiguous runs of
@@ -875,25 +874,24 @@ def simulate(
         ...     static_bytes=0, d2h_bytes_per_second=50.0, h2d_bytes_per_second=50.0)
         >>> timeline = simulate(profile, [True, True], 0, max_copying_out_bytes=0)
         >>> timeline.peak_bytes, timeline.step_seconds, timeline.compute_wait_seconds
-        (200, 8.0, 4.0)
+        (200, 9.0, 5.0)
     """
     choice = PlanChoice(tuple(bool(s) for s in swap), int(prefetch_window_bytes), max_copying_out_bytes)
     return Simulator(profile).timeline(choice)
 
 
-def prefetch_window_candidates(
-    profile: StepProfile, swap: Sequence[bool], max_copying_out_bytes: int | None = None
-) -> tuple[int, ...]:
-    """Every prefetch window that behaves differently in time for this plan, in increasing order.
+def prefetch_window_candidates(profile: StepProfile, swap: Sequence[bool]) -> tuple[int, ...]:
+    """Every prefetch window that behaves differently in time for this plan, in increasing order
+    (whatever its copy-out limit: the window admits every swapped layer, retired or not).
 
     Example:
         >>> from lightning_accudnn.profile import LayerProfile, StepProfile
         >>> layers = tuple(LayerProfile(n, 10 * s, 10 * s) for n, s in (("a", 1), ("b", 2), ("c", 3)))
-        >>> prefetch_window_candidates(StepProfile(layers, static_bytes=0), [True, False, True], 0)
-        (0, 10)
+        >>> prefetch_window_candidates(StepProfile(layers, static_bytes=0), [True, False, True])
+        (0, 10, 30, 40)
     """
     simulator = Simulator(profile)
-    return simulator.window_candidates(simulator.effective(swap), max_copying_out_bytes)
+    return simulator.window_candidates(simulator.effective(swap))
 
 
 def limit_candidates(profile: StepProfile, swap: Sequence[bool]) -> tuple[int, ...]:

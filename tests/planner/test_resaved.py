@@ -299,7 +299,9 @@ def test_with_resaves_every_retired_byte_is_copied_back_in_the_predicted_step(pr
     swap = simulator.effective(data.draw(st.lists(st.booleans(), min_size=k, max_size=k)))
     window = data.draw(st.integers(0, 150))
     limit = data.draw(st.integers(0, 150))
-    step = simulator.run(PlanChoice(swap, window, limit)).times.step_seconds
+    timeline = simulator.timeline(PlanChoice(swap, window, limit))
+    step = timeline.step_seconds
     out = sum(layer.swappable_bytes for layer, swapped in zip(profile.layers, swap, strict=True) if swapped)
-    back = sum(profile.layers[i].swappable_bytes for i in simulator.retired_layers(swap, limit))
+    retired = [timing.retired for timing in timeline.layers]
+    back = sum(layer.swappable_bytes for layer, went in zip(profile.layers, retired, strict=True) if went)
     assert step >= out + back - 1e-9, (step, out, back)

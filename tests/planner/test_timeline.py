@@ -22,9 +22,9 @@ def test_two_swapped_layers_slow_link():
     200 > 0 bytes in two entries: a is retired. b stays in the FIFO to the end of forward.
     Backward: during B_b, b (100) + one storage of a may come back (100) = 200; B_a 100.
     Time: F_a [0,1], out_a [1,3]; F_b [1,2], out_b [3,5]; retiring a waits for out_a: 2..3.
-    a is prefetched at 3, its copy in waits for the stream: [5,7]. B_b [3,4], then compute
-    waits for out_b (b was used in place) until 5; B_a waits for the copy in until 7: [7,8].
-    Step 8 s, compute waited 1 + 1 + 2 = 4 s.
+    At 3 b, read where it is, takes its 100 B in the window, and compute waits for out_b until
+    5; the window of 0 B admits nothing more. B_b [5,6]; b leaves the window, a is prefetched
+    at 6, copy in [6,8]; B_a waits for it: [8,9]. Step 9 s, compute waited 1 + 2 + 2 = 5 s.
     """
     profile = StepProfile(
         (LayerProfile("a", 100, 100, 1.0, 1.0), LayerProfile("b", 100, 100, 1.0, 1.0)),
@@ -36,23 +36,29 @@ def test_two_swapped_layers_slow_link():
     assert (timeline.peak_bytes, timeline.peak_event, timeline.peak_layer) == (200, "forward", "b")
     assert timeline.memory.forward_levels == (100, 200)
     assert timeline.memory.backward_levels == (100, 200)
-    assert (timeline.step_seconds, timeline.compute_wait_seconds, timeline.forward_seconds) == (8.0, 4.0, 3.0)
+    assert (timeline.step_seconds, timeline.compute_wait_seconds, timeline.forward_seconds) == (9.0, 5.0, 3.0)
     a, b = _times(timeline, "a"), _times(timeline, "b")
     assert (a.copy_out_start, a.copy_out_end, b.copy_out_start, b.copy_out_end) == (1.0, 3.0, 3.0, 5.0)
     assert (a.retired, b.retired) == (True, False)
     assert (b.prefetch_start, b.copy_in_start, b.copy_in_end) == (None, None, None)
-    assert (b.backward_start, b.backward_end) == (3.0, 4.0)
-    assert (a.prefetch_start, a.copy_in_start, a.copy_in_end) == (3.0, 5.0, 7.0)
-    assert (a.backward_start, a.backward_end) == (7.0, 8.0)
-    # A wider window changes nothing: only a comes back.
-    assert simulate(profile, [True, True], 200, max_copying_out_bytes=0).layers == timeline.layers
+    assert (b.backward_start, b.backward_end) == (5.0, 6.0)
+    assert (a.prefetch_start, a.copy_in_start, a.copy_in_end) == (6.0, 6.0, 8.0)
+    assert (a.backward_start, a.backward_end) == (8.0, 9.0)
+    # A window with room for both: a is prefetched at 3, its copy in waits for the stream: [5,7];
+    # B_b [5,6], B_a waits for the copy until 7: [7,8]. Step 8 s, waited 1 + 2 + 1 = 4 s.
+    wide = simulate(profile, [True, True], 200, max_copying_out_bytes=0)
+    assert (wide.step_seconds, wide.compute_wait_seconds) == (8.0, 4.0)
+    a = _times(wide, "a")
+    assert (a.prefetch_start, a.copy_in_start, a.copy_in_end, a.backward_start) == (3.0, 5.0, 7.0, 7.0)
 
-    # No limit: nothing is retired, both are used in place; B_b waits for out_b (until 5).
+    # No limit: nothing is retired, both are used in place. The forward ends at 2; b takes the
+    # window, compute waits for out_b until 5: B_b [5,6]; a is admitted then (out_a ended at
+    # 3): B_a [6,7]. Step 7 s, waited 3 s.
     unlimited = simulate(profile, [True, True], 0)
     assert (unlimited.forward_seconds, unlimited.step_seconds, unlimited.compute_wait_seconds) == (
         2.0,
-        6.0,
-        2.0,
+        7.0,
+        3.0,
     )
     assert unlimited.peak_bytes == 200 and not any(layer.retired for layer in unlimited.layers)
 
@@ -107,8 +113,9 @@ def test_kept_layer_between_swapped_ones():
     Memory: F_a 100; F_b 100 (a in flight) + 100 = 200; F_c 100 (b) + 100 (a) + 100 = 300;
     c's push retires a. Backward: B_c 200 + 100 (a may come back) = 300; B_b 200; B_a 100.
     Time: F_a [0,1] out_a [1,3]; F_b [1,2]; F_c [2,3] out_c [3,5]; retiring a needs no wait
-    (out_a ended at 3). a prefetched at 3, copy in [5,7]. B_c [3,4], wait for out_c to 5;
-    B_b [5,6]; B_a waits to 7, runs [7,8]. Step 8 s, waited 2 s.
+    (out_a ended at 3). At 3 c, read where it is, fills the window (100 B), and compute waits
+    for out_c to 5: B_c [5,6]. c leaves the window: a prefetched at 6, copy in [6,8]. B_b
+    [6,7]; B_a waits to 8, runs [8,9]. Step 9 s, waited 2 + 1 = 3 s.
     """
     profile = StepProfile(
         (
@@ -124,12 +131,12 @@ def test_kept_layer_between_swapped_ones():
     assert timeline.memory.forward_levels == (100, 200, 300)
     assert timeline.memory.backward_levels == (100, 200, 300)
     assert (timeline.peak_bytes, timeline.peak_event, timeline.peak_layer) == (300, "forward", "c")
-    assert (timeline.step_seconds, timeline.compute_wait_seconds) == (8.0, 2.0)
+    assert (timeline.step_seconds, timeline.compute_wait_seconds) == (9.0, 3.0)
     a, b, c = (_times(timeline, name) for name in "abc")
     assert (c.copy_out_start, c.copy_out_end, c.retired, c.prefetch_start) == (3.0, 5.0, False, None)
-    assert (c.backward_start, b.backward_start, b.backward_end) == (3.0, 5.0, 6.0)
-    assert (a.prefetch_start, a.copy_in_start, a.copy_in_end) == (3.0, 5.0, 7.0)
-    assert (a.backward_start, a.backward_end) == (7.0, 8.0)
+    assert (c.backward_start, b.backward_start, b.backward_end) == (5.0, 6.0, 7.0)
+    assert (a.prefetch_start, a.copy_in_start, a.copy_in_end) == (6.0, 6.0, 8.0)
+    assert (a.backward_start, a.backward_end) == (8.0, 9.0)
     assert b.copy_out_start is None and b.prefetch_start is None and not b.swapped
 
 
@@ -204,7 +211,7 @@ def test_window_rules(profile, swap, first, second, limit):
     assert at_large.step_seconds <= at_small.step_seconds
     assert simulate(profile, swap, 0, limit).peak_bytes <= at_small.peak_bytes <= at_large.peak_bytes
 
-    candidates = prefetch_window_candidates(profile, swap, limit)
+    candidates = prefetch_window_candidates(profile, swap)
     at_snapped = simulate(profile, swap, max(c for c in candidates if c <= small), limit)
     assert at_snapped.layers == at_small.layers
     assert (at_snapped.step_seconds, at_snapped.compute_wait_seconds) == (

@@ -171,7 +171,16 @@ def _rounded_up(nbytes: int) -> str:
 
 
 class NothingToRecomputeError(ValueError):
-    """``policy="recompute"`` on a step with no segment that can be recomputed exactly."""
+    """``policy="recompute"`` on a step with no segment that can be recomputed exactly.
+
+    Example:
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> try:
+        ...     refuse_recompute_without_segments(StepProfile((LayerProfile("a", 1, 1),), 0), "recompute")
+        ... except ValueError as error:  # a NothingToRecomputeError: the message names the cause
+        ...     type(error).__name__
+        'NothingToRecomputeError'
+    """
 
 
 def refuse_recompute_without_segments(profile: StepProfile, policy: str) -> None:

@@ -30,7 +30,15 @@ __all__ = ["THREAD_NAME", "BackgroundPlans", "ReadyPlan"]
 
 @dataclass(frozen=True)
 class ReadyPlan:
-    """A plan made on a thread, with that thread's wall-clock seconds making it."""
+    """A plan made on a thread, with that thread's wall-clock seconds making it.
+
+    Example:
+        >>> from lightning_accudnn.planner import plan_swaps
+        >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+        >>> plan = plan_swaps(StepProfile((LayerProfile("fc", 10, 10, 1e-3, 2e-3),), 5), 100)
+        >>> ReadyPlan(plan, seconds=0.01).plan.swapped_layers
+        frozenset()
+    """
 
     plan: Plan
     seconds: float

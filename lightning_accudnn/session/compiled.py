@@ -49,7 +49,16 @@ WHOLE_MODEL_OPTION = (
 
 
 class CompiledModelError(ValueError):
-    """The model was compiled whole, or a pattern names a module inside a compiled block."""
+    """The model was compiled whole, or a pattern names a module inside a compiled block.
+
+    Example:
+        >>> import torch
+        >>> try:
+        ...     refuse_whole_model_compile(torch.compile(nn.Linear(2, 2)))
+        ... except ValueError as error:  # raised before training, the message says what to do
+        ...     type(error).__name__
+        'CompiledModelError'
+    """
 
 
 def whole_model_form(model: nn.Module) -> str | None:

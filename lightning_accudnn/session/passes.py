@@ -61,7 +61,14 @@ __all__ = ["PassRunner", "RunningPass"]
 
 @dataclass
 class RunningPass:
-    """The forward/backward pass in progress: which one it is and what it runs under."""
+    """The forward/backward pass in progress: which one it is and what it runs under.
+
+    Example:
+        >>> import torch
+        >>> key = PassKey(model=1, batch=(((8, 3), torch.float32),), position=0)
+        >>> RunningPass(key, plan=None, source=PlanSource.PROFILING).plan is None  # profiling
+        True
+    """
 
     key: PassKey
     plan: Plan | None  # None: a profiling pass

@@ -12,7 +12,15 @@ __all__ = ["UnmatchedPatternError", "check_keep_on_device"]
 
 
 class UnmatchedPatternError(ValueError):
-    """A ``keep_on_device`` pattern names no module of the model (most likely a typo)."""
+    """A ``keep_on_device`` pattern names no module of the model (most likely a typo).
+
+    Example:
+        >>> try:
+        ...     check_keep_on_device(["encoder.*"], nn.Sequential(nn.Linear(2, 2)))
+        ... except ValueError as error:  # raised before training, with the closest names
+        ...     type(error).__name__
+        'UnmatchedPatternError'
+    """
 
 
 def check_keep_on_device(patterns: Sequence[str], model: nn.Module) -> None:

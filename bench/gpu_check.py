@@ -18,7 +18,8 @@ Then ``recompute-host`` (``bench.overhead.recompute --device cuda``, under 5 min
 ResNet-152's block structure at tiny sizes on the GPU, where the device waits for the host:
 what recomputing every block, every other block (and swapping), per-block checkpointing and a
 session keeping everything cost that machine's host per step, the part of the headline's
-steps that its device time does not explain.
+steps that its device time does not explain; ``recompute-host-gpt2-medium`` the same for GPT-2
+medium's 24 decoder blocks (its headline at half the activations recomputes only).
 
 After the CUDA tests and ``bench.calibration``, ``trace-check-gpt2-medium-bf16`` and
 ``trace-check-resnet152-bf16`` run ``bench.trace_check``: what one training step saves for
@@ -33,8 +34,9 @@ same ``bench/results/<device>/``). Logs go to ``bench/results/<device>/<date>-gp
 Commit the whole bundle as it is. Without CUDA it writes nothing and exits with status 2.
 
 Example:
-    >>> [step.name for step in STEPS][:4]
-    ['headline-resnet152-bf16', 'headline-gpt2-medium-bf16', 'recompute-host', 'cuda-tests']
+    >>> [step.name for step in STEPS][:5]  # doctest: +NORMALIZE_WHITESPACE
+    ['headline-resnet152-bf16', 'headline-gpt2-medium-bf16', 'recompute-host',
+     'recompute-host-gpt2-medium', 'cuda-tests']
     >>> select_steps("overhead")[0].argv[:2]
     ['-m', 'bench.overhead']
 """
@@ -174,6 +176,15 @@ STEPS = (
         ["-m", "bench.overhead.recompute", "--device", "cuda", "--no-count"],
         timeout_seconds=RECOMPUTE_HOST_SECONDS,
         quick=RECOMPUTE_HOST_QUICK,
+    ),
+    Step(
+        "recompute-host-gpt2-medium",
+        [
+            *("-m", "bench.overhead.recompute", "--device", "cuda", "--no-count"),
+            *("--model", "gpt2-medium", "--name", "recompute-host-gpt2-medium"),
+        ],
+        timeout_seconds=RECOMPUTE_HOST_SECONDS,
+        quick=["--device", "cpu", "--depth", "2", "--steps", "1", "--rounds", "1"],
     ),
     Step("cuda-tests", PYTEST, timeout_seconds=3600, writes_results=False),
     Step(

@@ -4,21 +4,23 @@
     python -m bench.overhead.recompute --base main --alternations 2   # main's package against this one
     python -m bench.overhead.recompute --profile recompute_all        # cProfile of one row's steps
     python -m bench.overhead.recompute --device cuda --no-count       # a GPU host's cost per step
+    python -m bench.overhead.recompute --model gpt2-medium            # GPT-2 medium's 24 blocks
 
 On a GPU whose kernels are short (ResNet-152 at batch 64 on an H200) a training step is bound
 by the host: every µs of Python per op, per saved tensor and per recomputed segment is in the
 step. This benchmark runs ResNet-152's block structure (50 bottleneck blocks in 3:8:36:3
-stages, :func:`~bench.overhead.models.tiny_resnet152`) at tiny sizes on the CPU, where almost
-all of a step's time is that host overhead, as training steps (forward, loss, backward,
-optimizer step) of:
+stages, :func:`~bench.overhead.models.tiny_resnet152`; with ``--model gpt2-medium`` GPT-2
+medium's 24 decoder blocks, :func:`~bench.overhead.models.tiny_gpt2_medium`) at tiny sizes on
+the CPU, where almost all of a step's time is that host overhead, as training steps (forward,
+loss, backward, optimizer step) of:
 
 - ``plain``: no offload;
-- ``checkpoint``: every bottleneck block under non-reentrant ``torch.utils.checkpoint``
+- ``checkpoint``: every block under non-reentrant ``torch.utils.checkpoint``
   (:func:`bench.techniques.checkpoint.checkpoint_blocks`, as the headline benchmark runs it);
 - ``keep``: an :class:`~lightning_accudnn.OffloadSession` at an ample budget (it keeps
   everything) in steady state;
 - ``recompute_all`` and ``recompute_half``: a session under policy ``"recompute"`` whose plan
-  is forced to recompute every bottleneck block, or every other one (the planner's search
+  is forced to recompute every block, or every other one (the planner's search
   replaced, as ``tests/recompute/test_accounting_sets.py`` does), and keep every other layer;
 - ``recompute_half_swap``: every other block recomputed, and the second block's layers swapped:
   a plan that recomputes and swaps, whose passes between observed ones keep the engine's hooks
@@ -77,7 +79,7 @@ from torch import nn
 
 from bench.environment import REPO_ROOT
 from bench.overhead.bytecodes import count_opcodes
-from bench.overhead.models import tiny_resnet152
+from bench.overhead.models import tiny_gpt2_medium, tiny_resnet152
 from bench.report import write_result
 from bench.runner import batch_on
 from bench.techniques.checkpoint import checkpoint_blocks
@@ -103,13 +105,30 @@ COUNTED_STEPS = OffloadConfig().observe_every
 
 LABEL = (
     "CPU figures (torch on 1 thread, a shared machine): the thread's CPU time per training step of "
-    "ResNet-152's block structure at tiny sizes, where the step is almost all host overhead. Not GPU figures."
+    "{structure} at tiny sizes, where the step is almost all host overhead. Not GPU figures."
 )
 CUDA_LABEL = (
-    "GPU host figures: the wall time per training step, to the device's end, of ResNet-152's block "
-    "structure at tiny sizes on {device}, where the device waits for the host: what each row's Python "
-    "and CUDA calls cost this machine's host per step, not a training step at real sizes."
+    "GPU host figures: the wall time per training step, to the device's end, of {structure} at tiny "
+    "sizes on {device}, where the device waits for the host: what each row's Python and CUDA calls "
+    "cost this machine's host per step, not a training step at real sizes."
 )
+#: The models whose block structure the rows train (``--model``), and how the labels name them.
+MODELS = {"resnet152": "ResNet-152's block structure", "gpt2-medium": "GPT-2 medium's decoder blocks"}
+
+
+def tiny_model(model: str, depth: int | None = None) -> Workload:
+    """The workload of ``model`` (of :data:`MODELS`) at tiny sizes: ``depth`` is ResNet's depth
+    (152 by default) or the GPT's number of blocks (24).
+
+    Example:
+        >>> tiny_model("gpt2-medium", depth=2).params["layers"]
+        2
+    """
+    if model == "resnet152":
+        return tiny_resnet152(depth=152 if depth is None else depth)
+    if model == "gpt2-medium":
+        return tiny_gpt2_medium(layers=24 if depth is None else depth)
+    raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +303,7 @@ def count_calls(run: Callable[[], Any]) -> tuple[int, int]:
 
 
 def measure(
-    depth: int = 152,
+    depth: int | None = None,
     steps: int = 4,
     rounds: int = 12,
     *,
@@ -292,20 +311,21 @@ def measure(
     counted_steps: int = COUNTED_STEPS,
     top: int = 25,
     device: torch.device = CPU,
+    model: str = "resnet152",
 ) -> dict[str, Any]:
     """Every row's time per step over ``rounds`` interleaved rounds of ``steps`` steps (the
     thread's CPU time on the CPU; on a GPU the wall time to the device's end, and to the host's
     last call), and (``count``) its bytecodes and function calls per step over ``counted_steps``
     steps; ``top`` functions whose bytecodes differ most between ``recompute_all`` and
-    ``checkpoint``."""
+    ``checkpoint``. The rows train ``model`` at ``depth`` (:func:`tiny_model`)."""
     torch.set_num_threads(1)
     on_device = device.type == "cuda"
-    workload = tiny_resnet152(depth=depth)
+    workload = tiny_model(model, depth)
     batch = batch_on(workload.make_batch(0), device)
     with _deterministic_cudnn(on_device):
         rows = {name: Row(name, workload, batch, device) for name in ROWS}
         try:
-            return _measure(rows, workload, steps, rounds, count, counted_steps, top, device)
+            return _measure(rows, workload, model, steps, rounds, count, counted_steps, top, device)
         finally:
             for row in rows.values():
                 row.close()
@@ -328,6 +348,7 @@ def _deterministic_cudnn(on: bool) -> Iterator[None]:
 def _measure(
     rows: dict[str, Row],
     workload: Workload,
+    model: str,
     steps: int,
     rounds: int,
     count: bool,
@@ -380,9 +401,13 @@ def _measure(
             result_rows[name]["c_calls_per_step"] = round(calls[name][1] / counted_steps)
     record: dict[str, Any] = {
         "kind": "recompute-host",
-        "label": CUDA_LABEL.format(device=torch.cuda.get_device_name(device)) if on_device else LABEL,
+        "label": (
+            CUDA_LABEL.format(structure=MODELS[model], device=torch.cuda.get_device_name(device))
+            if on_device
+            else LABEL.format(structure=MODELS[model])
+        ),
         "device": str(device),
-        "model": {"workload": "tiny_resnet152", **workload.params},
+        "model": {"workload": f"tiny {model}", **workload.params},
         "steps_per_round": steps,
         "rounds": rounds,
         "warmup_steps": WARMUP_STEPS,
@@ -426,11 +451,17 @@ def _bitwise_equal(rows: dict[str, Row]) -> dict[str, bool]:
 
 
 def profile_row(
-    name: str, depth: int = 152, steps: int = 20, lines: int = 40, device: torch.device = CPU
+    name: str,
+    depth: int | None = None,
+    steps: int = 20,
+    lines: int = 40,
+    device: torch.device = CPU,
+    model: str = "resnet152",
 ) -> str:
-    """cProfile of ``steps`` steady-state steps of row ``name``: the top functions by own time."""
+    """cProfile of ``steps`` steady-state steps of row ``name`` (``model`` at ``depth``, as
+    :func:`measure` trains it): the top functions by own time."""
     torch.set_num_threads(1)
-    workload = tiny_resnet152(depth=depth)
+    workload = tiny_model(model, depth)
     row = Row(name, workload, batch_on(workload.make_batch(0), device), device)
     try:
         row.timed_steps(WARMUP_STEPS)
@@ -537,7 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--depth", type=int, default=152)
+    parser.add_argument("--model", choices=MODELS, default="resnet152", help="whose blocks the rows train")
+    parser.add_argument("--depth", type=int, help="ResNet's depth (152) or the GPT's blocks (24)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: a GPU host's cost per step")
     parser.add_argument("--steps", type=int, default=4, help="steps per row per round")
     parser.add_argument("--rounds", type=int, default=12)
@@ -554,9 +586,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch here")
     if args.profile:
-        print(profile_row(args.profile, depth=args.depth, device=device))
+        print(profile_row(args.profile, depth=args.depth, device=device, model=args.model))
         return 0
-    common = ["--depth", str(args.depth), "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    common = ["--model", args.model, "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    if args.depth is not None:
+        common += ["--depth", str(args.depth)]
     common += ["--device", args.device]
     common += ["--counted-steps", str(args.counted_steps)]
     if args.no_count:
@@ -571,6 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             count=not args.no_count,
             counted_steps=args.counted_steps,
             device=device,
+            model=args.model,
         )
     if args.raw:
         args.raw.write_text(json.dumps(record))

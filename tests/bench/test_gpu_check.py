@@ -157,3 +157,18 @@ def test_the_recompute_host_step_follows_the_headline_and_its_cpu_form_runs(tmp_
     data = json.loads(written.read_text())
     assert data["device"] == "cpu" and data["bitwise_equal"] and set(data["rows"]) == set(recompute.ROWS)
     assert all(row["cpu_ms_per_step"] > 0 for row in data["rows"].values())
+
+
+def test_the_gpt_recompute_host_step_follows_it_and_its_cpu_form_runs(tmp_path: Path) -> None:
+    from bench.overhead import recompute
+
+    names = [step.name for step in gpu_check.STEPS]
+    assert names.index("recompute-host-gpt2-medium") == names.index("recompute-host") + 1
+    (step,) = gpu_check.select_steps("recompute-host-gpt2-medium")
+    assert step.writes_results and step.timeout_seconds < 8 * 60
+    assert recompute.main(gpu_check.quick_command(step, tmp_path)[2:]) == 0
+    (written,) = (tmp_path / "cpu").glob("*-recompute-host-gpt2-medium.json")
+    data = json.loads(written.read_text())
+    assert data["model"]["workload"] == "tiny gpt2-medium" and data["model"]["layers"] == 2
+    assert "GPT-2 medium" in data["label"] and data["bitwise_equal"]
+    assert set(data["rows"]) == set(recompute.ROWS)

@@ -306,12 +306,12 @@ class _Finder:
         if not any(swap):
             self.offer(swap, 0, 0)
             return
+        windows = self.simulator.window_candidates(swap)  # the same at every limit
         for limit in self.simulator.limit_candidates(swap):
             if self.max_limit is not None and limit > self.max_limit:
                 break
             if not self.fits(swap, 0, limit):
                 break  # memory grows with the limit
-            windows = self.simulator.window_candidates(swap)
             self.offer(swap, self.best_window(swap, limit, windows), limit)
 
     # -- hidden chains ----------------------------------------------------------------------
@@ -346,13 +346,14 @@ class _Finder:
         total = sum(swapped)
         top = total if self.max_limit is None else min(total, self.max_limit)
         largest = self._bisect(top, lambda limit: self.fits(swap, 0, limit))
+        windows = simulator.window_sizes(swap)  # the same at every limit
         improved = False
         for limit in sorted({largest, largest // 2, largest // 8, 0}, reverse=True):
             limit = _snap(swapped, limit)
             self.layer_steps += simulator.k
             window = simulator.largest_window(swap, limit, self.cap)
             assert window is not None  # the limit was chosen to fit with window 0
-            improved |= self.offer(swap, _snap(simulator.window_sizes(swap), window), limit)
+            improved |= self.offer(swap, _snap(windows, window), limit)
         return improved
 
     @staticmethod

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test test-fast lint typecheck gpu-check
+.PHONY: venv demo test test-fast lint typecheck gpu-check peer-wheels
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,10 @@ typecheck: venv
 # evidence under bench/results/<device>/ (exits 2 without CUDA).
 gpu-check: venv
 	$(BIN)/python -m bench.gpu_check
+
+# torchtune and what its import needs beyond a lent GPU machine's image, as Python 3.12 Linux
+# wheels in .whl/ (bench/peer-wheels.txt; bench/README.md says how a device command installs them).
+PEER_PLATFORMS = $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1,--platform $(p)_x86_64)
+peer-wheels: venv
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(PEER_PLATFORMS) -d .whl -r bench/peer-wheels.txt

@@ -251,6 +251,13 @@ class SegmentProfile:
     selectively) took when a training session timed it (its fastest), ``None`` when never
     timed: a plan then charges it the profile's ``recompute_cost_ratio`` times its forward.
 
+    ``swappable_input_bytes`` (in ``swappable_input_storages`` storages) are the bytes of its
+    inputs that, recomputed whole, it would be the first to save and that the engine may swap:
+    storages first saved inside it, of at least ``min_swap_bytes``, not held by the step's code
+    beyond the forward, not read by a backward inside the forward and saved again by no layer
+    after it. A plan may swap them (the segment's layer) instead of keeping them on the device
+    until its backward; 0 where not measured.
+
     Example:
         >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)
         SegmentProfile(name='layer1.0', input_bytes=802816, output_bytes=802816)
@@ -267,11 +274,22 @@ class SegmentProfile:
     selective_recomputed_bytes: int | None = field(default=None, repr=False)
     recompute_seconds: float | None = field(default=None, repr=False)
     selective_recompute_seconds: float | None = field(default=None, repr=False)
+    swappable_input_bytes: int = field(default=0, repr=False)
+    swappable_input_storages: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or self.input_bytes < 0 or self.output_bytes < 0:
             raise ValueError(
                 f"a segment needs a module name and input_bytes, output_bytes >= 0, got {self!r}"
+            )
+        storages = self.swappable_input_storages
+        if not 0 <= self.swappable_input_bytes <= self.input_bytes or (
+            storages < 0 or (storages > 0) != (self.swappable_input_bytes > 0)
+        ):
+            raise ValueError(
+                f"segment {self.name!r}: swappable_input_bytes must be in [0, input_bytes] and held in "
+                f"at least one storage when above 0, got {self.swappable_input_bytes} bytes in "
+                f"{self.swappable_input_storages} storages of {self.input_bytes} input bytes"
             )
         if any(not 0 < nbytes <= self.input_bytes for _, nbytes in self.input_sources):
             raise ValueError(

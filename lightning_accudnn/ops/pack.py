@@ -256,6 +256,22 @@ class SaveRecords(CopyTraffic):
         # layer, extent, last save, swapped, swappable, root, block, opening ordinal, kind
         return StorageRecord(layer, start, end, ordinal + 1, swap, swappable, root, block, ordinal, kind)
 
+    def records_of(self, tensor: torch.Tensor) -> tuple[list[StorageRecord], int]:
+        """The records of the step in progress holding ``tensor``'s storage (none where it was
+        not saved), and the saves of the pass so far: a record saved again later has a
+        :attr:`.StorageRecord.last_save` above that count.
+
+        Example:
+            >>> from lightning_accudnn.ops.runtime import make_runtime
+            >>> SaveRecords(make_runtime(torch.device("cpu")), 2**30, 0, ()).records_of(torch.ones(2))
+            ([], 0)
+        """
+        step = self._step
+        entry = None if step is None else step.by_storage.get(tensor.untyped_storage().data_ptr())
+        if entry is None or entry.storage.expired():
+            return [], self._calls
+        return list(entry.records), self._calls
+
     def _held(self, step: StepState, layer: str) -> bool:
         """Whether the record ``layer`` opens now in a hooked pass is one the schedule names held
         (:attr:`.SwapSchedule.held_records`)."""

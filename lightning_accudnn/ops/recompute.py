@@ -64,10 +64,15 @@ from lightning_accudnn.ops.recomputation_scope import RecomputationScope, is_rec
 from lightning_accudnn.ops.recompute_safety import CallAudit
 from lightning_accudnn.ops.segment_inputs import SegmentInputs
 from lightning_accudnn.ops.selective import SelectiveRecorder, selective_contexts
+from lightning_accudnn.ops.stash import StorageRecord
 from lightning_accudnn.ops.timing import RecomputationTimer
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
+
+#: The engine's records of a tensor's storage in the pass so far, and the pass's saves so far
+#: (:meth:`~.pack.SaveRecords.records_of`).
+RecordsOf = Callable[[torch.Tensor], tuple[list[StorageRecord], int]]
 
 
 def _contexts(
@@ -319,6 +324,14 @@ class SegmentProbe:
     tensor outputs (top level, or in a tuple or list) that are not inputs, its
     ``input_sources`` the input bytes per earlier segment whose outputs (still alive) they are.
 
+    Attached with the engine's :meth:`~.pack.SaveRecords.records_of`, it also finds each
+    segment's ``swappable_input_bytes``: once the engine's forward is over
+    (:meth:`settle_inputs`), the input storages whose records are all still swappable (not held
+    by the model's code beyond the forward, not read by a backward inside it). None where an
+    input is not held whole by a tensor argument, was not saved by the engine when the call
+    returned, or was saved again after it: the engine, swapping the segment's layer, would copy
+    such an input too, and the plan would not count that copy.
+
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
         >>> probe = SegmentProbe()
@@ -346,6 +359,9 @@ class SegmentProbe:
         "_measured",
         "_saves_seen",
         "_not_selective",
+        "_records_of",
+        "_input_records",
+        "_swappable_inputs",
     )
 
     def __init__(self) -> None:
@@ -367,17 +383,26 @@ class SegmentProbe:
         self._measured: dict[str, tuple[int, float, int]] = {}
         self._saves_seen: torch.autograd.graph.saved_tensors_hooks | None = None
         self._not_selective: dict[str, str] = {}  # measured, but a selective replay would not be exact
+        self._records_of: RecordsOf | None = None
+        # per segment, when its call returned: each whole input storage's bytes, the engine's
+        # records of it and the pass's saves so far (until settle_inputs)
+        self._input_records: dict[str, tuple[list[tuple[int, list[StorageRecord]]], int] | None] = {}
+        self._swappable_inputs: dict[str, tuple[int, int]] = {}  # segment -> (bytes, storages)
 
-    def attach(self, model: nn.Module, *, selective: bool = False) -> None:
+    def attach(
+        self, model: nn.Module, *, selective: bool = False, records_of: RecordsOf | None = None
+    ) -> None:
         """Hook every submodule of ``model`` for one pass (forgetting what a previous one saw).
 
         With ``selective``, also measure what recomputing each segment selectively would keep
         and cost (every op of the forward is seen and timed, and every saved tensor passes
         through the probe on its way to the hooks in force, until :meth:`finish_forward`; a
-        model with compiled blocks is not measured).
+        model with compiled blocks is not measured). With ``records_of`` (the engine's
+        :meth:`~.pack.SaveRecords.records_of`), also find the inputs the engine may swap.
         """
         self.detach()
         self._measured, self._not_selective = {}, {}
+        self._records_of, self._input_records, self._swappable_inputs = records_of, {}, {}
         hooks = top_saved_tensor_hooks()
         if (
             selective
@@ -490,9 +515,56 @@ class SegmentProbe:
                     elif name not in known[0]:
                         known[0].append(name)
             audit = self._audits.get(name)
+            if audit is not None and self._records_of is not None:
+                self._input_records[name] = self._whole_input_records(audit.call_tensors, self._records_of)
             reason = None if audit is None else audit.after_call(output)
             if reason is not None:
                 self._unsafe.setdefault(name, reason)
+
+    @staticmethod
+    def _whole_input_records(
+        tensors: Iterable[torch.Tensor], records_of: RecordsOf
+    ) -> tuple[list[tuple[int, list[StorageRecord]]], int] | None:
+        """Per input storage, its bytes and the engine's records of it, with the pass's saves so
+        far; ``None`` where a tensor argument does not hold its storage whole (contiguous, from
+        its start to its end, as a save of the segment's inputs copies it) or the engine has not
+        saved it."""
+        found = []
+        saves = 0
+        seen: set[int] = set()
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            address = storage.data_ptr()
+            if address in seen:
+                continue
+            seen.add(address)
+            nbytes = storage.nbytes()
+            if tensor.storage_offset() or tensor.nbytes != nbytes or not tensor.is_contiguous():
+                return None
+            records, saves = records_of(tensor)
+            if not records:
+                return None
+            found.append((nbytes, records))
+        return found, saves
+
+    def settle_inputs(self) -> None:
+        """The engine's forward is over (the storages the model's code holds beyond it found):
+        each segment's inputs the engine may swap when it recomputes it, from the records its
+        call's return found (:attr:`~lightning_accudnn.profile.SegmentProfile.swappable_input_bytes`)."""
+        for name, found in self._input_records.items():
+            if found is None:
+                continue
+            inputs, saves = found
+            if any(r.last_save > saves for _, records in inputs for r in records):
+                continue  # saved again after the call: the segment's swap would copy it too
+            swappable = [
+                size
+                for size, records in inputs
+                if all(r.swappable and not r.read_in_forward for r in records)
+            ]
+            if swappable:
+                self._swappable_inputs[name] = (sum(swappable), len(swappable))
+        self._input_records = {}
 
     def _check_returned(self) -> None:
         """Whether a returned candidate's arguments or outputs were written in place since its call."""
@@ -515,18 +587,26 @@ class SegmentProbe:
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """The segments of the last pass that may be recomputed, in the order they were first called."""
-        measured = self._measured
-        return tuple(
-            SegmentProfile(
-                name,
-                self._input_bytes[name],
-                self._output_bytes.get(name, 0),
-                tuple(self._sources.get(name, {}).items()),
-                *measured.get(name, (None, 1.0, None)),
+        segments = []
+        for name in self._candidates():
+            if name in self._unsafe:
+                continue
+            kept, share, rebuilt = self._measured.get(name, (None, 1.0, None))
+            swappable, storages = self._swappable_inputs.get(name, (0, 0))
+            segments.append(
+                SegmentProfile(
+                    name,
+                    self._input_bytes[name],
+                    self._output_bytes.get(name, 0),
+                    tuple(self._sources.get(name, {}).items()),
+                    selective_kept_bytes=kept,
+                    selective_recompute_share=share,
+                    selective_recomputed_bytes=rebuilt,
+                    swappable_input_bytes=swappable,
+                    swappable_input_storages=storages,
+                )
             )
-            for name in self._candidates()
-            if name not in self._unsafe
-        )
+        return tuple(segments)
 
     def excluded(self) -> tuple[ExcludedSegment, ...]:
         """The candidates of the last pass that a recomputation would not replay exactly, with why

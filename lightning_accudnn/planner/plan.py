@@ -35,7 +35,7 @@ from lightning_accudnn.planner.search import (
     search_mixed,
 )
 from lightning_accudnn.planner.timeline import PlanChoice, Simulator, Timeline, unconstrained_seconds
-from lightning_accudnn.profile import LayerChoice, StepProfile
+from lightning_accudnn.profile import LayerChoice, LayerProfile, StepProfile
 
 __all__ = [
     "BudgetTooSmallError",
@@ -66,7 +66,8 @@ class Plan:
     ``swap`` has one flag per layer of ``profile`` (layers inside a recomputed segment are not
     swapped); ``recomputed`` names the recomputed segments (``profile.segments``), whose
     layers the engine no longer sees: it sees ``step.profile``, with one layer per recomputed
-    segment saving the segment's inputs (kept). ``lower_bound_seconds`` is the physical bound
+    segment saving the segment's inputs, kept on the device but for the segments named in
+    ``swapped_segments``, whose layer swaps them. ``lower_bound_seconds`` is the physical bound
     for ``budget_bytes`` under ``policy`` (see :func:`lower_bound_seconds`; the reserve is
     the planner's own margin, so its cost shows in ``bound_ratio``). ``min_budget_bytes`` is
     the smallest budget, reserve included, at which a plan exists under ``policy`` and the
@@ -103,6 +104,8 @@ class Plan:
     profiling_peak_bytes: int = 0
     selective: tuple[str, ...] = ()
     """The recomputed segments recomputed selectively (their expensive ops' outputs kept)."""
+    swapped_segments: tuple[str, ...] = ()
+    """The recomputed segments whose inputs are swapped (their layer in ``step.profile``)."""
 
     @property
     def bound_ratio(self) -> float:
@@ -138,13 +141,19 @@ class Plan:
 
     @property
     def swapped_layers(self) -> frozenset[str]:
-        """Names of the swapped layers."""
-        return frozenset(layer.name for layer, s in zip(self.profile.layers, self.swap, strict=True) if s)
+        """Names of the layers the engine sees and swaps: the swapped layers of ``profile`` and
+        the recomputed segments whose inputs are swapped."""
+        swapped = (layer.name for layer, s in zip(self.profile.layers, self.swap, strict=True) if s)
+        return frozenset((*swapped, *self.swapped_segments))
+
+    def _swapped_segment_layers(self) -> list[LayerProfile]:
+        names = set(self.swapped_segments)
+        return [layer for layer in self.engine_profile.layers if layer.name in names]
 
     @property
     def kept_layers(self) -> frozenset[str]:
         """Names of the layers the engine sees and keeps (what :class:`SwapSchedule` wants): the
-        kept layers and the recomputed segments (their inputs stay on the device)."""
+        kept layers and the recomputed segments whose inputs stay on the device."""
         return frozenset(layer.name for layer in self.engine_profile.layers) - self.swapped_layers
 
     @property
@@ -152,7 +161,7 @@ class Plan:
         """Bytes copied out (and back in) per step."""
         return sum(
             layer.swappable_bytes for layer, s in zip(self.profile.layers, self.swap, strict=True) if s
-        )
+        ) + sum(layer.swappable_bytes for layer in self._swapped_segment_layers())
 
     @property
     def swapped_storages(self) -> int:
@@ -160,7 +169,7 @@ class Plan:
         (:attr:`~lightning_accudnn.profile.LayerProfile.swappable_storages`)."""
         return sum(
             layer.swappable_storages for layer, s in zip(self.profile.layers, self.swap, strict=True) if s
-        )
+        ) + sum(layer.swappable_storages for layer in self._swapped_segment_layers())
 
     @property
     def recompute_seconds(self) -> float:
@@ -229,9 +238,12 @@ class Plan:
             raise ValueError(f"the profile lacks recomputed segments of the plan: {self.recomputed}")
         step = recomputed_profile(profile, spans, swappable=self.policy not in KEEP_OR_RECOMPUTE)
         position = {layer.name: i for i, layer in enumerate(self.profile.layers)}
+        swapped_segments = set(self.swapped_segments)
         swap = tuple(
-            len(origin) == 1 and layer.name in position and self.swap[position[layer.name]]
-            for layer, origin in zip(step.profile.layers, step.origin, strict=True)
+            layer.name in swapped_segments
+            if layer.name in step.recomputed
+            else layer.name in position and self.swap[position[layer.name]]
+            for layer in step.profile.layers
         )
         simulator = Simulator(step.profile, step.transient_bytes)
         return simulator.peak_bytes(PlanChoice(swap, self.prefetch_window_bytes, self.max_copying_out_bytes))
@@ -250,8 +262,13 @@ class Plan:
                 f"{layer.backward_seconds * 1e3:>9.3f}  {choice.value}"
             )
         usable = Headroom(self.budget_bytes, self.reserve_bytes).usable_bytes
+        inputs = (
+            f" and the inputs of {len(self.swapped_segments)} recomputed segments"
+            if self.swapped_segments
+            else ""
+        )
         swapped_text = (
-            f"{len(self.swapped_layers)} of {len(layers)} layers ({format_bytes(self.swapped_bytes)})"
+            f"{sum(self.swap)} of {len(layers)} layers{inputs} ({format_bytes(self.swapped_bytes)})"
         )
         unconstrained = self.unconstrained_seconds
         overhead = (
@@ -317,6 +334,7 @@ class Plan:
             "swapped_bytes": self.swapped_bytes,
             "recomputed_segments": list(self.recomputed),
             "selective_segments": list(self.selective),
+            "swapped_segments": list(self.swapped_segments),
             "excluded_segments": [
                 {"name": excluded.name, "reason": excluded.reason} for excluded in profile.excluded_segments
             ],
@@ -436,7 +454,9 @@ def plan_swaps(
             ),
         )
     host_limit = host_limit_bytes if host_limit_bytes is not None else 0
-    host_fits = None if costs is None else lambda swap: _host_bytes_of(costs, swap) <= host_limit
+    host_fits = (
+        None if costs is None else lambda swap, inputs: _host_bytes_of(costs, swap) + inputs <= host_limit
+    )
     result = search_mixed(profile, cap, max_copying_out_bytes, policy, host_fits)
     min_budget = max(result.min_peak_bytes, floor) + reserve_bytes
     if result.best is None and costs is not None and result.min_peak_bytes <= cap:
@@ -457,9 +477,14 @@ def plan_swaps(
     choice = result.best.choice
     timeline = Simulator(step.profile, step.transient_bytes).timeline(choice)
     swap = [False] * len(profile.layers)
-    for swapped, origin in zip(timeline.swap, step.origin, strict=True):
-        if swapped:
-            (index,) = origin  # a recomputed segment is never swapped (its bytes are resident)
+    swapped_segments = []
+    for swapped, origin, layer in zip(timeline.swap, step.origin, step.profile.layers, strict=True):
+        if not swapped:
+            continue
+        if layer.name in step.recomputed:  # a recomputed segment's layer: its inputs swapped
+            swapped_segments.append(layer.name)
+        else:
+            (index,) = origin
             swap[index] = True
     return Plan(
         profile=profile,
@@ -479,6 +504,7 @@ def plan_swaps(
         step=step,
         profiling_peak_bytes=floor,
         selective=step.selective,
+        swapped_segments=tuple(swapped_segments),
     )
 
 

@@ -123,6 +123,10 @@ class SegmentSpan:
     ``recompute_share`` of their forward time again and rebuild ``rebuilt_bytes`` of saves in
     backward (``None``: all their saves).
 
+    ``swappable_input_bytes`` (in ``swappable_input_storages`` storages) are the bytes of its
+    inputs the engine may swap when it recomputes the span whole
+    (:attr:`~lightning_accudnn.profile.SegmentProfile.swappable_input_bytes`).
+
     ``recompute_ratio`` is what running a forward again in backward takes, over the forward
     time it repeats (the profile's :attr:`~lightning_accudnn.profile.StepProfile.recompute_cost_ratio`);
     ``measured_seconds``, when a session timed the recomputation, is what it took, charged
@@ -159,6 +163,8 @@ class SegmentSpan:
     inner: tuple[SegmentSpan, ...] = ()
     recompute_ratio: float = 1.0
     measured_seconds: float | None = None
+    swappable_input_bytes: int = 0
+    swappable_input_storages: int = 0
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -299,6 +305,8 @@ def _candidate_spans(profile: StepProfile, selective: bool) -> tuple[SegmentSpan
             segment.selective_recomputed_bytes if selective else None,
             recompute_ratio=profile.recompute_cost_ratio,
             measured_seconds=segment.selective_recompute_seconds if selective else segment.recompute_seconds,
+            swappable_input_bytes=0 if selective else segment.swappable_input_bytes,
+            swappable_input_storages=0 if selective else segment.swappable_input_storages,
         )
         if span.freed_bytes <= 0:
             continue
@@ -698,11 +706,16 @@ def rerun_backward_working_bytes(layers: Sequence[LayerProfile]) -> int:
 
 
 def recomputed_profile(
-    profile: StepProfile, spans: Sequence[SegmentSpan], *, swappable: bool = True
+    profile: StepProfile,
+    spans: Sequence[SegmentSpan],
+    *,
+    swappable: bool = True,
+    keep_inputs: bool = False,
 ) -> RecomputedProfile:
     """``profile`` with ``spans`` (non-overlapping) recomputed; see the module docstring.
 
-    With ``swappable`` false every layer's bytes are made resident (a keep-or-recompute policy).
+    With ``swappable`` false every layer's bytes are made resident (a keep-or-recompute policy);
+    with ``keep_inputs`` the recomputed segments' inputs are (their layers swap nothing).
     """
     layers = profile.layers
     chosen = sorted(spans, key=lambda span: span.first)
@@ -881,11 +894,20 @@ def recomputed_profile(
                     )
                     if bound is not None and bound < forward_working:
                         forward_working = bound
+            # Its inputs the engine may swap, recomputed whole, less those a kept layer before it
+            # saves (the engine keeps one record per storage, the first saver's; taken to be
+            # swappable ones, so that what it never swaps stays counted on the device).
+            swap_bytes = (
+                max(0, span.swappable_input_bytes - min(span.input_bytes, covered[g]))
+                if swappable and not keep_inputs and not span.selective
+                else 0
+            )
             new_layers.append(
                 LayerProfile(
                     name,
                     saved_bytes=span.held_bytes - min(span.input_bytes, covered[g]) + extra_resident[g],
-                    swappable_bytes=0,
+                    swappable_bytes=swap_bytes,
+                    swappable_storages=span.swappable_input_storages if swap_bytes else 0,
                     forward_seconds=forward,
                     backward_seconds=sum(layer.backward_seconds for layer in inner) + again,
                     forward_working_bytes=forward_working,

@@ -379,8 +379,9 @@ def _scaled_outside(profile: StepProfile, factor: float) -> int:
 
 def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfile, ...]:
     """The segments' input, output (and selectively kept) bytes grown by the largest factor
-    any layer's bytes grew (their input sources dropped: accounted on the safe side; their timed
-    recomputations too: the profile's cost ratio charges them, on the scaled forward)."""
+    any layer's bytes grew (their input sources and swappable inputs dropped: accounted on the
+    safe side, their inputs kept; their timed recomputations too: the profile's cost ratio
+    charges them, on the scaled forward)."""
     return tuple(
         replace(
             segment,
@@ -391,6 +392,8 @@ def _scaled_segments(profile: StepProfile, factor: float) -> tuple[SegmentProfil
             selective_recomputed_bytes=_grown(segment.selective_recomputed_bytes, factor),
             recompute_seconds=None,
             selective_recompute_seconds=None,
+            swappable_input_bytes=0,
+            swappable_input_storages=0,
         )
         for segment in profile.segments
     )

@@ -50,6 +50,7 @@ from lightning_accudnn.profile import StepProfile
 __all__ = [
     "EXACT_MAX_SEGMENTS",
     "KEEP_OR_RECOMPUTE",
+    "HostFits",
     "POLICIES",
     "MixedResult",
     "SearchResult",
@@ -72,6 +73,9 @@ POLICIES = ("auto", "swap", "recompute", "selective")
 KEEP_OR_RECOMPUTE = ("recompute", "selective")
 #: Every non-overlapping set of recompute candidates is searched when there are at most this many.
 EXACT_MAX_SEGMENTS = 6
+#: Whether a plan fits the host memory: the profile's layers it swaps, and the bytes of the
+#: recomputed segments' inputs it swaps.
+HostFits = Callable[[tuple[bool, ...], int], bool]
 
 #: The frontiers and nested candidates of the last profile searched: one plan asks for them
 #: several times (for the smallest budget, then for the search), a table at many budgets too.
@@ -203,15 +207,18 @@ def search_mixed(
     cap: int,
     max_limit: int | None = None,
     policy: str = "auto",
-    host_fits: Callable[[tuple[bool, ...]], bool] | None = None,
+    host_fits: HostFits | None = None,
 ) -> MixedResult:
     """The fastest plan with peak at most ``cap`` under ``policy`` (see :data:`POLICIES`).
 
-    ``host_fits``, if given, tells whether swapping the profile's layers marked true fits the
-    host memory; plans that do not are never chosen (a recomputed segment swaps nothing).
+    ``host_fits``, if given, tells whether swapping the profile's layers marked true, and the
+    recomputed segments' inputs of the bytes given, fits the host memory; plans that do not are
+    never chosen.
 
     Each recompute set searched is turned into the step the engine would see and searched for
-    its best keep/swap plan (:func:`search`); the fastest wins, then the one that recomputes
+    its best keep/swap plan (:func:`search`), where its segments' inputs may be swapped both so
+    and with them kept (the search is a heuristic that more layers to swap can lead to a slower
+    plan); the fastest wins, then the one that recomputes
     less, copies less, peaks lower, then the smaller window and limit. With few candidates
     every set of :func:`recompute_sets` is searched. With many, the sets are the frontier of
     :func:`frontier_sets` (the cheapest set for each amount of bytes freed), the set of
@@ -248,15 +255,16 @@ def search_mixed(
             peak = _least_peak(step)
             least = peak if least is None else min(least, peak)
             continue
-        step_fits = None if host_fits is None else _on_profile(host_fits, step)
-        result = search(simulator, cap, max_limit, step_fits)
-        exact = exact and result.method != "heuristic"
-        least = result.min_peak_bytes if least is None else min(least, result.min_peak_bytes)
-        if result.best is None:
-            continue
-        key = _mixed_key(result.best, step, simulator)
-        if best_key is None or key < best_key:
-            best, best_step, best_key = result.best, step, key
+        for variant, variant_simulator in ((step, simulator), *_inputs_kept(profile, step)):
+            step_fits = None if host_fits is None else _on_profile(host_fits, variant)
+            result = search(variant_simulator, cap, max_limit, step_fits)
+            exact = exact and result.method != "heuristic"
+            least = result.min_peak_bytes if least is None else min(least, result.min_peak_bytes)
+            if result.best is None:
+                continue
+            key = _mixed_key(result.best, variant, variant_simulator)
+            if best_key is None or key < best_key:
+                best, best_step, best_key = result.best, variant, key
     assert least is not None  # the empty set is always searched
     return MixedResult(best, best_step, least, "exhaustive" if exact else "heuristic")
 
@@ -344,7 +352,7 @@ def _search_many(
     cap: int,
     max_limit: int | None,
     swappable: bool,
-    host_fits: Callable[[tuple[bool, ...]], bool] | None,
+    host_fits: HostFits | None,
 ) -> MixedResult:
     """:func:`search_mixed` with more candidates than :data:`EXACT_MAX_SEGMENTS`."""
     sets = _SetScores(profile, cap, swappable)
@@ -393,10 +401,11 @@ def _search_many(
     for bound, _, score, _ in needing:
         if best is not None and bound > best.step_seconds * (1 + 1e-9):
             break
-        step_fits = None if host_fits is None else _on_profile(host_fits, score.step)
-        chained = chain_search(score.simulator, cap, step_fits)
-        if chained is not None:
-            offer(chained, score.step, score.simulator)
+        for step, simulator in score.variants:
+            step_fits = None if host_fits is None else _on_profile(host_fits, step)
+            chained = chain_search(simulator, cap, step_fits)
+            if chained is not None:
+                offer(chained, step, simulator)
     searched = 0
     for bound, _, score, full in needing:
         if best is not None and bound > best.step_seconds * (1 + 1e-9):
@@ -408,10 +417,11 @@ def _search_many(
             continue
         if best_key is not None and _cannot_win(score.simulator, score.step, best_key):
             continue
-        step_fits = None if host_fits is None else _on_profile(host_fits, score.step)
-        result = search(score.simulator, cap, max_limit, step_fits)
-        if result.best is not None:
-            offer(result.best, score.step, score.simulator)
+        for step, simulator in score.variants:
+            step_fits = None if host_fits is None else _on_profile(host_fits, step)
+            result = search(simulator, cap, max_limit, step_fits)
+            if result.best is not None:
+                offer(result.best, step, simulator)
         searched += recomputes
     return MixedResult(best, best_step, least, "heuristic")
 
@@ -421,6 +431,7 @@ class _SetScore:
     """A recompute set's step, its simulator, its plan with nothing swapped and its least peak
     (simulated when first asked for: a set that fits with nothing swapped never needs it)."""
 
+    profile: StepProfile
     step: RecomputedProfile
     simulator: Simulator
     plain: SimulationResult
@@ -428,6 +439,13 @@ class _SetScore:
     @cached_property
     def least_peak(self) -> int:
         return self.simulator.peak_bytes(least_peak_choice(self.simulator))
+
+    @cached_property
+    def variants(self) -> list[tuple[RecomputedProfile, Simulator]]:
+        """The step, and the step with its segments' inputs kept where it may swap them: the
+        keep/swap search is a heuristic that more layers to swap can lead astray, so each is
+        searched and the faster kept."""
+        return [(self.step, self.simulator), *_inputs_kept(self.profile, self.step)]
 
 
 class _SetScores:
@@ -443,7 +461,7 @@ class _SetScores:
         if known is None:
             step = recomputed_profile(self.profile, chosen, swappable=self.swappable)
             simulator = Simulator(step.profile, step.transient_bytes)
-            known = self.scores[names] = _SetScore(step, simulator, _compute_only(simulator))
+            known = self.scores[names] = _SetScore(self.profile, step, simulator, _compute_only(simulator))
         return known
 
     def fits_plain(self, chosen: tuple[SegmentSpan, ...]) -> bool:
@@ -627,18 +645,33 @@ def _copy_bound(profile: StepProfile, over: int) -> float:
     return max(forward, out) + max(backward, back)
 
 
-def _on_profile(
-    host_fits: Callable[[tuple[bool, ...]], bool], step: RecomputedProfile
-) -> Callable[[tuple[bool, ...]], bool]:
-    """``host_fits`` (over the profile's layers) for swap sets over the layers of ``step``."""
+def _inputs_kept(profile: StepProfile, step: RecomputedProfile) -> list[tuple[RecomputedProfile, Simulator]]:
+    """``step`` with its recomputed segments' inputs kept, and its simulator, where any of them
+    may be swapped in ``step`` (else none)."""
+    segments = set(step.recomputed)
+    if not any(layer.swappable_bytes for layer in step.profile.layers if layer.name in segments):
+        return []
+    kept = recomputed_profile(profile, step.spans, keep_inputs=True)
+    return [(kept, Simulator(kept.profile, kept.transient_bytes))]
+
+
+def _on_profile(host_fits: HostFits, step: RecomputedProfile) -> Callable[[tuple[bool, ...]], bool]:
+    """``host_fits`` (over the profile's layers, and the bytes of recomputed segments' inputs)
+    for swap sets over the layers of ``step``."""
     size = sum(len(origin) for origin in step.origin)  # the groups partition the profile's layers
+    segments = set(step.recomputed)
 
     def fits(swap: tuple[bool, ...]) -> bool:
         original = [False] * size
-        for swapped, origin in zip(swap, step.origin, strict=True):
-            if swapped and len(origin) == 1:
+        inputs = 0
+        for swapped, origin, layer in zip(swap, step.origin, step.profile.layers, strict=True):
+            if not swapped:
+                continue
+            if layer.name in segments:
+                inputs += layer.swappable_bytes
+            else:
                 original[origin[0]] = True
-        return host_fits(tuple(original))
+        return host_fits(tuple(original), inputs)
 
     return fits
 

@@ -153,6 +153,8 @@ class StepTrace:
     gives, per saving layer, the most the forward held at once while that layer ran with its saves
     dropped (:mod:`.saveless_forward`; empty when not traced): what a recomputed segment's forward
     holds, which the profile lists as :attr:`.StepProfile.swapped_pass_forward_bytes`.
+    ``segment_swappable_inputs`` gives, per segment, the sizes of the input storages the engine
+    may swap when it recomputes the segment whole (:meth:`.trace._Segments.swappable_inputs`).
 
     Example:
         >>> trace = StepTrace(layers=(LayerTrace("a", (8,), 1, 2),), ops=(), param_bytes=40,
@@ -175,6 +177,7 @@ class StepTrace:
     working_bytes: int = 0
     allocated_peak_bytes: int = 0
     saveless_forward_bytes: tuple[tuple[str, int], ...] = ()
+    segment_swappable_inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -287,11 +290,29 @@ class StepTrace:
             static_bytes=self.static_bytes(optimizer),
             d2h_bytes_per_second=link,
             h2d_bytes_per_second=link,
-            segments=self.timed_segments(gpu),
+            segments=self._with_swappable_inputs(self.timed_segments(gpu), min_swap_bytes),
             resaves_listed=self.resaves_listed,
             outside_working_bytes=named_step_temporaries_bytes(optimizer, self.trainable_param_bytes),
             swapped_pass_forward_bytes=self.saveless_forward_bytes,
         )
+
+    def _with_swappable_inputs(
+        self, segments: tuple[SegmentProfile, ...], min_swap_bytes: int
+    ) -> tuple[SegmentProfile, ...]:
+        """``segments`` with the bytes and storages of their inputs the engine may swap
+        (:attr:`segment_swappable_inputs` of at least ``min_swap_bytes``)."""
+        swappable = {
+            name: [size for size in sizes if size > 0 and size >= min_swap_bytes]
+            for name, sizes in self.segment_swappable_inputs
+        }
+        result = []
+        for segment in segments:
+            sizes = swappable.get(segment.name)
+            if sizes:
+                nbytes = min(sum(sizes), segment.input_bytes)
+                segment = replace(segment, swappable_input_bytes=nbytes, swappable_input_storages=len(sizes))
+            result.append(segment)
+        return tuple(result)
 
     def timed_segments(self, gpu: GpuSpec) -> tuple[SegmentProfile, ...]:
         """The segments, each measured for selective recomputation with the share of its forward

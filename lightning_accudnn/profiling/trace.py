@@ -178,6 +178,8 @@ class _Recorder:
     resaves: ResaveLog = field(default_factory=ResaveLog)  # storages saved again, by key
     read_in_forward: set[int] = field(default_factory=set)  # storages unpacked during the forward
     step_held: set[int] = field(default_factory=set)  # storages the step holds throughout (the batch)
+    saves: int = 0  # tensors saved so far, again or not
+    last_saved: dict[int, int] = field(default_factory=dict)  # storage -> ``saves`` at its latest save
     held_saved: dict[str, list[int]] = field(default_factory=dict)  # per layer, those it saved first
     kernels: Counter[tuple[str, str]] = field(default_factory=Counter)
     blas_passes: set[bool] = field(default_factory=set)  # the passes (backward or not) that ran cuBLAS ops
@@ -215,6 +217,9 @@ class _Recorder:
         if key is not None and key in self.param_storages:
             return tensor
         layer = self.tracker.saving_layer()
+        self.saves += 1
+        if key is not None:
+            self.last_saved[key] = self.saves
         if key is not None and key in self.seen_storages:
             # Saved again: backward needs it from the backward of this layer on (or, if this
             # layer saves nothing of its own, of the next that does), as the engine counts it.
@@ -369,6 +374,11 @@ class _Segments:
     sources: dict[str, dict[str, int]] = field(default_factory=dict)  # per segment: earlier segment -> bytes
     recorder: _Recorder | None = None
     op_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # forward ops of each call
+    # per segment: its input storages (key -> bytes), None where a tensor argument does not hold
+    # one whole (a save of the segment's inputs copies it whole), and the saves made when its
+    # call returned
+    whole_inputs: dict[str, dict[int, int] | None] = field(default_factory=dict)
+    saves_at_return: dict[str, int] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def attached(self, model: nn.Module) -> Iterator[None]:
@@ -388,8 +398,10 @@ class _Segments:
     ) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
         if name not in self.input_bytes:
-            storages = self._distinct_storages((*args, *kwargs.values()))
+            values = (*args, *kwargs.values())
+            storages = self._distinct_storages(values)
             self.inputs[name] = set(storages)
+            self.whole_inputs[name] = self._whole_storages(values)
             self.input_bytes[name] = sum(storages.values())
             sources: dict[str, int] = {}
             for key, nbytes in storages.items():
@@ -404,6 +416,7 @@ class _Segments:
         inputs = self.inputs.pop(name, None)
         if inputs is not None:
             if self.recorder is not None:
+                self.saves_at_return[name] = self.recorder.saves
                 self.recorder.selective.exit(name)
                 self.op_ranges[name] = (self.op_ranges[name][0], len(self.recorder.ops))
             outputs = output if isinstance(output, (tuple, list)) else (output,)
@@ -429,6 +442,46 @@ class _Segments:
                 else:
                     storages[key] = value.untyped_storage().nbytes()
         return storages
+
+    def _whole_storages(self, values: tuple[object, ...]) -> dict[int, int] | None:
+        """The storages (key -> bytes) of the tensors among ``values``, ``None`` where one does
+        not hold its storage whole or has no single storage."""
+        whole: dict[int, int] = {}
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                key = self._key(value)
+                nbytes = value.untyped_storage().nbytes()
+                if (
+                    key is None
+                    or not value.is_contiguous()
+                    or value.storage_offset()
+                    or tensor_bytes(value) != nbytes
+                ):
+                    return None
+                whole[key] = nbytes
+        return whole
+
+    def swappable_inputs(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Per segment, the sizes of its input storages the engine may swap when it recomputes it
+        whole (:attr:`.SegmentProfile.swappable_input_bytes`, before ``min_swap_bytes``): those
+        the step does not hold throughout nor a backward inside the forward reads. None where an
+        input is not held whole by a tensor argument, was not saved when the call returned, or was
+        saved again after it (the segment's swap would copy it too, uncounted)."""
+        recorder = self.recorder
+        if recorder is None:
+            return ()
+        unswappable = recorder.step_held | recorder.read_in_forward
+        result = []
+        for name, whole in self.whole_inputs.items():
+            returned = self.saves_at_return.get(name)
+            if whole is None or returned is None:
+                continue
+            if any(recorder.last_saved.get(key, returned + 1) > returned for key in whole):
+                continue
+            sizes = tuple(nbytes for key, nbytes in whole.items() if key not in unswappable)
+            if sizes:
+                result.append((name, sizes))
+        return tuple(result)
 
     def segments(self) -> tuple[SegmentProfile, ...]:
         """Containers called once (a module called twice cannot be wrapped as one segment)."""
@@ -714,6 +767,7 @@ def trace_step(
         dtype=dtype,
         segments=segments.segments(),
         segment_ops=tuple((name, first, end) for name, (first, end) in segments.op_ranges.items()),
+        segment_swappable_inputs=segments.swappable_inputs(),
         kernels=tuple((op, kernel, calls) for (op, kernel), calls in sorted(recorder.kernels.items())),
         resaves_listed=True,
         working_bytes=working_bytes,

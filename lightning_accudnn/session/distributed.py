@@ -168,8 +168,9 @@ def _merged_swapped_passes(profiles: Sequence[StepProfile]) -> tuple[tuple[str, 
 def _merged_segments(profiles: Sequence[StepProfile]) -> tuple[SegmentProfile, ...]:
     """The segments every rank may recompute, each with the most input, output and selectively
     kept and rebuilt bytes any rank saw, the largest share recomputed selectively (measured
-    for selective recomputation only where every rank measured it) and the slowest timed
-    recomputation (timed only where every rank timed it)."""
+    for selective recomputation only where every rank measured it), the slowest timed
+    recomputation (timed only where every rank timed it) and the fewest input bytes every rank
+    may swap (with the most storages any rank swaps them in)."""
     common = set.intersection(*({segment.name for segment in p.segments} for p in profiles))
     seen: dict[str, list[SegmentProfile]] = {}
     for profile in profiles:
@@ -184,6 +185,7 @@ def _merged_segment(name: str, segments: Sequence[SegmentProfile]) -> SegmentPro
     rebuilt = [segment.selective_recomputed_bytes for segment in segments]
     whole = [segment.recompute_seconds for segment in segments]
     selective = [segment.selective_recompute_seconds for segment in segments]
+    swappable = min(segment.swappable_input_bytes for segment in segments)
     return SegmentProfile(
         name,
         max(segment.input_bytes for segment in segments),
@@ -193,6 +195,10 @@ def _merged_segment(name: str, segments: Sequence[SegmentProfile]) -> SegmentPro
         selective_recomputed_bytes=None if None in rebuilt else max(n for n in rebuilt if n is not None),
         recompute_seconds=None if None in whole else max(s for s in whole if s is not None),
         selective_recompute_seconds=None if None in selective else max(s for s in selective if s is not None),
+        swappable_input_bytes=swappable,
+        swappable_input_storages=max(segment.swappable_input_storages for segment in segments)
+        if swappable
+        else 0,
     )
 
 

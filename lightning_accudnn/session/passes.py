@@ -248,7 +248,9 @@ class PassRunner:
         self.collector.pause()  # once nothing here can fail: a pass that did not start leaves it on
         if plan is None:
             # Inside the engine's hooks: what it sees is a segment.
-            self.segment_probe.attach(model, selective=self.selective_probe)
+            self.segment_probe.attach(
+                model, selective=self.selective_probe, records_of=self.engine.records_of
+            )
         return context
 
     def leave(self, context: AbstractContextManager[None], error: BaseException | None) -> None:
@@ -259,6 +261,7 @@ class PassRunner:
         self.recomputer.enabled = False
         if error is None:
             context.__exit__(None, None, None)
+            self.segment_probe.settle_inputs()  # the engine found what the model holds past the forward
         else:
             self.collector.resume()
             context.__exit__(type(error), error, error.__traceback__)

@@ -1,0 +1,148 @@
+"""Which inputs of a segment a plan may swap when it recomputes the segment whole
+(``SegmentProfile.swappable_input_bytes``), as a training session's profiling pass finds them
+and as ``accudnn plan``'s trace finds them: the same, for inputs saved inside the segment (yes),
+the batch the step holds (no), an input saved again after the segment (no), a view of part of a
+storage (no) and an input no op saves (no).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.ops.layers import LayerTracker
+from lightning_accudnn.profiling.gpus import get_gpu
+from lightning_accudnn.profiling.trace import trace_step
+
+WIDTH = 16
+BATCH = 8
+INPUT_BYTES = BATCH * WIDTH * 4
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int = WIDTH) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class _Stacked(nn.Module):
+    """A stem, then two blocks: each block's input is first saved inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, WIDTH)
+        self.a = _Block()
+        self.b = _Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(self.stem(x)))
+
+
+class _OnTheBatch(nn.Module):
+    """A block on the batch itself, which the step holds from before the forward to its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = _Block()
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.a(x))
+
+
+class _UsedAfter(nn.Module):
+    """A block whose input a multiplication after it saves again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, WIDTH)
+        self.a = _Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.a(h) * h
+
+
+class _OnAView(nn.Module):
+    """A block on the first half of a wider activation: its input is a view of part of a storage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, 2 * WIDTH)
+        self.a = _Block(WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(self.stem(x)[:, :WIDTH])
+
+
+class _NotSaved(nn.Module):
+    """A block whose input no op saves (it is scaled first): the engine never saw it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, WIDTH)
+        self.a = _ScaledFirst()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(self.stem(x))
+
+
+class _ScaledFirst(_Block):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x * 2.0)
+
+
+CASES = {
+    _Stacked: {"a": INPUT_BYTES, "b": INPUT_BYTES},
+    _OnTheBatch: {"a": 0},
+    _UsedAfter: {"a": 0},
+    _OnAView: {"a": 0},
+    _NotSaved: {"a": 0},
+}
+
+
+def _session_segments(model_class: type[nn.Module]) -> dict[str, tuple[int, int]]:
+    torch.manual_seed(0)
+    model = model_class()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = OffloadSession(config, "cpu")
+    batch = torch.randn(BATCH, WIDTH)
+    with session.step(model, optimizer):
+        loss = model(batch).square().mean()
+    loss.backward()
+    assert session.plan is not None
+    segments = session.plan.profile.segments
+    session.close()
+    return {s.name: (s.swappable_input_bytes, s.swappable_input_storages) for s in segments}
+
+
+def _traced_segments(model_class: type[nn.Module]) -> dict[str, tuple[int, int]]:
+    trace = trace_step(model_class, (BATCH, WIDTH), tracker=LayerTracker())
+    profile = trace.to_profile(get_gpu("h100"), optimizer="sgd", min_swap_bytes=0)
+    return {s.name: (s.swappable_input_bytes, s.swappable_input_storages) for s in profile.segments}
+
+
+@pytest.mark.parametrize("model_class", list(CASES), ids=lambda c: c.__name__.strip("_"))
+def test_the_session_and_the_trace_find_the_same_swappable_inputs(model_class):
+    expected = {name: (nbytes, 1 if nbytes else 0) for name, nbytes in CASES[model_class].items()}
+    session = _session_segments(model_class)
+    traced = _traced_segments(model_class)
+    assert {name: session[name] for name in expected} == expected
+    assert {name: traced[name] for name in expected} == expected
+
+
+def test_the_trace_leaves_out_inputs_below_min_swap_bytes():
+    trace = trace_step(_Stacked, (BATCH, WIDTH), tracker=LayerTracker())
+    profile = trace.to_profile(get_gpu("h100"), optimizer="sgd", min_swap_bytes=INPUT_BYTES + 1)
+    assert {s.name: s.swappable_input_bytes for s in profile.segments} == {"a": 0, "b": 0}

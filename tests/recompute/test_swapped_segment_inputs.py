@@ -1,0 +1,170 @@
+"""A recomputed segment whose inputs the plan swaps: the engine copies them out in forward and
+back for the segment's backward, which recomputes from them.
+
+Policy ``"auto"`` takes such a plan for a residual stack below the budget that keeping every
+block's input needs, where the link is slow next to the compute (as a GPU's is; the CPU's copies
+are fast, so its planner is given a slower link): it trains bitwise as plain training does, every
+pass's ledger within the plan's prediction.
+
+Each block of a residual stack is recomputed whole and its layer (the segment's inputs) swapped.
+On a simulated GPU whose copies complete late (lags 0, 3, 8 and unbounded): the gradients equal
+plain training's in every bit, no stream ordering is violated, the host pool is empty after
+each step, every planned step holds at most what its plan predicts, and the plan's swapped bytes
+are the blocks' inputs, copied out every planned step.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn.planner import plan as planner_plan
+from lightning_accudnn.planner.plan import Plan
+from lightning_accudnn.planner.recompute import policy_spans
+from lightning_accudnn.planner.search import MixedResult
+from lightning_accudnn.profile import LayerProfile, StepProfile
+from lightning_accudnn.session import planning as planning_module
+from lightning_accudnn.testing import SimulatedGPU
+from lightning_accudnn.testing.forced_plans import forced_result
+from tests.recompute.recorded_training import assert_bitwise_equal as assert_records_equal
+from tests.recompute.recorded_training import cpu_session, train_recorded
+from tests.simulated.helpers import assert_bitwise_equal, grads_of, train_plain
+
+WIDTH = 32
+BLOCKS = 4
+STEPS = 5
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), *(_Block() for _ in range(BLOCKS)), nn.Linear(WIDTH, 1))
+
+
+def _loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch).square().mean()
+
+
+BLOCK_NAMES = [str(i) for i in range(1, BLOCKS + 1)]
+
+
+def _forced_search(profile: StepProfile, cap: int, *args: object, **kwargs: object) -> MixedResult:
+    """Every block recomputed whole, each block's layer (its inputs) swapped, the rest kept."""
+    spans = [span for span in policy_spans(profile, "recompute") if span.name in BLOCK_NAMES]
+    assert sorted(span.name for span in spans) == BLOCK_NAMES
+
+    def swapped(layer: LayerProfile) -> bool:
+        return layer.name in BLOCK_NAMES
+
+    return forced_result(profile, spans, swapped)
+
+
+@pytest.fixture
+def forced_plans() -> Iterator[Callable[..., MixedResult]]:
+    original = planner_plan.search_mixed
+    planner_plan.search_mixed = _forced_search
+    try:
+        yield _forced_search
+    finally:
+        planner_plan.search_mixed = original
+
+
+@pytest.mark.parametrize("lag", [0, 3, 8, None])
+def test_swapped_inputs_of_recomputed_blocks_train_as_plainly_within_the_prediction(forced_plans, lag):
+    batches = [torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step)) for step in range(STEPS)]
+    reference = _model()
+    model = copy.deepcopy(reference)
+    expected = train_plain(reference, batches, _loss)
+
+    gpu = SimulatedGPU(lag=lag, seed=0)
+    session = OffloadSession(
+        OffloadConfig(
+            budget=2**30, min_swap_bytes=0, reserve_bytes=0, policy="auto", plan_in_background=False
+        ),
+        torch.device("cpu"),
+        runtime=gpu,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    actual = []
+    planned_steps = 0
+    for batch in batches:
+        optimizer.zero_grad()
+        gpu.reset_peaks()
+        with session.step(model, optimizer, batch=batch):
+            loss = _loss(model, batch)
+        loss.backward()
+        del loss
+        stats, plan = session.stats, session.plan
+        assert stats is not None and plan is not None
+        if not stats.profiling:
+            planned_steps += 1
+            assert sorted(plan.swapped_segments) == BLOCK_NAMES
+            assert plan.swapped_layers >= set(BLOCK_NAMES)
+            # the blocks' inputs, 16 x 32 float32 each (the first block's input is the stem's
+            # output, saved first by that block)
+            assert plan.swapped_bytes == BLOCKS * 16 * WIDTH * 4
+            assert stats.bytes_swapped_out == plan.swapped_bytes
+            assert plan.profile.static_bytes + gpu.peak_held_bytes <= stats.predicted_peak_bytes
+        assert session.engine.pool.in_use_bytes == 0
+        actual.append(grads_of(model))
+        optimizer.step()
+    session.close()
+    assert planned_steps >= 3
+    assert gpu.violations == []
+    assert_bitwise_equal(expected, actual)
+
+
+def _stack(blocks: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), *(_Block() for _ in range(blocks)), nn.Linear(WIDTH, 1))
+
+
+def _slow_link(profile: StepProfile) -> StepProfile:
+    """A link slow next to the CPU's compute (1 MB/s), as a GPU's is: recomputing pays there."""
+    return dataclasses.replace(profile, d2h_bytes_per_second=1e6, h2d_bytes_per_second=1e6)
+
+
+def test_auto_swaps_the_inputs_of_the_blocks_it_recomputes_where_the_link_is_slow(monkeypatch):
+    blocks = 6
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(step))
+
+    profiling = cpu_session(10**9, "auto")
+    train_recorded(_stack(blocks), profiling, batch, 2)
+    assert profiling.plan is not None
+    profile = profiling.plan.profile
+    profiling.close()
+    activations = profile.unconstrained_peak_bytes - profile.static_bytes
+    budget = profile.static_bytes + activations * 3 // 10  # below every block's input kept
+    real = planner_plan.plan_swaps
+
+    def slow_link(profile: StepProfile, *args: object, **kwargs: object) -> Plan:
+        return real(_slow_link(profile), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(planning_module, "plan_swaps", slow_link)
+    expected, _ = train_recorded(_stack(blocks), None, batch, STEPS)
+    session = cpu_session(budget, "auto")
+    record, peaks = train_recorded(_stack(blocks), session, batch, STEPS)
+    session.close()
+    assert_records_equal(record, expected)
+    planned = [(plan, ledger) for plan, ledger in peaks if plan is not None]
+    assert len(planned) >= 3
+    for plan, ledger in planned:
+        assert plan.swapped_segments and set(plan.swapped_segments) <= set(plan.recomputed), plan
+        assert ledger <= plan.predicted_ledger_peak_bytes <= plan.predicted_peak_bytes <= budget

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
 from torch import nn
 
-from lightning_accudnn import OffloadConfig, OffloadSession
+from lightning_accudnn import OffloadConfig
 from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import Plan
 from lightning_accudnn.planner.recompute import policy_spans
@@ -34,7 +34,12 @@ from lightning_accudnn.testing import SimulatedGPU
 from lightning_accudnn.testing.forced_plans import forced_result
 from tests.recompute.recorded_training import assert_bitwise_equal as assert_records_equal
 from tests.recompute.recorded_training import cpu_session, train_recorded
-from tests.simulated.helpers import assert_bitwise_equal, grads_of, train_plain
+from tests.simulated.helpers import (
+    assert_bitwise_equal,
+    planner_search_replaced,
+    train_plain,
+    train_session_simulated,
+)
 
 WIDTH = 32
 BLOCKS = 4
@@ -75,13 +80,9 @@ def _forced_search(profile: StepProfile, cap: int, *args: object, **kwargs: obje
 
 
 @pytest.fixture
-def forced_plans() -> Iterator[Callable[..., MixedResult]]:
-    original = planner_plan.search_mixed
-    planner_plan.search_mixed = _forced_search
-    try:
-        yield _forced_search
-    finally:
-        planner_plan.search_mixed = original
+def forced_plans() -> Iterator[None]:
+    with planner_search_replaced(_forced_search):
+        yield
 
 
 @pytest.mark.parametrize("lag", [0, 3, 8, None])
@@ -91,41 +92,19 @@ def test_swapped_inputs_of_recomputed_blocks_train_as_plainly_within_the_predict
     model = copy.deepcopy(reference)
     expected = train_plain(reference, batches, _loss)
 
-    gpu = SimulatedGPU(lag=lag, seed=0)
-    session = OffloadSession(
-        OffloadConfig(
-            budget=2**30, min_swap_bytes=0, reserve_bytes=0, policy="auto", plan_in_background=False
-        ),
-        torch.device("cpu"),
-        runtime=gpu,
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    actual = []
-    planned_steps = 0
-    for batch in batches:
-        optimizer.zero_grad()
-        gpu.reset_peaks()
-        with session.step(model, optimizer, batch=batch):
-            loss = _loss(model, batch)
-        loss.backward()
-        del loss
-        stats, plan = session.stats, session.plan
-        assert stats is not None and plan is not None
-        if not stats.profiling:
-            planned_steps += 1
-            assert sorted(plan.swapped_segments) == BLOCK_NAMES
-            assert plan.swapped_layers >= set(BLOCK_NAMES)
-            # the blocks' inputs, 16 x 32 float32 each (the first block's input is the stem's
-            # output, saved first by that block)
-            assert plan.swapped_bytes == BLOCKS * 16 * WIDTH * 4
-            assert stats.bytes_swapped_out == plan.swapped_bytes
-            assert plan.profile.static_bytes + gpu.peak_held_bytes <= stats.predicted_peak_bytes
-        assert session.engine.pool.in_use_bytes == 0
-        actual.append(grads_of(model))
-        optimizer.step()
-    session.close()
-    assert planned_steps >= 3
-    assert gpu.violations == []
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
+    planned = [step for step in steps if not step.stats.profiling]
+    assert len(planned) >= 3
+    for step in planned:
+        plan, stats = step.plan, step.stats
+        assert sorted(plan.swapped_segments) == BLOCK_NAMES
+        assert plan.swapped_layers >= set(BLOCK_NAMES)
+        # the blocks' inputs, 16 x 32 float32 each (the first block's input is the stem's
+        # output, saved first by that block)
+        assert plan.swapped_bytes == BLOCKS * 16 * WIDTH * 4
+        assert stats.bytes_swapped_out == plan.swapped_bytes
+        assert plan.profile.static_bytes + step.peak_held_bytes <= stats.predicted_peak_bytes
     assert_bitwise_equal(expected, actual)
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from lightning_accudnn import OffloadConfig, OffloadSession, OffloadStats
 from lightning_accudnn.ops import OffloadEngine, SwapSchedule
+from lightning_accudnn.planner import Plan
+from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.testing import SimulatedGPU
 
 Loss = Callable[[nn.Module, object], torch.Tensor]
@@ -70,6 +74,54 @@ def train_simulated(
     engine.close()
     gpu.synchronize()
     return grads, run
+
+
+@contextlib.contextmanager
+def planner_search_replaced(search: Callable[..., object]) -> Iterator[None]:
+    """The planner's search (``search_mixed``, as :func:`~lightning_accudnn.planner.plan_swaps`
+    calls it) replaced by ``search`` inside: a plan forced whatever the timings."""
+    original = planner_plan.search_mixed
+    planner_plan.search_mixed = search  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        planner_plan.search_mixed = original
+
+
+@dataclass
+class PlannedStep:
+    """A session's step on a simulated GPU: its figures, the plan it ran and the most the GPU held."""
+
+    stats: OffloadStats
+    plan: Plan
+    peak_held_bytes: int
+
+
+def train_session_simulated(
+    model: nn.Module, batches: Sequence[object], loss_fn: Loss, gpu: SimulatedGPU, config: OffloadConfig
+) -> tuple[list[list[torch.Tensor | None]], list[PlannedStep]]:
+    """Train under an :class:`~lightning_accudnn.OffloadSession` of ``config`` on ``gpu``: the
+    gradients and the steps. After each step the host pool is empty; after the last, no stream
+    ordering was violated."""
+    session = OffloadSession(config, torch.device("cpu"), runtime=gpu)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    grads, steps = [], []
+    for batch in batches:
+        optimizer.zero_grad()
+        gpu.reset_peaks()
+        with session.step(model, optimizer, batch=batch):
+            loss = loss_fn(model, batch)
+        loss.backward()
+        del loss
+        stats, plan = session.stats, session.plan
+        assert stats is not None and plan is not None
+        steps.append(PlannedStep(stats, plan, gpu.peak_held_bytes))
+        assert session.engine.pool.in_use_bytes == 0, "host buffers still in use after the step"
+        grads.append(grads_of(model))
+        optimizer.step()
+    session.close()
+    assert gpu.violations == []
+    return grads, steps
 
 
 def assert_bitwise_equal(expected, actual) -> None:

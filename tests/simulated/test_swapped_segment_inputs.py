@@ -19,15 +19,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_accudnn import OffloadConfig, OffloadSession
-from lightning_accudnn.planner import plan as planner_plan
+from lightning_accudnn import OffloadConfig
 from lightning_accudnn.planner.recompute import SegmentSpan, policy_spans
 from lightning_accudnn.planner.search import MixedResult
 from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.testing import SimulatedGPU
 from lightning_accudnn.testing.forced_plans import forced_result
 from tests.models import loss_of
-from tests.simulated.helpers import assert_bitwise_equal, grads_of, train_plain
+from tests.simulated.helpers import (
+    assert_bitwise_equal,
+    planner_search_replaced,
+    train_plain,
+    train_session_simulated,
+)
 from tests.simulated.random_models import PIECES, RandomNet, random_batch
 
 pieces = st.lists(st.sampled_from(sorted(PIECES)), min_size=1, max_size=4)
@@ -51,12 +55,8 @@ def _forced_search(profile: StepProfile, cap: int, *args: object, **kwargs: obje
 
 @pytest.fixture
 def forced_plans() -> Iterator[None]:
-    original = planner_plan.search_mixed
-    planner_plan.search_mixed = _forced_search
-    try:
+    with planner_search_replaced(_forced_search):
         yield
-    finally:
-        planner_plan.search_mixed = original
 
 
 @pytest.mark.slow
@@ -77,30 +77,11 @@ def test_swapped_inputs_of_recomputed_segments_train_as_plainly_within_the_predi
     expected = train_plain(reference, batches, loss_of)
     torch.manual_seed(1)
 
-    gpu = SimulatedGPU(lag=lag, seed=seed)
-    session = OffloadSession(
-        OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False),
-        torch.device("cpu"),
-        runtime=gpu,
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    actual = []
-    for batch in batches:
-        optimizer.zero_grad()
-        gpu.reset_peaks()
-        with session.step(model, optimizer, batch=batch):
-            loss = loss_of(model, batch)
-        loss.backward()
-        del loss
-        stats, plan = session.stats, session.plan
-        assert stats is not None and plan is not None
-        if not stats.profiling:
-            assert plan.profile.static_bytes + gpu.peak_held_bytes <= stats.predicted_peak_bytes
-            if stats.observed:
-                assert stats.bytes_swapped_out >= plan.swapped_bytes
-        assert session.engine.pool.in_use_bytes == 0
-        actual.append(grads_of(model))
-        optimizer.step()
-    session.close()
-    assert gpu.violations == []
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    actual, steps = train_session_simulated(model, batches, loss_of, SimulatedGPU(lag=lag, seed=seed), config)
+    for step in steps:
+        if not step.stats.profiling:
+            assert step.plan.profile.static_bytes + step.peak_held_bytes <= step.stats.predicted_peak_bytes
+            if step.stats.observed:
+                assert step.stats.bytes_swapped_out >= step.plan.swapped_bytes
     assert_bitwise_equal(expected, actual)

@@ -24,9 +24,10 @@ import torch
 from torch import nn
 
 from lightning_accudnn import OffloadConfig
+from lightning_accudnn.ops import recompute as recompute_module
 from lightning_accudnn.planner import plan as planner_plan
 from lightning_accudnn.planner.plan import Plan
-from lightning_accudnn.planner.recompute import policy_spans
+from lightning_accudnn.planner.recompute import named_spans, policy_spans
 from lightning_accudnn.planner.search import MixedResult
 from lightning_accudnn.profile import LayerProfile, StepProfile
 from lightning_accudnn.session import planning as planning_module
@@ -85,8 +86,13 @@ def forced_plans() -> Iterator[None]:
         yield
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "torch-checkpoint"])
 @pytest.mark.parametrize("lag", [0, 3, 8, None])
-def test_swapped_inputs_of_recomputed_blocks_train_as_plainly_within_the_prediction(forced_plans, lag):
+def test_swapped_inputs_of_recomputed_blocks_train_as_plainly_within_the_prediction(
+    forced_plans, lag, lean, monkeypatch
+):
+    if not lean:  # the segments run under torch.utils.checkpoint, as under a torch function mode
+        monkeypatch.setattr(recompute_module, "lean_possible", lambda: False)
     batches = [torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step)) for step in range(STEPS)]
     reference = _model()
     model = copy.deepcopy(reference)
@@ -147,3 +153,35 @@ def test_auto_swaps_the_inputs_of_the_blocks_it_recomputes_where_the_link_is_slo
     for plan, ledger in planned:
         assert plan.swapped_segments and set(plan.swapped_segments) <= set(plan.recomputed), plan
         assert ledger <= plan.predicted_ledger_peak_bytes <= plan.predicted_peak_bytes <= budget
+
+
+def _staged() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(WIDTH, WIDTH), nn.Sequential(*(_Block() for _ in range(3))), nn.Linear(WIDTH, 1)
+    )
+
+
+def _nested_search(profile: StepProfile, cap: int, *args: object, **kwargs: object) -> MixedResult:
+    """The stage recomputed with its blocks recomputed again inside it, the stage's input swapped."""
+    (span,) = named_spans(profile, "recompute", ["1", "1.0", "1.1", "1.2"])
+    assert span.names == ("1", "1.0", "1.1", "1.2")
+    return forced_result(profile, [span], lambda layer: layer.name == "1")
+
+
+@pytest.mark.parametrize("lag", [0, 8, None])
+def test_a_nested_recomputation_s_swapped_input_trains_as_plainly_within_the_prediction(lag):
+    batches = [torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step)) for step in range(STEPS)]
+    reference = _staged()
+    model = copy.deepcopy(reference)
+    expected = train_plain(reference, batches, _loss)
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    with planner_search_replaced(_nested_search):
+        actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
+    planned = [step for step in steps if not step.stats.profiling]
+    assert len(planned) >= 3
+    for step in planned:
+        assert step.plan.recomputed == ("1", "1.0", "1.1", "1.2") and step.plan.swapped_segments == ("1",)
+        assert step.stats.bytes_swapped_out == step.plan.swapped_bytes == 16 * WIDTH * 4
+        assert step.plan.profile.static_bytes + step.peak_held_bytes <= step.stats.predicted_peak_bytes
+    assert_bitwise_equal(expected, actual)

@@ -117,3 +117,18 @@ def test_the_merge_keeps_a_segment_s_slowest_timed_recomputation_where_every_ran
 
     (merged,) = merge_profiles([profile(1.0, 0.2), profile(3.0, None)]).segments
     assert merged.recompute_seconds == 3.0 and merged.selective_recompute_seconds is None
+
+
+def test_the_merge_keeps_the_fewest_input_bytes_every_rank_may_swap():
+    layers = (LayerProfile("block.conv", 10, 10),)
+
+    def profile(swappable: int, storages: int) -> StepProfile:
+        segment = SegmentProfile(
+            "block", 8, swappable_input_bytes=swappable, swappable_input_storages=storages
+        )
+        return StepProfile(layers, 0, segments=(segment,))
+
+    (merged,) = merge_profiles([profile(8, 1), profile(6, 2)]).segments
+    assert (merged.swappable_input_bytes, merged.swappable_input_storages) == (6, 2)
+    (merged,) = merge_profiles([profile(8, 1), profile(0, 0)]).segments
+    assert (merged.swappable_input_bytes, merged.swappable_input_storages) == (0, 0)

@@ -7,9 +7,9 @@ the benchmarks, one bundle.
 
 The headline runs first, so that a short window on a GPU answers the question the project exists
 for: ``bench.run`` on ResNet-152 (batch 64, bf16) and a GPT-2-medium-shaped decoder (bf16), rows
-no offload, lightning-accudnn at half the peak no offload holds (issue 33's bar) and at the model
-state plus a half and plus a third of the activations no offload holds, full per-block checkpointing, ``save_on_cpu`` and torchtune's
-``OffloadActivations`` (a ``not_installed`` row without it); each row has its measured median
+no offload, lightning-accudnn at half the peak no offload holds and at the model state plus a half
+and plus a third of the activations no offload holds, full per-block checkpointing, ``save_on_cpu``
+and torchtune's ``OffloadActivations`` (a ``not_installed`` row without it); each row has its measured median
 step and peak and, for lightning-accudnn, the plan's predicted step and peak. Each headline
 command has a time limit under 8 minutes (:data:`HEADLINE_SECONDS`). ``Step.quick`` is the same
 command at CPU sizes in seconds: CI runs it (``tests/bench/test_gpu_check.py``).

@@ -138,7 +138,7 @@ def test_a_headline_command_runs_every_row_at_cpu_sizes(name: str, tmp_path: Pat
         assert row["median_step_seconds"] > 0 and row["peak_allocated_bytes"] >= 0
     static, peak = result["oracle_static_bytes"], result["oracle_peak_bytes"]
     assert 0 < static < peak
-    assert rows["accudnn-2x"]["budget_bytes"] == int(peak / 2)  # issue 33's bar: half the peak
+    assert rows["accudnn-2x"]["budget_bytes"] == int(peak / 2)
     for fraction, text in ((1 / 2, "1/2"), (1 / 3, "1/3")):
         row = rows[f"accudnn-static+{text}act"]
         assert row["budget_bytes"] == static + int((peak - static) * fraction)

@@ -259,12 +259,16 @@ class PassRunner:
             self.segment_probe.finish_forward()
         self.segment_probe.detach()
         self.recomputer.enabled = False
-        if error is None:
-            context.__exit__(None, None, None)
-            self.segment_probe.settle_inputs()  # the engine found what the model holds past the forward
-        else:
-            self.collector.resume()
-            context.__exit__(type(error), error, error.__traceback__)
+        try:
+            if error is None:
+                context.__exit__(None, None, None)
+            else:
+                self.collector.resume()
+                context.__exit__(type(error), error, error.__traceback__)
+        finally:
+            # Once the engine's forward is over (it found what the model holds past it); the
+            # probe lets the engine's records go, whatever happened.
+            self.segment_probe.settle_inputs()
 
     def end(self) -> tuple[StepStats, RunningPass] | None:
         """The pass's backward ended: the engine's figures and the pass, or ``None`` when none was open."""

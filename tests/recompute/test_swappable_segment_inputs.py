@@ -7,7 +7,9 @@ storage (no) and an input no op saves (no).
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -146,3 +148,26 @@ def test_the_trace_leaves_out_inputs_below_min_swap_bytes():
     trace = trace_step(_Stacked, (BATCH, WIDTH), tracker=LayerTracker())
     profile = trace.to_profile(get_gpu("h100"), optimizer="sgd", min_swap_bytes=INPUT_BYTES + 1)
     assert {s.name: s.swappable_input_bytes for s in profile.segments} == {"a": 0, "b": 0}
+
+
+class _FailsAfterTheBlocks(_Stacked):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        super().forward(x)
+        raise RuntimeError("the model's own error, after its blocks")
+
+
+def test_a_failed_profiling_pass_leaves_no_input_held():
+    torch.manual_seed(0)
+    model = _FailsAfterTheBlocks()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = OffloadSession(config, "cpu")
+    inputs = []
+    model.a.register_forward_pre_hook(lambda module, args: inputs.append(weakref.ref(args[0])))
+    with pytest.raises(RuntimeError, match="the model's own error"), session.step(model, optimizer):
+        model(torch.randn(BATCH, WIDTH))
+    gc.collect()
+    assert inputs and inputs[0]() is None  # the block's input, which the engine had saved
+    session.close()

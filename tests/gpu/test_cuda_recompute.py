@@ -1,7 +1,7 @@
-"""On a CUDA GPU: whole segments recomputed through the lean checkpoint train bitwise like the
-plain loop, with CUDA dropout (its device RNG state replayed) and bf16 CUDA autocast (its state
-replayed), in a session whose steady passes run without the engine's hooks; the passes replayed under the
-plan time its recomputations with CUDA events."""
+"""On a CUDA GPU: whole segments recomputed through the lean checkpoint (their inputs swapped
+too) train bitwise like the plain loop, with CUDA dropout (its device RNG state replayed) and bf16
+CUDA autocast (its state replayed), in a session whose steady passes run without the engine's
+hooks; the passes replayed under the plan time its recomputations with CUDA events."""
 
 import pytest
 
@@ -58,3 +58,27 @@ def test_recomputing_and_swapping_on_cuda_drops_the_hooks_after_the_last_swap_an
     assert_bitwise_equal(record, expected)
     assert all(plan.swapped_layers == frozenset(swapped) for plan in plans[1:])
     assert any(not observed and swapped_out > 0 for observed, swapped_out in passes[1:]), passes
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_swapping_the_inputs_of_recomputed_blocks_on_cuda_trains_bitwise(autocast, monkeypatch):
+    """Three blocks recomputed whole with their layers (their inputs) swapped: the second and third
+    blocks' inputs, which no kept layer saves, go out on the copy stream as each block starts and
+    come back for its recomputation, in observed passes and in those between; training is bitwise
+    the plain loop's."""
+    names = ("blocks.0", "blocks.1", "blocks.2")
+    monkeypatch.setattr(planner_plan, "search_mixed", forcing_search(names, names))
+    config = OffloadConfig(budget=10**10, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
+    passes = []
+    expected = plain("resnet", "cuda", autocast)
+    record, plans, _, _, _ = train(
+        "resnet",
+        config,
+        device="cuda",
+        autocast=autocast,
+        after_step=lambda session: passes.append((session.stats.observed, session.stats.bytes_swapped_out)),
+    )
+    assert_bitwise_equal(record, expected)
+    assert all(plan.swapped_segments == ("blocks.1", "blocks.2") for plan in plans[1:])
+    assert all(swapped_out == plans[-1].swapped_bytes > 0 for _, swapped_out in passes[1:]), passes
+    assert any(not observed for observed, _ in passes[1:]), passes

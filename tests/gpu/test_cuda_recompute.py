@@ -36,14 +36,9 @@ def test_lean_recomputation_trains_bitwise_on_cuda(kind, names, autocast, monkey
     assert session.stats.recompute_cost_ratio is not None and not session.stats.steady_timing
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_recomputing_and_swapping_on_cuda_drops_the_hooks_after_the_last_swap_and_trains_bitwise(
-    autocast, monkeypatch
-):
-    """Two blocks recomputed whole and a layer between them swapped: the steady passes between
-    observed ones swap on the copy stream, take the engine's hooks out after the swapped layer
-    and recompute the later block with none, and training is bitwise the plain loop's."""
-    names, swapped = ("blocks.0", "blocks.2"), ("blocks.1.bn1", "blocks.1.relu")
+def _forced_training(names, swapped, autocast, monkeypatch):  # type: ignore[no-untyped-def]
+    """Train the ResNet on CUDA under the plan recomputing ``names`` and swapping ``swapped``:
+    the plain loop's record, the session's, its plans, and per step (observed, bytes swapped out)."""
     monkeypatch.setattr(planner_plan, "search_mixed", forcing_search(names, swapped))
     config = OffloadConfig(budget=10**10, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
     passes = []
@@ -54,6 +49,20 @@ def test_recomputing_and_swapping_on_cuda_drops_the_hooks_after_the_last_swap_an
         device="cuda",
         autocast=autocast,
         after_step=lambda session: passes.append((session.stats.observed, session.stats.bytes_swapped_out)),
+    )
+    return expected, record, plans, passes
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_recomputing_and_swapping_on_cuda_drops_the_hooks_after_the_last_swap_and_trains_bitwise(
+    autocast, monkeypatch
+):
+    """Two blocks recomputed whole and a layer between them swapped: the steady passes between
+    observed ones swap on the copy stream, take the engine's hooks out after the swapped layer
+    and recompute the later block with none, and training is bitwise the plain loop's."""
+    swapped = ("blocks.1.bn1", "blocks.1.relu")
+    expected, record, plans, passes = _forced_training(
+        ("blocks.0", "blocks.2"), swapped, autocast, monkeypatch
     )
     assert_bitwise_equal(record, expected)
     assert all(plan.swapped_layers == frozenset(swapped) for plan in plans[1:])
@@ -67,17 +76,7 @@ def test_swapping_the_inputs_of_recomputed_blocks_on_cuda_trains_bitwise(autocas
     come back for its recomputation, in observed passes and in those between; training is bitwise
     the plain loop's."""
     names = ("blocks.0", "blocks.1", "blocks.2")
-    monkeypatch.setattr(planner_plan, "search_mixed", forcing_search(names, names))
-    config = OffloadConfig(budget=10**10, min_swap_bytes=0, reserve_bytes=0, policy="recompute")
-    passes = []
-    expected = plain("resnet", "cuda", autocast)
-    record, plans, _, _, _ = train(
-        "resnet",
-        config,
-        device="cuda",
-        autocast=autocast,
-        after_step=lambda session: passes.append((session.stats.observed, session.stats.bytes_swapped_out)),
-    )
+    expected, record, plans, passes = _forced_training(names, names, autocast, monkeypatch)
     assert_bitwise_equal(record, expected)
     assert all(plan.swapped_segments == ("blocks.1", "blocks.2") for plan in plans[1:])
     assert all(swapped_out == plans[-1].swapped_bytes > 0 for _, swapped_out in passes[1:]), passes

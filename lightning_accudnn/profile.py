@@ -254,10 +254,10 @@ class SegmentProfile:
     ``swappable_input_bytes`` (in ``swappable_input_storages`` storages) are the bytes of its
     inputs the engine may swap when it recomputes it whole: storages saved in the step, of at
     least ``min_swap_bytes``, not held by the step's code beyond the forward and not read by a
-    backward inside it. None where an input is a view of part of a storage, is never saved, or is
-    saved again after the segment returns (the engine, swapping the segment's layer, would copy it
-    too). A plan may swap them (the segment's layer) instead of keeping them on the device until
-    its backward; 0 where not measured.
+    backward inside it. None where an input is a view of part of a storage, is never saved, is
+    saved again after the segment returns or is an input of a segment called later (the engine,
+    swapping the segment's layer, would copy it too). A plan may swap them (the segment's layer)
+    instead of keeping them on the device until its backward; 0 where not measured.
 
     Example:
         >>> SegmentProfile("layer1.0", input_bytes=802_816, output_bytes=802_816)

@@ -329,8 +329,9 @@ class SegmentProbe:
     (:meth:`settle_inputs`), the input storages whose records are all still swappable (not held
     by the model's code beyond the forward, not read by a backward inside it). None where an
     input is not held whole by a tensor argument, was not saved by the engine when the call
-    returned, or was saved again after it: the engine, swapping the segment's layer, would copy
-    such an input too, and the plan would not count that copy.
+    returned, was saved again after it or is an input of a segment called later (recomputed,
+    that one saves it again): the engine, swapping the segment's layer, would copy such an input
+    too, and the plan would not count that copy, or bring it back for the later save.
 
     Example:
         >>> model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 1))
@@ -361,6 +362,7 @@ class SegmentProbe:
         "_not_selective",
         "_records_of",
         "_input_records",
+        "_returned_inputs",
         "_swappable_inputs",
     )
 
@@ -387,6 +389,8 @@ class SegmentProbe:
         # per segment, when its call returned: each whole input storage's bytes, the engine's
         # records of it and the pass's saves so far (until settle_inputs)
         self._input_records: dict[str, tuple[list[tuple[int, list[StorageRecord]]], int] | None] = {}
+        # per segment returned: its input storages, until a later segment takes one of them too
+        self._returned_inputs: dict[str, set[int]] = {}
         self._swappable_inputs: dict[str, tuple[int, int]] = {}  # segment -> (bytes, storages)
 
     def attach(
@@ -403,6 +407,7 @@ class SegmentProbe:
         self.detach()
         self._measured, self._not_selective = {}, {}
         self._records_of, self._input_records, self._swappable_inputs = records_of, {}, {}
+        self._returned_inputs = {}
         hooks = top_saved_tensor_hooks()
         if (
             selective
@@ -479,6 +484,7 @@ class SegmentProbe:
             storages = _storages(audit.call_tensors)
             self._input_bytes[name] = sum(storages.values())
             self._inputs[name] = set(storages)
+            self._taken_again(storages.keys())
             sources: dict[str, int] = {}
             for address, nbytes in storages.items():
                 known = self._outputs.get(address)
@@ -517,9 +523,20 @@ class SegmentProbe:
             audit = self._audits.get(name)
             if audit is not None and self._records_of is not None:
                 self._input_records[name] = self._whole_input_records(audit.call_tensors, self._records_of)
+                self._returned_inputs[name] = inputs
             reason = None if audit is None else audit.after_call(output)
             if reason is not None:
                 self._unsafe.setdefault(name, reason)
+
+    def _taken_again(self, storages: Iterable[int]) -> None:
+        """A segment is called with the input ``storages``: a segment returned before that takes
+        one of them too swaps none (recomputed, the later one saves it again as its input, which
+        the profile does not see)."""
+        taken = set(storages)
+        for name, inputs in list(self._returned_inputs.items()):
+            if inputs & taken:
+                self._input_records[name] = None
+                del self._returned_inputs[name]
 
     @staticmethod
     def _whole_input_records(
@@ -564,7 +581,7 @@ class SegmentProbe:
             ]
             if swappable:
                 self._swappable_inputs[name] = (sum(swappable), len(swappable))
-        self._input_records = {}
+        self._input_records, self._returned_inputs = {}, {}
 
     def _check_returned(self) -> None:
         """Whether a returned candidate's arguments or outputs were written in place since its call."""

@@ -402,6 +402,10 @@ class _Segments:
             storages = self._distinct_storages(values)
             self.inputs[name] = set(storages)
             self.whole_inputs[name] = self._whole_storages(values)
+            for returned in self.saves_at_return:  # a segment called before that takes one too
+                earlier = self.whole_inputs.get(returned)
+                if earlier is not None and not earlier.keys().isdisjoint(storages):
+                    self.whole_inputs[returned] = None
             self.input_bytes[name] = sum(storages.values())
             sources: dict[str, int] = {}
             for key, nbytes in storages.items():
@@ -465,8 +469,9 @@ class _Segments:
         """Per segment, the sizes of its input storages the engine may swap when it recomputes it
         whole (:attr:`.SegmentProfile.swappable_input_bytes`, before ``min_swap_bytes``): those
         the step does not hold throughout nor a backward inside the forward reads. None where an
-        input is not held whole by a tensor argument, was not saved when the call returned, or was
-        saved again after it (the segment's swap would copy it too, uncounted)."""
+        input is not held whole by a tensor argument, was not saved when the call returned, was
+        saved again after it, or is an input of a segment called later (the segment's swap would
+        copy it too, uncounted)."""
         recorder = self.recorder
         if recorder is None:
             return ()

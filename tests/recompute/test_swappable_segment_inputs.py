@@ -2,7 +2,7 @@
 (``SegmentProfile.swappable_input_bytes``), as a training session's profiling pass finds them
 and as ``accudnn plan``'s trace finds them: the same, for inputs saved inside the segment (yes),
 the batch the step holds (no), an input saved again after the segment (no), a view of part of a
-storage (no) and an input no op saves (no).
+storage (no), an input no op saves (no) and an input a later block takes too (no).
 """
 
 from __future__ import annotations
@@ -102,12 +102,39 @@ class _ScaledFirst(_Block):
         return super().forward(x * 2.0)
 
 
+class _Joins(nn.Module):
+    """A block that joins two activations (a concatenation, which saves neither)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.mix(torch.cat([x, skip], dim=1))
+
+
+class _TakenLater(nn.Module):
+    """A block whose input a later block takes too (a skip connection), without saving it: that
+    block, recomputed, would save it again as its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, WIDTH)
+        self.a = _Block()
+        self.b = _Joins()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.b(self.a(h), h)
+
+
 CASES = {
     _Stacked: {"a": INPUT_BYTES, "b": INPUT_BYTES},
     _OnTheBatch: {"a": 0},
     _UsedAfter: {"a": 0},
     _OnAView: {"a": 0},
     _NotSaved: {"a": 0},
+    _TakenLater: {"a": 0},
 }
 
 

@@ -146,6 +146,21 @@ class Plan:
         swapped = (layer.name for layer, s in zip(self.profile.layers, self.swap, strict=True) if s)
         return frozenset((*swapped, *self.swapped_segments))
 
+    @property
+    def swapped_count_text(self) -> str:
+        """What the plan swaps, counted for a report: ``"13 of 42 layers"``, and the recomputed
+        segments whose inputs it swaps.
+
+        Example:
+            >>> from lightning_accudnn.profile import LayerProfile, StepProfile
+            >>> layers = tuple(LayerProfile(name, 100, 100, 1e-3, 2e-3) for name in "abc")
+            >>> plan_swaps(StepProfile(layers, static_bytes=0), budget_bytes=250).swapped_count_text
+            '3 of 3 layers'
+        """
+        segments = len(self.swapped_segments)
+        inputs = f" and the inputs of {segments} recomputed segments" if segments else ""
+        return f"{sum(self.swap)} of {len(self.profile.layers)} layers{inputs}"
+
     def _swapped_segment_layers(self) -> list[LayerProfile]:
         names = set(self.swapped_segments)
         return [layer for layer in self.engine_profile.layers if layer.name in names]
@@ -262,14 +277,7 @@ class Plan:
                 f"{layer.backward_seconds * 1e3:>9.3f}  {choice.value}"
             )
         usable = Headroom(self.budget_bytes, self.reserve_bytes).usable_bytes
-        inputs = (
-            f" and the inputs of {len(self.swapped_segments)} recomputed segments"
-            if self.swapped_segments
-            else ""
-        )
-        swapped_text = (
-            f"{sum(self.swap)} of {len(layers)} layers{inputs} ({format_bytes(self.swapped_bytes)})"
-        )
+        swapped_text = f"{self.swapped_count_text} ({format_bytes(self.swapped_bytes)})"
         unconstrained = self.unconstrained_seconds
         overhead = (
             f"{(self.predicted_step_seconds / unconstrained - 1) * 100:+.1f}%" if unconstrained > 0 else "n/a"

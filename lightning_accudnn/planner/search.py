@@ -255,7 +255,7 @@ def search_mixed(
             peak = _least_peak(step)
             least = peak if least is None else min(least, peak)
             continue
-        for variant, variant_simulator in ((step, simulator), *_inputs_kept(profile, step)):
+        for variant, variant_simulator in _search_variants(profile, step, simulator):
             step_fits = None if host_fits is None else _on_profile(host_fits, variant)
             result = search(variant_simulator, cap, max_limit, step_fits)
             exact = exact and result.method != "heuristic"
@@ -442,10 +442,8 @@ class _SetScore:
 
     @cached_property
     def variants(self) -> list[tuple[RecomputedProfile, Simulator]]:
-        """The step, and the step with its segments' inputs kept where it may swap them: the
-        keep/swap search is a heuristic that more layers to swap can lead astray, so each is
-        searched and the faster kept."""
-        return [(self.step, self.simulator), *_inputs_kept(self.profile, self.step)]
+        """The steps the keep/swap search takes for this set (:func:`_search_variants`)."""
+        return _search_variants(self.profile, self.step, self.simulator)
 
 
 class _SetScores:
@@ -645,14 +643,17 @@ def _copy_bound(profile: StepProfile, over: int) -> float:
     return max(forward, out) + max(backward, back)
 
 
-def _inputs_kept(profile: StepProfile, step: RecomputedProfile) -> list[tuple[RecomputedProfile, Simulator]]:
-    """``step`` with its recomputed segments' inputs kept, and its simulator, where any of them
-    may be swapped in ``step`` (else none)."""
+def _search_variants(
+    profile: StepProfile, step: RecomputedProfile, simulator: Simulator
+) -> list[tuple[RecomputedProfile, Simulator]]:
+    """``step`` (with ``simulator``), and where it may swap recomputed segments' inputs, the same
+    set with them kept: the keep/swap search is a heuristic that more layers to swap can lead
+    astray, so each is searched and the faster plan kept."""
     segments = set(step.recomputed)
     if not any(layer.swappable_bytes for layer in step.profile.layers if layer.name in segments):
-        return []
+        return [(step, simulator)]
     kept = recomputed_profile(profile, step.spans, keep_inputs=True)
-    return [(kept, Simulator(kept.profile, kept.transient_bytes))]
+    return [(step, simulator), (kept, Simulator(kept.profile, kept.transient_bytes))]
 
 
 def _on_profile(host_fits: HostFits, step: RecomputedProfile) -> Callable[[tuple[bool, ...]], bool]:

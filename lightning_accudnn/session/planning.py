@@ -202,10 +202,8 @@ class SessionPlanning:
         """Report ``plan``, made for ``key``, in one line."""
         profile = plan.profile
         which = f" (pass {key.position + 1} of the step)" if key.position else ""
-        segments = len(plan.swapped_segments)
-        inputs = f" and the inputs of {segments} recomputed segments" if segments else ""
         self.report(
-            f"accudnn plan{which}: swap {sum(plan.swap)} of {len(profile.layers)} layers{inputs} "
+            f"accudnn plan{which}: swap {plan.swapped_count_text} "
             f"({format_bytes(plan.swapped_bytes)} of {format_bytes(profile.saved_bytes)} saved), "
             f"recompute {len(plan.recomputed)} segments, "
             f"predicted peak {format_bytes(plan.predicted_peak_bytes)} of budget "

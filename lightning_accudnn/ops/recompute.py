@@ -568,6 +568,8 @@ class SegmentProbe:
         """The engine's forward is over (the storages the model's code holds beyond it found):
         each segment's inputs the engine may swap when it recomputes it, from the records its
         call's return found (:attr:`~lightning_accudnn.profile.SegmentProfile.swappable_input_bytes`)."""
+        if not self._input_records:  # every pass but a profiling one: nothing to settle
+            return
         for name, found in self._input_records.items():
             if found is None:
                 continue

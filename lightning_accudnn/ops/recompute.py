@@ -50,6 +50,7 @@ from torch.utils.hooks import RemovableHandle
 from lightning_accudnn.ops._torch_internals import (
     SELECTIVE_SAVES_THROUGH_HOOKS,
     STOP_RECOMPUTATION,
+    StorageWeakReference,
     top_saved_tensor_hooks,
 )
 from lightning_accudnn.ops.compiled_blocks import (
@@ -389,8 +390,9 @@ class SegmentProbe:
         # per segment, when its call returned: each whole input storage's bytes, the engine's
         # records of it and the pass's saves so far (until settle_inputs)
         self._input_records: dict[str, tuple[list[tuple[int, list[StorageRecord]]], int] | None] = {}
-        # per segment returned: its input storages, until a later segment takes one of them too
-        self._returned_inputs: dict[str, set[int]] = {}
+        # per segment returned: its input storages (address -> a weak reference: an address freed
+        # may be another storage's later), until a later segment takes one of them too
+        self._returned_inputs: dict[str, dict[int, StorageWeakReference]] = {}
         self._swappable_inputs: dict[str, tuple[int, int]] = {}  # segment -> (bytes, storages)
 
     def attach(
@@ -523,7 +525,10 @@ class SegmentProbe:
             audit = self._audits.get(name)
             if audit is not None and self._records_of is not None:
                 self._input_records[name] = self._whole_input_records(audit.call_tensors, self._records_of)
-                self._returned_inputs[name] = inputs
+                self._returned_inputs[name] = {
+                    tensor.untyped_storage().data_ptr(): StorageWeakReference(tensor.untyped_storage())
+                    for tensor in audit.call_tensors
+                }
             reason = None if audit is None else audit.after_call(output)
             if reason is not None:
                 self._unsafe.setdefault(name, reason)
@@ -532,9 +537,8 @@ class SegmentProbe:
         """A segment is called with the input ``storages``: a segment returned before that takes
         one of them too swaps none (recomputed, the later one saves it again as its input, which
         the profile does not see)."""
-        taken = set(storages)
         for name, inputs in list(self._returned_inputs.items()):
-            if inputs & taken:
+            if any(address in inputs and not inputs[address].expired() for address in storages):
                 self._input_records[name] = None
                 del self._returned_inputs[name]
 

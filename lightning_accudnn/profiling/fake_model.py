@@ -67,16 +67,23 @@ class _SkipValueFills(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+#: How ``Module._apply`` fails on fake parameters: it swaps them for their converted copies, and
+#: a fake tensor of a mode is weakly referenced by that mode, which ``torch.utils.swap_tensors``
+#: refuses. A factory ending in ``.to(torch.bfloat16)`` or ``.to(memory_format=...)`` meets it.
+_FAKE_CONVERSION_REFUSED = "_apply(): Couldn't swap"
+
+
 def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.Module:
     """Build the model with fake parameters and buffers belonging to ``fake_mode``.
 
     In-place value fills (``normal_``, ``uniform_``, ``zero_``, ``fill_`` and the ``nn.init``
     functions made of them) are skipped on fake tensors (:class:`_SkipValueFills`).
     Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
-    make the builder run on the meta device instead. Either way, a parameter or buffer that
-    is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake tensor that
-    ``copy.deepcopy`` gave a mode of its own, as in ``nn.TransformerEncoder``) is replaced by
-    an uninitialised fake CPU tensor of the same shape, strides and dtype.
+    make the builder run on the meta device instead, as do conversions of the built module
+    (``Module.to`` a dtype or a memory format, which fake parameters refuse). Either way, a
+    parameter or buffer that is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake
+    tensor that ``copy.deepcopy`` gave a mode of its own, as in ``nn.TransformerEncoder``) is
+    replaced by an uninitialised fake CPU tensor of the same shape, strides and dtype.
     """
     try:
         with fake_mode, _SkipValueFills(), warnings.catch_warnings():
@@ -85,6 +92,11 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             model = build()
     except (DataDependentOutputException, DynamicOutputShapeException):
+        with torch.device("meta"):
+            model = build()
+    except RuntimeError as error:
+        if not str(error).startswith(_FAKE_CONVERSION_REFUSED):
+            raise
         with torch.device("meta"):
             model = build()
     _check_module(model)

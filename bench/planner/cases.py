@@ -92,6 +92,14 @@ CASES = {
             "long",
             "bf16",
         ),
+        Case(
+            "resnet152-channels-last-bf16",
+            "ResNet-152 in channels-last memory, batch 64, bf16",
+            "bench.planner.models:resnet152_channels_last",
+            64,
+            (3, 224, 224),
+            dtype="bf16",
+        ),
         Case("resnet152-fp32", "ResNet-152, batch 64, fp32", "torchvision:resnet152", 64, (3, 224, 224)),
         Case(
             "tiny",

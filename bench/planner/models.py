@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["gpt2_medium", "gpt2_medium_gelu_tanh", "headline_gpt", "llama_1b", "tiny_transformer"]
+__all__ = [
+    "gpt2_medium",
+    "gpt2_medium_gelu_tanh",
+    "headline_gpt",
+    "llama_1b",
+    "resnet152_channels_last",
+    "tiny_transformer",
+]
 
 
 def gpt2_medium() -> nn.Module:
@@ -101,6 +108,15 @@ class _TinyTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.embed(tokens)))
+
+
+def resnet152_channels_last() -> nn.Module:
+    """torchvision's ResNet-152 in channels-last memory (``model.to(memory_format=torch.channels_last)``,
+    as mixed-precision convolutional training is usually set up): every activation after the stem
+    is channels-last."""
+    import torchvision
+
+    return torchvision.models.resnet152().to(memory_format=torch.channels_last)
 
 
 def tiny_transformer() -> nn.Module:

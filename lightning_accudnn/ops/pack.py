@@ -50,6 +50,7 @@ from lightning_accudnn.ops.stash import (
 from lightning_accudnn.ops.timing import LayerTimer, PassTimer, clock_for
 from lightning_accudnn.ops.transfers import CopyTraffic
 from lightning_accudnn.ops.weight_copies import WeightCopies
+from lightning_accudnn.tensor_layout import is_dense
 
 #: The layer a saved tensor is attributed to when, in a pass replayed by ordinal, the graph
 #: departed from the profiled sequence (an unknown name: a plan swaps it, the safe side).
@@ -205,7 +206,7 @@ class SaveRecords(CopyTraffic):
         step.records.append(record)
         if record.swap:
             dense = record.start == 0 and record.nbytes == tensor.nbytes and not tensor.storage_offset()
-            self._start_copy_out(step, record, storage, tensor, dense=dense and _is_dense(tensor))
+            self._start_copy_out(step, record, storage, tensor, dense=dense and is_dense(tensor))
         else:
             self._hold_found(record.source_block)
         return self._handle(step, record, tensor, record.dense), record, True
@@ -485,7 +486,7 @@ class SaveHooks(SaveRecords):
         if (
             storage.nbytes() != nbytes
             or tensor.storage_offset()
-            or not (tensor.is_contiguous() or _is_dense(tensor))  # the common case: one call
+            or not (tensor.is_contiguous() or is_dense(tensor))  # the common case: one call
             or not self._on_device(tensor)
             or key in self._model_storages
             or _keep_on_device_depth.get()
@@ -665,21 +666,6 @@ def _left_alone(tensor: torch.Tensor) -> torch.Tensor:
     the tensor itself, or, when autograd made it, an alias without that history (a save of an
     op's own output must not hold the op's node: see :mod:`.saves`)."""
     return tensor if tensor.grad_fn is None else tensor.detach()
-
-
-def _is_dense(tensor: torch.Tensor) -> bool:
-    """No gaps, no overlap, so a copy can be laid out like it: contiguous, channels-last or any
-    other order of the same strides (attention's heads transposed out of a projection)."""
-    if tensor.is_contiguous() or tensor.is_contiguous(memory_format=torch.channels_last):
-        return True
-    expected = 1
-    for stride, size in sorted(zip(tensor.stride(), tensor.shape, strict=True)):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _stale_error() -> StaleSavedTensorError:

@@ -68,6 +68,7 @@ from lightning_accudnn.ops.selective import SelectiveRecorder, selective_context
 from lightning_accudnn.ops.stash import StorageRecord
 from lightning_accudnn.ops.timing import RecomputationTimer
 from lightning_accudnn.profile import ExcludedSegment, SegmentProfile
+from lightning_accudnn.tensor_layout import holds_storage_whole
 
 __all__ = ["SegmentProbe", "SegmentRecomputer", "is_recomputing"]
 
@@ -547,9 +548,9 @@ class SegmentProbe:
         tensors: Iterable[torch.Tensor], records_of: RecordsOf
     ) -> tuple[list[tuple[int, list[StorageRecord]]], int] | None:
         """Per input storage, its bytes and the engine's records of it, with the pass's saves so
-        far; ``None`` where a tensor argument does not hold its storage whole (contiguous, from
-        its start to its end, as a save of the segment's inputs copies it) or the engine has not
-        saved it."""
+        far; ``None`` where a tensor argument does not hold its storage whole (dense, from its
+        start to its end: :func:`~lightning_accudnn.tensor_layout.holds_storage_whole`) or the engine
+        has not saved it."""
         found = []
         saves = 0
         seen: set[int] = set()
@@ -559,13 +560,12 @@ class SegmentProbe:
             if address in seen:
                 continue
             seen.add(address)
-            nbytes = storage.nbytes()
-            if tensor.storage_offset() or tensor.nbytes != nbytes or not tensor.is_contiguous():
+            if not holds_storage_whole(tensor):
                 return None
             records, saves = records_of(tensor)
             if not records:
                 return None
-            found.append((nbytes, records))
+            found.append((storage.nbytes(), records))
         return found, saves
 
     def settle_inputs(self) -> None:

@@ -111,6 +111,7 @@ from lightning_accudnn.profiling.roofline import LayerTrace, OpCost, StepTrace
 from lightning_accudnn.profiling.saveless_forward import SavelessForward
 from lightning_accudnn.profiling.traced_ledger import MeterFactory, TracedLedger
 from lightning_accudnn.profiling.working_memory import StorageLog
+from lightning_accudnn.tensor_layout import holds_storage_whole
 
 __all__ = [
     "DTYPES",
@@ -454,15 +455,9 @@ class _Segments:
         for value in values:
             if isinstance(value, torch.Tensor):
                 key = self._key(value)
-                nbytes = value.untyped_storage().nbytes()
-                if (
-                    key is None
-                    or not value.is_contiguous()
-                    or value.storage_offset()
-                    or tensor_bytes(value) != nbytes
-                ):
+                if key is None or not holds_storage_whole(value):
                     return None
-                whole[key] = nbytes
+                whole[key] = value.untyped_storage().nbytes()
         return whole
 
     def swappable_inputs(self) -> tuple[tuple[str, tuple[int, ...]], ...]:

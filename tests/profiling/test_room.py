@@ -1,5 +1,6 @@
-"""The profiling package makes profiles: it may read the planner's and the profile's types, and
-never imports Lightning, the session, the strategies, the callbacks or ``ops``."""
+"""The profiling package makes profiles: it may read the planner's and the profile's types and
+how a tensor lies in its storage, and never imports Lightning, the session, the strategies, the
+callbacks or ``ops``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 
 PROFILING = Path(__file__).resolve().parents[2] / "lightning_accudnn" / "profiling"
-ALLOWED = ("lightning_accudnn.profiling", "lightning_accudnn.profile", "lightning_accudnn.planner")
+#: ``tensor_layout``: how a tensor lies in its storage, which the engine and both sources of a
+#: profile must judge alike.
+ALLOWED = (
+    "lightning_accudnn.profiling",
+    "lightning_accudnn.profile",
+    "lightning_accudnn.planner",
+    "lightning_accudnn.tensor_layout",
+)
 
 
 def _imported(source: str) -> list[str]:

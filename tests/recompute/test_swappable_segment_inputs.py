@@ -1,6 +1,7 @@
 """Which inputs of a segment a plan may swap when it recomputes the segment whole
 (``SegmentProfile.swappable_input_bytes``), as a training session's profiling pass finds them
-and as ``accudnn plan``'s trace finds them: the same, for inputs saved inside the segment (yes),
+and as ``accudnn plan``'s trace finds them: the same, for inputs saved inside the segment (yes,
+contiguous or channels-last),
 the batch the step holds (no), an input saved again after the segment (no), a view of part of a
 storage (no), an input no op saves (no) and an input a later block takes too (no).
 """
@@ -23,6 +24,7 @@ from lightning_accudnn.profiling.trace import trace_step
 WIDTH = 16
 BATCH = 8
 INPUT_BYTES = BATCH * WIDTH * 4
+CHANNELS = 8
 
 
 class _Block(nn.Module):
@@ -128,8 +130,35 @@ class _TakenLater(nn.Module):
         return self.b(self.a(h), h)
 
 
+class _ConvBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(CHANNELS, CHANNELS, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.conv(x))
+
+
+class _ChannelsLast(nn.Module):
+    """A stem and two blocks of convolutions in channels-last memory (as ``model.to(memory_format=
+    torch.channels_last)`` gives): each block's input is dense but not contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(WIDTH // 4, CHANNELS, 1)
+        self.a = _ConvBlock()
+        self.b = _ConvBlock()
+        self.to(memory_format=torch.channels_last)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.b(self.a(self.stem(x.reshape(-1, WIDTH // 4, 2, 2))))
+        assert not h.is_contiguous()
+        return h.flatten(1)
+
+
 CASES = {
     _Stacked: {"a": INPUT_BYTES, "b": INPUT_BYTES},
+    _ChannelsLast: {"a": BATCH * CHANNELS * 2 * 2 * 4, "b": BATCH * CHANNELS * 2 * 2 * 4},
     _OnTheBatch: {"a": 0},
     _UsedAfter: {"a": 0},
     _OnAView: {"a": 0},

@@ -43,6 +43,7 @@ from tests.simulated.helpers import (
 )
 
 WIDTH = 32
+CHANNELS = 8
 BLOCKS = 4
 STEPS = 5
 
@@ -111,6 +112,46 @@ def test_swapped_inputs_of_recomputed_blocks_train_as_plainly_within_the_predict
         assert plan.swapped_bytes == BLOCKS * 16 * WIDTH * 4
         assert stats.bytes_swapped_out == plan.swapped_bytes
         assert plan.profile.static_bytes + step.peak_held_bytes <= stats.predicted_peak_bytes
+    assert_bitwise_equal(expected, actual)
+
+
+class _ConvBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.conv(x))
+
+
+def _channels_last() -> nn.Module:
+    """The residual stack of convolutions in channels-last memory: each block's input is dense but
+    not contiguous, and comes back with its strides for the block's recomputation."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, CHANNELS, 3, padding=1),
+        *(_ConvBlock() for _ in range(BLOCKS)),
+        nn.Flatten(),
+        nn.Linear(CHANNELS * 4 * 4, 1),
+    )
+    return model.to(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("lag", [0, None])
+def test_swapped_channels_last_inputs_of_recomputed_blocks_train_as_plainly(forced_plans, lag):
+    batches = [torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(i)) for i in range(STEPS)]
+    reference = _channels_last()
+    model = copy.deepcopy(reference)
+    expected = train_plain(reference, batches, _loss)
+
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
+    planned = [step for step in steps if not step.stats.profiling]
+    assert len(planned) >= 3
+    for step in planned:
+        assert sorted(step.plan.swapped_segments) == BLOCK_NAMES
+        assert step.stats.bytes_swapped_out == step.plan.swapped_bytes == BLOCKS * 8 * CHANNELS * 4 * 4 * 4
+        assert step.plan.profile.static_bytes + step.peak_held_bytes <= step.stats.predicted_peak_bytes
     assert_bitwise_equal(expected, actual)
 
 

@@ -80,10 +80,11 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
     functions made of them) are skipped on fake tensors (:class:`_SkipValueFills`).
     Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
     make the builder run on the meta device instead, as do conversions of the built module
-    (``Module.to`` a dtype or a memory format, which fake parameters refuse). Either way, a
-    parameter or buffer that is not a fake tensor of ``fake_mode`` (a meta tensor, or a fake
-    tensor that ``copy.deepcopy`` gave a mode of its own, as in ``nn.TransformerEncoder``) is
-    replaced by an uninitialised fake CPU tensor of the same shape, strides and dtype.
+    (``Module.to`` a dtype or a memory format, which fake parameters refuse; a move to a device
+    is refused with what to do). Either way, a parameter or buffer that is not a fake tensor of
+    ``fake_mode`` (a meta tensor, or a fake tensor that ``copy.deepcopy`` gave a mode of its
+    own, as in ``nn.TransformerEncoder``) is replaced by an uninitialised fake CPU tensor of the
+    same shape, strides and dtype.
     """
     try:
         with fake_mode, _SkipValueFills(), warnings.catch_warnings():
@@ -92,13 +93,11 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             model = build()
     except (DataDependentOutputException, DynamicOutputShapeException):
-        with torch.device("meta"):
-            model = build()
+        model = _build_on_meta(build)
     except RuntimeError as error:
         if not str(error).startswith(_FAKE_CONVERSION_REFUSED):
             raise
-        with torch.device("meta"):
-            model = build()
+        model = _build_on_meta(build)
     _check_module(model)
 
     with fake_mode:  # a parameter or buffer not of this mode: one of it, same dtype
@@ -109,6 +108,20 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
             ),
         )
     return model
+
+
+def _build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    try:
+        with torch.device("meta"):
+            return build()
+    except NotImplementedError as error:
+        if "meta tensor" not in str(error):
+            raise
+        raise RuntimeError(
+            "the model factory moves the model to a device (Module.to('cpu'), .cuda()...), which "
+            "a model traced without memory cannot do; return the model as built (dtype and "
+            "memory-format conversions are fine): accudnn plan traces it for the GPU named"
+        ) from error
 
 
 def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:

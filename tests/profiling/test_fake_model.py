@@ -1,5 +1,6 @@
 """A model factory that converts what it built (``Module.to`` a dtype or a memory format), which
-fake parameters refuse, still gives the trace a fake model of the converted dtypes and strides."""
+fake parameters refuse, still gives the trace a fake model of the converted dtypes and strides;
+one that moves it to a device is told to return it as built."""
 
 import pytest
 import torch
@@ -32,6 +33,11 @@ def test_a_converted_model_is_built_fake_as_converted(convert, dtype, channels_l
     assert {p.dtype for p in model.parameters()} == {dtype}
     assert all(w.is_contiguous(memory_format=torch.channels_last) == channels_last for w in weights)
     assert all(w.is_contiguous() != channels_last for w in weights)
+
+
+def test_a_factory_that_moves_the_model_to_a_device_is_told_to_return_it_as_built():
+    with pytest.raises(RuntimeError, match="moves the model to a device"):
+        build_fake(lambda: _convolutions().to("cpu"), FakeTensorMode())
 
 
 def test_other_errors_of_the_factory_are_raised_as_they_are():

@@ -380,9 +380,12 @@ class Simulator:
 
     def largest_window(self, swap: Sequence[bool], limit: int | None, cap: int) -> int | None:
         """The largest prefetch window whose peak is at most ``cap`` (``None`` if even window 0
-        is above it); a window above both the bytes that come back and the room the engine's walk
-        of the prefetch order takes before it admits its last swapped record (records of layers
-        the copy-out FIFO left on the device take room too) is reported as the larger of the two.
+        is above it). Memory is the same at every window above both the bytes that come back and
+        the room the engine's walk of the prefetch order takes before it admits its last swapped
+        record (records of layers the copy-out FIFO left on the device take room too); such a
+        window that fits is reported as the largest of those two and the bytes of every swapped
+        layer, the largest window that behaves differently in time (:meth:`window_candidates`:
+        the layers the FIFO left take their bytes in the window too).
 
         Example:
             >>> from lightning_accudnn.profile import LayerProfile
@@ -401,6 +404,7 @@ class Simulator:
         largest = sum(retired)
         if thresholds and thresholds[-1] > largest:
             largest = thresholds[-1]
+        flat = largest  # memory is the same at every window from here on
         helds = _capped_sums(layers, sizes, retired) if thresholds else []
         for i, (kept, needed, nxt, below, early) in enumerate(self._backward_terms(retired)):
             room = cap - kept
@@ -417,6 +421,8 @@ class Simulator:
                 return None
             if fits < largest:
                 largest = fits
+        if largest == flat:
+            return max(flat, sum(self.window_sizes(swap)))
         return largest
 
     def _forward_memory(self, swap: tuple[bool, ...], limit: int | None) -> tuple[list[int], list[int]]:

@@ -263,6 +263,26 @@ def _small_profiles(draw):
     return _with_working(StepProfile(tuple(layers), draw(st.integers(0, 50)), link, link), draw)
 
 
+def test_the_largest_window_that_fits_reaches_the_layers_the_fifo_left():
+    """Two 1-byte layers swapped at copy-out limit 0: the second stays in the FIFO (nothing comes
+    back for it) and memory is the same at every window from 1 byte on, but the window admits the
+    first's copy beside the second's bytes only from 2 bytes on, which starts it at the
+    backward's start (0.54 s against 0.56 s): the search finds that window."""
+    layers = (
+        LayerProfile("l0", 1, 1, 0.0, 0.0),
+        LayerProfile("l1", 1, 1, 0.0, 0.0),
+        LayerProfile("l2", 0, 0, 0.0, 0.5, forward_working_bytes=1),
+    )
+    profile = StepProfile(layers, 0, d2h_bytes_per_second=50.0, h2d_bytes_per_second=50.0)
+    simulator = Simulator(profile)
+    swap = (True, True, False)
+    assert [simulator.peak_bytes(PlanChoice(swap, window, 0)) for window in (0, 1, 2, 3)] == [2, 2, 2, 2]
+    assert [simulator.times(PlanChoice(swap, window, 0)).step_seconds for window in (1, 2)] == [0.56, 0.54]
+    assert simulator.largest_window(swap, 0, 2) == 2
+    plan = plan_swaps(profile, 2, policy="swap")
+    assert (plan.predicted_step_seconds, plan.prefetch_window_bytes) == (0.54, 2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(_small_profiles(), st.floats(0.0, 1.2))
 def test_the_swap_search_is_exact_with_working_memory(profile, fraction):

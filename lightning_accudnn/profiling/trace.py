@@ -537,24 +537,40 @@ class _FunctionMode(TorchFunctionMode):
     ) -> object:
         kwargs = kwargs or {}
         recorder = self.recorder
-        if recorder.capability is not None and not recorder.backward and torch.is_autocast_enabled("cpu"):
+        # In backward, the calls this mode sees are Python's: a checkpoint inside the model running
+        # its forward again, which must be rewritten as its forward was (counted once, there).
+        counted = recorder.kernels if not recorder.backward else Counter[tuple[str, str]]()
+        if recorder.capability is not None and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
             args, kwargs, policy = cuda_autocast_args(func, args, kwargs, dtype)
             if policy is not None:
-                recorder.kernels["autocast", f"CUDA policy: {policy}"] += 1
+                counted["autocast", f"CUDA policy: {policy}"] += 1
         call: Callable[..., object] = func
         if func is F.dropout:
             call = _cuda_like_dropout
-            self.recorder.kernels["dropout", "fused (bool mask)"] += 1
+            counted["dropout", "fused (bool mask)"] += 1
         elif func is F.scaled_dot_product_attention and self.recorder.capability is not None:
             call = partial(_target_attention, self.recorder)
         elif func is F.multi_head_attention_forward and self.recorder.capability is not None:
             # Its attention and dropout run inside it, out of this mode's reach: the CPU's kernels.
-            self.recorder.kernels["multi_head_attention_forward", "CPU kernels (not rewritten)"] += 1
+            counted["multi_head_attention_forward", "CPU kernels (not rewritten)"] += 1
         out = call(*args, **kwargs)
         if not self.recorder.backward:
             self.recorder.map_nodes(out)
         return out
+
+
+def _backward_under_modes(loss: torch.Tensor) -> None:
+    """``loss.backward()`` with the trace's function mode still in force. ``Tensor.backward`` is a
+    torch function, which a mode handles with itself taken off the stack, so the whole backward
+    would run without it; a checkpoint inside the model (``torch.utils.checkpoint``, Hugging Face's
+    gradient checkpointing) then ran its forward again with the CPU's dropout and attention and
+    CPU autocast's casts, not the target's of the first forward, and failed its check of the
+    tensors saved. Autograd's engine is called directly instead, as ``torch.autograd.backward``
+    calls it."""
+    torch.autograd.graph._engine_run_backward(
+        (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True
+    )
 
 
 def _cuda_like_dropout(
@@ -588,7 +604,8 @@ def _target_attention(
     kernel = attention_kernel(
         recorder.capability, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa
     )
-    recorder.kernels["scaled_dot_product_attention", kernel] += 1
+    if not recorder.backward:  # a checkpoint's recomputation in backward runs it again
+        recorder.kernels["scaled_dot_product_attention", kernel] += 1
     with torch.autocast("cpu", enabled=False):
         return run_attention(kernel, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
@@ -719,7 +736,7 @@ def trace_step(
                 total = loss_of(model(batch))  # the output dies here, as in a step returning its loss
             recorder.backward = True
             recorder.ledger.begin_backward()
-            total.backward()  # type: ignore[no-untyped-call]
+            _backward_under_modes(total)
     grads = {
         key: p.grad.untyped_storage().nbytes()
         for p in params

@@ -14,8 +14,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -71,6 +72,8 @@ class _SkipValueFills(TorchFunctionMode):
 #: a fake tensor of a mode is weakly referenced by that mode, which ``torch.utils.swap_tensors``
 #: refuses. A factory ending in ``.to(torch.bfloat16)`` or ``.to(memory_format=...)`` meets it.
 _FAKE_CONVERSION_REFUSED = "_apply(): Couldn't swap"
+#: How reading a meta tensor's values fails ("Cannot copy out of meta tensor; no data!").
+_META_DATA_READ = "meta tensor"
 
 
 def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.Module:
@@ -80,8 +83,10 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
     functions made of them) are skipped on fake tensors (:class:`_SkipValueFills`).
     Initialisers that look at values (the rejection sampling in ``nn.init.trunc_normal_``)
     make the builder run on the meta device instead, as do conversions of the built module
-    (``Module.to`` a dtype or a memory format, which fake parameters refuse; a move to a device
-    is refused with what to do). Either way, a parameter or buffer that is not a fake tensor of
+    (``Module.to`` a dtype or a memory format, which fake parameters refuse); a constructor that
+    reads the values of tensors it computes runs with only its parameters on the meta device
+    (:func:`_build_without_data`), and a move to a device is refused with what to do. Either
+    way, a parameter or buffer that is not a fake tensor of
     ``fake_mode`` (a meta tensor, or a fake tensor that ``copy.deepcopy`` gave a mode of its
     own, as in ``nn.TransformerEncoder``) is replaced by an uninitialised fake CPU tensor of the
     same shape, strides and dtype.
@@ -93,11 +98,11 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             model = build()
     except (DataDependentOutputException, DynamicOutputShapeException):
-        model = _build_on_meta(build)
+        model = _build_without_data(build)
     except RuntimeError as error:
         if not str(error).startswith(_FAKE_CONVERSION_REFUSED):
             raise
-        model = _build_on_meta(build)
+        model = _build_without_data(build)
     _check_module(model)
 
     with fake_mode:  # a parameter or buffer not of this mode: one of it, same dtype
@@ -110,18 +115,46 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
     return model
 
 
-def _build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+def _build_without_data(build: Callable[[], nn.Module]) -> nn.Module:
+    """Build the model on the meta device; where its constructor reads the values of tensors it
+    computes (RegNet computes its stages' widths with tensors), with only its parameters put on
+    the meta device as they are registered (:func:`_parameters_on_meta`)."""
     try:
         with torch.device("meta"):
             return build()
     except NotImplementedError as error:
-        if "meta tensor" not in str(error):
+        if _META_DATA_READ not in str(error):
+            raise
+    try:
+        with _parameters_on_meta():
+            return build()
+    except NotImplementedError as error:
+        if _META_DATA_READ not in str(error):
             raise
         raise RuntimeError(
-            "the model factory moves the model to a device (Module.to('cpu'), .cuda()...), which "
-            "a model traced without memory cannot do; return the model as built (dtype and "
-            "memory-format conversions are fine): accudnn plan traces it for the GPU named"
+            "the model factory reads the values of the model's parameters or moves the model to a "
+            "device (Module.to('cpu'), .cuda()...), which a model traced without memory cannot do; "
+            "return the model as built (dtype and memory-format conversions are fine): accudnn plan "
+            "traces it for the GPU named"
         ) from error
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Every parameter a module registers meanwhile is put on the meta device at once (made on the
+    CPU, one at a time), its initialisation with it; other tensors stay on the CPU, with values."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not isinstance(param, nn.parameter.UninitializedParameter):
+            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def cast_floating(model: nn.Module, dtype: torch.dtype) -> None:

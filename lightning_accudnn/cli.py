@@ -74,19 +74,41 @@ class UsageError(Exception):
     """
 
 
+#: torchvision's models whose image size is fixed when they are built, by their builders'
+#: module: the argument that sets it (an int for square images, else a (height, width) pair).
+_IMAGE_SIZE_ARGUMENTS = {
+    "torchvision.models.vision_transformer": "image_size",
+    "torchvision.models.maxvit": "input_size",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A model named on the command line: how to build it and its default input shape.
+
+    ``build`` builds it as named; ``sized_build``, where set, builds it for one sample's shape
+    (a torchvision vision transformer's image size is fixed when it is built).
 
     Example:
         >>> spec = resolve_model("torchvision:resnet18")
         >>> spec.name, spec.default_input_shape
         ('torchvision:resnet18', (3, 224, 224))
+        >>> with torch.device("meta"):
+        ...     resolve_model("torchvision:vit_b_16").builder((3, 384, 384))().image_size
+        384
     """
 
     name: str
     build: Callable[[], nn.Module]
     default_input_shape: tuple[int, ...] | None = None
+    sized_build: Callable[[tuple[int, ...]], nn.Module] | None = None
+
+    def builder(self, sample_shape: tuple[int, ...]) -> Callable[[], nn.Module]:
+        """How to build the model for samples of ``sample_shape`` (without the batch)."""
+        sized = self.sized_build
+        if sized is None:
+            return self.build
+        return lambda: sized(sample_shape)
 
 
 def resolve_model(name: str) -> ModelSpec:
@@ -121,7 +143,15 @@ def resolve_model(name: str) -> ModelSpec:
         def build() -> nn.Module:
             return torchvision.models.get_model(attribute, weights=None)
 
-        return ModelSpec(name, build, _torchvision_input_shape(torchvision, attribute))
+        sized_build = None
+        argument = _IMAGE_SIZE_ARGUMENTS.get(torchvision.models.get_model_builder(attribute).__module__)
+        if argument is not None:
+
+            def sized_build(shape: tuple[int, ...]) -> nn.Module:
+                size: int | tuple[int, ...] = shape[-2:] if argument == "input_size" else shape[-2]
+                return torchvision.models.get_model(attribute, weights=None, **{argument: size})
+
+        return ModelSpec(name, build, _torchvision_input_shape(torchvision, attribute), sized_build)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as ``python -m`` would: models of the project at hand
     try:
@@ -320,8 +350,10 @@ def plan_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     built: list[nn.Module] = []  # the model traced: its route is read from it
 
+    build_model = model.builder(shape)
+
     def build() -> nn.Module:
-        built.append(model.build())
+        built.append(build_model())
         return built[-1]
 
     try:

@@ -303,3 +303,12 @@ def test_gradients_set_to_none_are_made_in_backward_and_held_ones_counted_all_st
     assert grads in less and less <= {0, grads}
     assert main(args) == 0
     assert "--grads set-to-none: each gradient counted from its making in backward" in capsys.readouterr().out
+
+
+def test_a_torchvision_vision_transformer_is_built_for_the_input_shape_given(capsys) -> None:
+    """A vision transformer's image size is fixed when it is built: the model is built for the
+    shape named, not torchvision's default 224 (which its forward would refuse)."""
+    args = ["plan", "torchvision:vit_b_16", "--input-shape", "3,64,64", "--batch-size", "2", "--gpu", "h100"]
+    assert main([*args, "--budget", "80GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["input_shape"] == [3, 64, 64]

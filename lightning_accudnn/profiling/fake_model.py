@@ -86,10 +86,10 @@ def build_fake(build: Callable[[], nn.Module], fake_mode: FakeTensorMode) -> nn.
     (``Module.to`` a dtype or a memory format, which fake parameters refuse); a constructor that
     reads the values of tensors it computes runs with only its parameters on the meta device
     (:func:`_build_without_data`), and a move to a device is refused with what to do. Either
-    way, a parameter or buffer that is not a fake tensor of
-    ``fake_mode`` (a meta tensor, or a fake tensor that ``copy.deepcopy`` gave a mode of its
-    own, as in ``nn.TransformerEncoder``) is replaced by an uninitialised fake CPU tensor of the
-    same shape, strides and dtype.
+    way, a parameter or buffer that is not a fake tensor of ``fake_mode`` (a meta tensor, a CPU
+    tensor, or a fake tensor that ``copy.deepcopy`` gave a mode of its own, as in
+    ``nn.TransformerEncoder``) is replaced by an uninitialised fake CPU tensor of the same shape,
+    strides and dtype.
     """
     try:
         with fake_mode, _SkipValueFills(), warnings.catch_warnings():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -36,6 +36,7 @@ from lightning_accudnn.testing.forced_plans import forced_result
 from tests.recompute.recorded_training import assert_bitwise_equal as assert_records_equal
 from tests.recompute.recorded_training import cpu_session, train_recorded
 from tests.simulated.helpers import (
+    PlannedStep,
     assert_bitwise_equal,
     planner_search_replaced,
     train_plain,
@@ -95,24 +96,31 @@ def test_swapped_inputs_of_recomputed_blocks_train_as_plainly_within_the_predict
     if not lean:  # the segments run under torch.utils.checkpoint, as under a torch function mode
         monkeypatch.setattr(recompute_module, "lean_possible", lambda: False)
     batches = [torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step)) for step in range(STEPS)]
-    reference = _model()
-    model = copy.deepcopy(reference)
-    expected = train_plain(reference, batches, _loss)
-
-    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
-    actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
-    planned = [step for step in steps if not step.stats.profiling]
-    assert len(planned) >= 3
-    for step in planned:
-        plan, stats = step.plan, step.stats
+    for step in _planned_steps_trained_plainly(_model, batches, lag):
+        plan = step.plan
         assert sorted(plan.swapped_segments) == BLOCK_NAMES
         assert plan.swapped_layers >= set(BLOCK_NAMES)
         # the blocks' inputs, 16 x 32 float32 each (the first block's input is the stem's
         # output, saved first by that block)
-        assert plan.swapped_bytes == BLOCKS * 16 * WIDTH * 4
-        assert stats.bytes_swapped_out == plan.swapped_bytes
-        assert plan.profile.static_bytes + step.peak_held_bytes <= stats.predicted_peak_bytes
+        assert step.stats.bytes_swapped_out == plan.swapped_bytes == BLOCKS * 16 * WIDTH * 4
+
+
+def _planned_steps_trained_plainly(
+    build: Callable[[], nn.Module], batches: list[torch.Tensor], lag: int | None
+) -> list[PlannedStep]:
+    """The planned steps of a session training ``build()`` on a simulated GPU of ``lag``, once
+    checked: at least three, each within its prediction, and the training bitwise plain training's."""
+    reference = build()
+    model = copy.deepcopy(reference)
+    expected = train_plain(reference, batches, _loss)
+    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
+    actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
     assert_bitwise_equal(expected, actual)
+    planned = [step for step in steps if not step.stats.profiling]
+    assert len(planned) >= 3
+    for step in planned:
+        assert step.plan.profile.static_bytes + step.peak_held_bytes <= step.stats.predicted_peak_bytes
+    return planned
 
 
 class _ConvBlock(nn.Module):
@@ -140,19 +148,9 @@ def _channels_last() -> nn.Module:
 @pytest.mark.parametrize("lag", [0, None])
 def test_swapped_channels_last_inputs_of_recomputed_blocks_train_as_plainly(forced_plans, lag):
     batches = [torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(i)) for i in range(STEPS)]
-    reference = _channels_last()
-    model = copy.deepcopy(reference)
-    expected = train_plain(reference, batches, _loss)
-
-    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
-    actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
-    planned = [step for step in steps if not step.stats.profiling]
-    assert len(planned) >= 3
-    for step in planned:
+    for step in _planned_steps_trained_plainly(_channels_last, batches, lag):
         assert sorted(step.plan.swapped_segments) == BLOCK_NAMES
         assert step.stats.bytes_swapped_out == step.plan.swapped_bytes == BLOCKS * 8 * CHANNELS * 4 * 4 * 4
-        assert step.plan.profile.static_bytes + step.peak_held_bytes <= step.stats.predicted_peak_bytes
-    assert_bitwise_equal(expected, actual)
 
 
 def _stack(blocks: int) -> nn.Module:
@@ -214,16 +212,8 @@ def _nested_search(profile: StepProfile, cap: int, *args: object, **kwargs: obje
 @pytest.mark.parametrize("lag", [0, 8, None])
 def test_a_nested_recomputation_s_swapped_input_trains_as_plainly_within_the_prediction(lag):
     batches = [torch.randn(16, WIDTH, generator=torch.Generator().manual_seed(step)) for step in range(STEPS)]
-    reference = _staged()
-    model = copy.deepcopy(reference)
-    expected = train_plain(reference, batches, _loss)
-    config = OffloadConfig(budget=2**30, min_swap_bytes=0, reserve_bytes=0, plan_in_background=False)
     with planner_search_replaced(_nested_search):
-        actual, steps = train_session_simulated(model, batches, _loss, SimulatedGPU(lag=lag, seed=0), config)
-    planned = [step for step in steps if not step.stats.profiling]
-    assert len(planned) >= 3
+        planned = _planned_steps_trained_plainly(_staged, batches, lag)
     for step in planned:
         assert step.plan.recomputed == ("2", "2.0", "2.1", "2.2") and step.plan.swapped_segments == ("2",)
         assert step.stats.bytes_swapped_out == step.plan.swapped_bytes == 16 * WIDTH * 4
-        assert step.plan.profile.static_bytes + step.peak_held_bytes <= step.stats.predicted_peak_bytes
-    assert_bitwise_equal(expected, actual)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -54,6 +55,8 @@ GRADS = ("set-to-none", "held")
 
 #: Input shape (without the batch dimension) used for torchvision models by default.
 DEFAULT_IMAGE_SHAPE = (3, 224, 224)
+#: Frames per clip of a torchvision video classifier's input by default.
+DEFAULT_CLIP_FRAMES = 16
 
 INPUT_DTYPES = {
     "float32": torch.float32,
@@ -140,16 +143,22 @@ def resolve_model(name: str) -> ModelSpec:
         if attribute not in choices:
             raise UsageError(f"unknown torchvision model {attribute!r}; choose one of: {', '.join(choices)}")
 
+        builder = torchvision.models.get_model_builder(attribute)
+        # No weights: a segmentation or detection model's backbone would load (and download) its own.
+        no_weights: dict[str, Any] = {"weights": None}
+        if "weights_backbone" in inspect.signature(builder).parameters:
+            no_weights["weights_backbone"] = None
+
         def build() -> nn.Module:
-            return torchvision.models.get_model(attribute, weights=None)
+            return torchvision.models.get_model(attribute, **no_weights)
 
         sized_build = None
-        argument = _IMAGE_SIZE_ARGUMENTS.get(torchvision.models.get_model_builder(attribute).__module__)
+        argument = _IMAGE_SIZE_ARGUMENTS.get(builder.__module__)
         if argument is not None:
 
             def sized_build(shape: tuple[int, ...]) -> nn.Module:
                 size: int | tuple[int, ...] = shape[-2:] if argument == "input_size" else shape[-2]
-                return torchvision.models.get_model(attribute, weights=None, **{argument: size})
+                return torchvision.models.get_model(attribute, **no_weights, **{argument: size})
 
         return ModelSpec(name, build, _torchvision_input_shape(torchvision, attribute), sized_build)
     if os.getcwd() not in sys.path:
@@ -169,12 +178,25 @@ def resolve_model(name: str) -> ModelSpec:
 
 def _torchvision_input_shape(torchvision: Any, name: str) -> tuple[int, ...]:
     """The crop size of the model's default weights for image classifiers (299 for
-    Inception v3, 518 for ViT-H/14), else 3x224x224."""
+    Inception v3, 518 for ViT-H/14); for video classifiers, clips of :data:`DEFAULT_CLIP_FRAMES`
+    frames (at least the weights' ``min_temporal_size``) at that crop size; else 3x224x224.
+
+    Example:
+        >>> import torchvision
+        >>> [_torchvision_input_shape(torchvision, name) for name in ("inception_v3", "r3d_18")]
+        [(3, 299, 299), (3, 16, 112, 112)]
+    """
     try:
-        transforms = torchvision.models.get_model_weights(name).DEFAULT.transforms()
-        if type(transforms).__name__ == "ImageClassification":
-            (size,) = transforms.crop_size
-            return (3, int(size), int(size))
+        weights = torchvision.models.get_model_weights(name).DEFAULT
+        transforms = weights.transforms()
+        kind = type(transforms).__name__
+        if kind in ("ImageClassification", "VideoClassification"):
+            crop = [int(size) for size in transforms.crop_size]  # (size,) or (height, width)
+            height, width = crop[0], crop[-1]
+            if kind == "ImageClassification":
+                return (3, height, width)
+            frames = max(DEFAULT_CLIP_FRAMES, int(weights.meta.get("min_temporal_size", 1)))
+            return (3, frames, height, width)
     except Exception:  # no weights enum, or a transform of another kind: keep the default
         pass
     return DEFAULT_IMAGE_SHAPE
@@ -226,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_parse_shape,
         default=None,
         help="one sample's shape without the batch dimension, e.g. 1024 (tokens); torchvision "
-        "models default to their weights' crop size (3,224,224 for most)",
+        "models default to their weights' crop size (3,224,224 for most; video: 3,16,H,W)",
     )
     plan.add_argument(
         "--input-dtype",

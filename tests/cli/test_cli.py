@@ -312,3 +312,22 @@ def test_a_torchvision_vision_transformer_is_built_for_the_input_shape_given(cap
     assert main([*args, "--budget", "80GB", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["input_shape"] == [3, 64, 64]
+
+
+def test_a_torchvision_model_loads_no_weights_not_even_its_backbone_s(capsys, monkeypatch) -> None:
+    """A segmentation model's builder loads (downloads) its backbone's weights unless told not to."""
+    import torchvision
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(torchvision.models.WeightsEnum, "get_state_dict", refuse)
+    args = ["plan", "torchvision:lraspp_mobilenet_v3_large", "--input-shape", "3,64,64", "--batch-size", "2"]
+    assert main([*args, "--gpu", "h100", "--budget", "80GB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["input_shape"] == [3, 64, 64]
+
+
+def test_a_torchvision_video_classifier_defaults_to_clips_of_sixteen_frames(capsys) -> None:
+    args = ["plan", "torchvision:r3d_18", "--batch-size", "1", "--gpu", "h100", "--budget", "80GB"]
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["input_shape"] == [3, 16, 112, 112]

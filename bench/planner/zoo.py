@@ -1,8 +1,12 @@
-"""``python -m bench.planner.zoo``: ``accudnn plan`` of every torchvision classification model,
+"""``python -m bench.planner.zoo``: ``accudnn plan`` of every torchvision model that takes one
+tensor (classification, segmentation, video and the float form of the quantization models),
 each at its default input shape, and whether it traces and plans.
 
-    python -m bench.planner.zoo                                  # every model, batch 2, bf16, H100
+    python -m bench.planner.zoo                                  # every such model, batch 2, bf16, H100
     python -m bench.planner.zoo --models resnet18,vit_b_16       # some
+
+Detection and optical-flow models are left out: their training forward takes targets or pairs of
+images, which the command's one batch tensor cannot give.
 
 Runs the command line itself (:func:`lightning_accudnn.cli.main` with ``--json``) for each model
 in this process, with a budget far above any of them (so that each plans: what is checked is that
@@ -28,7 +32,10 @@ from bench.environment import REPO_ROOT, git_commit
 from bench.report import write_result
 from lightning_accudnn.cli import main as accudnn
 
-__all__ = ["main", "markdown", "plan_model"]
+__all__ = ["FAMILIES", "main", "markdown", "plan_model"]
+
+#: torchvision's model modules whose models take one batch tensor.
+FAMILIES = ("", "segmentation", "video", "quantization")
 
 
 def plan_model(name: str, batch_size: int, dtype: str, gpu: str) -> dict[str, Any]:
@@ -70,7 +77,7 @@ def markdown(record: dict[str, Any]) -> str:
     rows = record["rows"]
     planned = sum(1 for row in rows if row["status"] == 0)
     lines = [
-        f"# accudnn plan of every torchvision classification model, at {record['commit']}",
+        f"# accudnn plan of every torchvision model that takes one tensor, at {record['commit']}",
         "",
         f"`accudnn plan torchvision:NAME --batch-size {record['batch_size']} --dtype {record['dtype']} "
         f"--gpu {record['gpu']} --budget 80GB --reserve 0` for each model at its default input shape, "
@@ -91,7 +98,7 @@ def markdown(record: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help="comma-separated torchvision names (default: every classifier)")
+    parser.add_argument("--models", help="comma-separated torchvision names (default: every one of FAMILIES)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--gpu", default="h100")
@@ -100,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torchvision
 
-    classifiers = torchvision.models.list_models(module=torchvision.models)
-    names = args.models.split(",") if args.models else classifiers
+    modules = [getattr(torchvision.models, family) if family else torchvision.models for family in FAMILIES]
+    every = [name for module in modules for name in torchvision.models.list_models(module=module)]
+    names = args.models.split(",") if args.models else every
     rows = []
     for name in names:
         row = plan_model(name, args.batch_size, args.dtype, args.gpu)

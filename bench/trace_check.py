@@ -359,7 +359,7 @@ def _trace(case: Case, gpu: GpuSpec | None) -> tuple[StepTrace, dict[str, dict[s
         return traced.trace, traced.kernels, traced.trace_seconds
     started = time.perf_counter()
     trace = trace_step(
-        resolve_model(case.model).build,
+        resolve_model(case.model).builder(case.input_shape),
         (case.batch_size, *case.input_shape),
         tracker=LayerTracker(),
         input_dtype=INPUT_DTYPES[case.input_dtype],
@@ -380,7 +380,7 @@ def check(case: Case, gpu: GpuSpec | None, device: torch.device) -> dict[str, An
     """
     trace, kernels, seconds = _trace(case, gpu)
     measured = measure_step(
-        resolve_model(case.model).build,
+        resolve_model(case.model).builder(case.input_shape),
         (case.batch_size, *case.input_shape),
         device=device,
         input_dtype=INPUT_DTYPES[case.input_dtype],

@@ -133,7 +133,7 @@ def trace_case(case: Case, gpu: GpuSpec) -> TracedCase:
     spec = resolve_model(case.model)
     started = time.perf_counter()
     trace = trace_step(
-        spec.build,
+        spec.builder(case.input_shape),
         (case.batch_size, *case.input_shape),
         tracker=LayerTracker(),
         input_dtype=INPUT_DTYPES[case.input_dtype],

@@ -53,7 +53,7 @@ def phases(key: str, budget: int, gpu_name: str) -> dict[str, dict[str, float]]:
 
     gpu = get_gpu(gpu_name)
     trace = trace_step(
-        spec.build,
+        spec.builder(case.input_shape),
         (case.batch_size, *case.input_shape),
         tracker=LayerTracker(),
         input_dtype=cli.INPUT_DTYPES[case.input_dtype],

@@ -728,11 +728,12 @@ def trace_step(
         with (
             segments.attached(model),
             tracker.attached(model),
-            torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack),
             _KernelMode(recorder),
             _FunctionMode(recorder),
         ):
-            with precision(dtype):
+            # The saves pass the recorder as the engine's hooks see them: in the forward and its
+            # loss only (a reentrant checkpoint's recomputation in backward saves past them).
+            with torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack), precision(dtype):
                 total = loss_of(model(batch))  # the output dies here, as in a step returning its loss
             recorder.backward = True
             recorder.ledger.begin_backward()

@@ -538,26 +538,30 @@ class _FunctionMode(TorchFunctionMode):
         kwargs = kwargs or {}
         recorder = self.recorder
         # In backward, the calls this mode sees are Python's: a checkpoint inside the model running
-        # its forward again, which must be rewritten as its forward was (counted once, there).
-        counted = recorder.kernels if not recorder.backward else Counter[tuple[str, str]]()
+        # its forward again, which must be rewritten as its forward was (and counted there only).
         if recorder.capability is not None and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
             args, kwargs, policy = cuda_autocast_args(func, args, kwargs, dtype)
             if policy is not None:
-                counted["autocast", f"CUDA policy: {policy}"] += 1
+                self._assumed("autocast", f"CUDA policy: {policy}")
         call: Callable[..., object] = func
         if func is F.dropout:
             call = _cuda_like_dropout
-            counted["dropout", "fused (bool mask)"] += 1
+            self._assumed("dropout", "fused (bool mask)")
         elif func is F.scaled_dot_product_attention and self.recorder.capability is not None:
             call = partial(_target_attention, self.recorder)
         elif func is F.multi_head_attention_forward and self.recorder.capability is not None:
             # Its attention and dropout run inside it, out of this mode's reach: the CPU's kernels.
-            counted["multi_head_attention_forward", "CPU kernels (not rewritten)"] += 1
+            self._assumed("multi_head_attention_forward", "CPU kernels (not rewritten)")
         out = call(*args, **kwargs)
         if not self.recorder.backward:
             self.recorder.map_nodes(out)
         return out
+
+    def _assumed(self, op: str, kernel: str) -> None:
+        """Count a kernel the trace assumed for ``op``, in the forward (once per call there)."""
+        if not self.recorder.backward:
+            self.recorder.kernels[op, kernel] += 1
 
 
 def _backward_under_modes(loss: torch.Tensor) -> None:

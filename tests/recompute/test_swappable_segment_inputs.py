@@ -1,9 +1,9 @@
 """Which inputs of a segment a plan may swap when it recomputes the segment whole
 (``SegmentProfile.swappable_input_bytes``), as a training session's profiling pass finds them
 and as ``accudnn plan``'s trace finds them: the same, for inputs saved inside the segment (yes,
-contiguous or channels-last),
-the batch the step holds (no), an input saved again after the segment (no), a view of part of a
-storage (no), an input no op saves (no) and an input a later block takes too (no).
+contiguous or channels-last), the batch the step holds (no), an input saved again after the
+segment (no), a view of part of a storage (no), an input no op saves (no) and an input a later
+block takes too (no).
 """
 
 from __future__ import annotations
